@@ -1,0 +1,149 @@
+"""Every difference between the supported JAX versions (0.10.x and 0.12.x).
+
+No other module of taxpr branches on the JAX version: they call the helpers
+here. The neutral form used by the rest of taxpr for a jaxpr is its parts
+``(constvars, consts, invars, eqns, outvars, effects, debug_info)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax._src import core
+from jax._src.interpreters import partial_eval as pe
+
+JAX_VERSION: tuple[int, ...] = tuple(
+    int(p) for p in jax.__version__.split(".")[:3] if p.isdigit()
+)
+
+# 0.12 merged ClosedJaxpr into Jaxpr: a Jaxpr carries its consts.
+MERGED_JAXPR: bool = not hasattr(core, "ClosedJaxpr")
+ClosedJaxpr: type = core.Jaxpr if MERGED_JAXPR else core.ClosedJaxpr
+Jaxpr: type = core.Jaxpr
+Var = core.Var
+Literal = core.Literal
+JaxprEqn = core.JaxprEqn
+JAXPR_TYPES: tuple[type, ...] = (core.Jaxpr,) if MERGED_JAXPR else (core.Jaxpr, core.ClosedJaxpr)
+
+# closed_call: 0.10 ClosedCallPrimitive `closed_call`; 0.12 `eval_jaxpr`.
+closed_call_p = core.closed_call_p
+
+
+def new_var(aval: core.AbstractValue) -> core.Var:
+    return core.Var(aval)
+
+
+def is_jaxpr(x: Any) -> bool:
+    return isinstance(x, JAXPR_TYPES)
+
+
+def is_closed(j: Any) -> bool:
+    """Whether ``j`` is (or, in 0.12, may stand for) a ClosedJaxpr."""
+    return isinstance(j, ClosedJaxpr)
+
+
+def jaxpr_parts(j: Any):
+    """``(constvars, consts, invars, eqns, outvars, effects, debug_info)``.
+
+    For an open 0.10 jaxpr with constvars, ``consts`` is None (the constvars
+    are free variables supplied by the caller).
+    """
+    if MERGED_JAXPR:
+        return (j.constvars, list(j.consts), j.invars, j.eqns, j.outvars,
+                j.effects, j.debug_info)
+    if isinstance(j, core.ClosedJaxpr):
+        jj = j.jaxpr
+        return (jj.constvars, list(j.consts), jj.invars, jj.eqns, jj.outvars,
+                jj.effects, jj.debug_info)
+    return (j.constvars, None if j.constvars else [], j.invars, j.eqns,
+            j.outvars, j.effects, j.debug_info)
+
+
+def make_jaxpr_like(
+    like: Any,
+    constvars: Sequence[core.Var],
+    consts: Sequence[Any],
+    invars: Sequence[core.Var],
+    eqns: Sequence[core.JaxprEqn],
+    outvars: Sequence[Any],
+    effects: Any,
+    debug_info: Any,
+):
+    """Build a jaxpr of the same kind (closed/open) as ``like``.
+
+    An open ``like`` cannot hold consts: callers hoist them first.
+    """
+    if MERGED_JAXPR:
+        return core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns),
+                          effects, debug_info, consts=list(consts))
+    jaxpr = core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns),
+                       effects, debug_info)
+    if isinstance(like, core.ClosedJaxpr) or like is None:
+        return core.ClosedJaxpr(jaxpr, list(consts))
+    assert not consts, "open jaxpr cannot carry consts"
+    return jaxpr
+
+
+def make_closed(constvars, consts, invars, eqns, outvars, effects, debug_info):
+    return make_jaxpr_like(None, constvars, consts, invars, eqns, outvars,
+                           effects, debug_info)
+
+
+def debug_info(name: str) -> Any:
+    return core.DebugInfo("taxpr", name, None, None)
+
+
+def open_jaxpr_kind(j: Any) -> bool:
+    """True when ``j`` is an open jaxpr (no consts may be attached)."""
+    if MERGED_JAXPR:
+        return False
+    return not isinstance(j, core.ClosedJaxpr)
+
+
+# ---- scan --------------------------------------------------------------------
+
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a scan eqn's params."""
+    if "ft_in" in params:
+        consts_g, carry_g, _ = params["ft_in"].unpack()
+        return len(consts_g), len(carry_g)
+    return params["num_consts"], params["num_carry"]
+
+
+def scan_params(params: dict, num_consts: int, num_carry: int, num_xs: int,
+                num_ys: int, **updates) -> dict:
+    """Scan params with new operand counts (and any other updates)."""
+    new = dict(params, **updates)
+    if "ft_in" in params:
+        from jax._src import flattree as ft
+        new["ft_in"] = ft.pack((ft.nones(num_consts), ft.nones(num_carry), ft.nones(num_xs)))
+        new["ft_out"] = ft.pack((ft.nones(num_carry), ft.nones(num_ys)))
+    else:
+        new["num_consts"] = num_consts
+        new["num_carry"] = num_carry
+    return new
+
+
+# ---- dead-code elimination rules ---------------------------------------------
+
+def register_dce_rule(prim: core.Primitive,
+                      rule: Callable[[list[bool], core.JaxprEqn], tuple[list[bool], Any]]):
+    """Register ``rule(used_outputs, eqn)`` with either DCE-rule arity."""
+    if JAX_VERSION >= (0, 11):
+        pe.dce_rules[prim] = lambda used_outs, live_ins, eqn: rule(used_outs, eqn)
+    else:
+        pe.dce_rules[prim] = rule
+
+
+def dce_jaxpr(jaxpr: core.Jaxpr, used_outputs, instantiate=False):
+    return pe.dce_jaxpr(jaxpr, used_outputs, instantiate)
+
+
+def pp_eqn_rules() -> dict:
+    return core.pp_eqn_rules
+
+
+def jaxpr_as_fun(j):
+    from jax.extend.core import jaxpr_as_fun as f
+    return f(j)

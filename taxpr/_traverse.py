@@ -1,0 +1,174 @@
+"""One generic traversal of nested jaxprs.
+
+Every taxpr walker and rewriter finds sub-jaxprs through ``subjaxprs`` and
+rebuilds equations through ``with_subjaxprs``. A primitive needs no entry here
+to be walked: any jaxpr-valued param (or tuple of them) is found
+generically. ``PATH_LABELS`` only makes paths read well.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, NamedTuple
+
+from jax._src import core
+
+from . import _compat
+
+
+class Sub(NamedTuple):
+    """Where a sub-jaxpr sits in an equation's params."""
+
+    key: str
+    index: int | None  # position inside a tuple-valued param
+    label: str  # path element naming the enclosing primitive
+
+
+def _scan_label(eqn, key, index):
+    rev = ",reverse" if eqn.params.get("reverse") else ""
+    return f"scan[length={eqn.params['length']}{rev}]"
+
+
+_LINEAR_SOLVE_PARTS = ("matvec", "vecmat", "solve", "transpose_solve")
+
+# Path labels by primitive name (names are stable across JAX versions where
+# the primitive objects are not, e.g. closed_call vs eval_jaxpr).
+PATH_LABELS: dict[str, Callable[[core.JaxprEqn, str, int | None], str]] = {
+    "jit": lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
+    "pjit": lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
+    "scan": _scan_label,
+    "while": lambda e, k, i: "while[cond]" if k == "cond_jaxpr" else "while[body]",
+    "cond": lambda e, k, i: f"cond[branch={i}]",
+    "remat2": lambda e, k, i: "checkpoint",
+    "checkpoint": lambda e, k, i: "checkpoint",
+    "custom_jvp_call": lambda e, k, i: "custom_jvp",
+    "custom_vjp_call": lambda e, k, i: "custom_vjp",
+    "custom_vjp_call_jaxpr": lambda e, k, i: "custom_vjp",
+    "shard_map": lambda e, k, i: "shard_map",
+    "closed_call": lambda e, k, i: "closed_call",
+    "eval_jaxpr": lambda e, k, i: "closed_call",
+    "core_call": lambda e, k, i: "core_call",
+    "custom_linear_solve": lambda e, k, i: (
+        f"custom_linear_solve[{_LINEAR_SOLVE_PARTS[i]}]"
+        if i is not None and i < 4 else f"custom_linear_solve[{k}]"),
+}
+
+
+def _label(eqn: core.JaxprEqn, key: str, index: int | None) -> str:
+    rule = PATH_LABELS.get(eqn.primitive.name)
+    if rule is not None:
+        return rule(eqn, key, index)
+    name = eqn.primitive.name
+    return f"{name}[{key}]" if index is None else f"{name}[{key}={index}]"
+
+
+def subjaxprs(eqn: core.JaxprEqn) -> list[tuple[Sub, Any]]:
+    """The jaxprs nested directly in ``eqn``'s params, in param order."""
+    out = []
+    for key, value in eqn.params.items():
+        if _compat.is_jaxpr(value):
+            out.append((Sub(key, None, _label(eqn, key, None)), value))
+        elif isinstance(value, (tuple, list)) and any(_compat.is_jaxpr(v) for v in value):
+            for i, v in enumerate(value):
+                if _compat.is_jaxpr(v):
+                    out.append((Sub(key, i, _label(eqn, key, i)), v))
+    return out
+
+
+def effects_of(jaxprs) -> set:
+    out: set = set()
+    for j in jaxprs:
+        out |= set(j.effects)
+    return out
+
+
+def with_subjaxprs(eqn: core.JaxprEqn, new: dict[tuple[str, int | None], Any],
+                   **param_updates) -> core.JaxprEqn:
+    """``eqn`` with some sub-jaxprs replaced (and its effects recomputed)."""
+    params = dict(eqn.params)
+    old_subs, new_subs = [], []
+    for (key, index), value in new.items():
+        old = params[key]
+        if index is None:
+            old_subs.append(old)
+            params[key] = value
+        else:
+            old_subs.append(old[index])
+            items = list(old)
+            items[index] = value
+            params[key] = type(old)(*items) if hasattr(old, "_fields") else type(old)(items)
+        new_subs.append(value)
+    params.update(param_updates)
+    effs = (set(eqn.effects) - effects_of(old_subs)) | effects_of(new_subs)
+    return eqn.replace(params=params, effects=effs)
+
+
+def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:
+    """Every equation of ``jaxpr`` and its nested jaxprs, in program order,
+    with the path of enclosing primitives."""
+    for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+        yield eqn, path
+        for sub, sj in subjaxprs(eqn):
+            yield from iter_eqns(sj, path + (sub.label,))
+
+
+def recompute_effects(old_effects, old_eqns, new_eqns):
+    """A jaxpr's effects after its equations changed: drop what only the old
+    equations had, add what the new ones have."""
+    old_union = effects_of_eqns(old_eqns)
+    new_union = effects_of_eqns(new_eqns)
+    if old_union == new_union:
+        return old_effects
+    return (set(old_effects) - (old_union - new_union)) | new_union
+
+
+def effects_of_eqns(eqns) -> set:
+    out: set = set()
+    for e in eqns:
+        if e.effects:
+            out |= set(e.effects)
+    return out
+
+
+def map_jaxpr(jaxpr: Any, rewrite_eqn: Callable, path: tuple[str, ...] = ()):
+    """Rebuild ``jaxpr`` bottom-up.
+
+    ``rewrite_eqn(eqn, path, env)`` returns None to keep ``eqn`` (after
+    substituting ``env`` into its inputs and recursing into sub-jaxprs), or a
+    list of replacement equations; it may bind ``env[outvar] = atom`` to
+    forward a removed equation's outputs. Unchanged jaxprs are returned as
+    the same object.
+    """
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+    env: dict = {}
+    new_eqns = []
+    changed = False
+    for eqn in eqns:
+        replaced = rewrite_eqn(eqn, path, env)
+        if replaced is not None:
+            new_eqns.extend(replaced)
+            changed = True
+            continue
+        new = {}
+        for sub, sj in subjaxprs(eqn):
+            nj = map_jaxpr(sj, rewrite_eqn, path + (sub.label,))
+            if nj is not sj:
+                new[(sub.key, sub.index)] = nj
+        if new:
+            eqn = with_subjaxprs(eqn, new)
+            changed = True
+        if env and any(type(v) is core.Var and v in env for v in eqn.invars):
+            eqn = eqn.replace(invars=[_sub(env, v) for v in eqn.invars])
+            changed = True
+        new_eqns.append(eqn)
+    if not changed:
+        return jaxpr
+    outvars = [_sub(env, v) for v in outvars]
+    effects = recompute_effects(effects, eqns, new_eqns)
+    return _compat.make_jaxpr_like(jaxpr, constvars, consts or [], invars, new_eqns,
+                                   outvars, effects, dbg)
+
+
+def _sub(env: dict, v: Any) -> Any:
+    if type(v) is core.Var:
+        return env.get(v, v)
+    return v

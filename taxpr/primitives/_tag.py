@@ -1,0 +1,239 @@
+"""The ``tag`` primitive: an identity that marks a pytree of values.
+
+Design (see README "How tags stay alive"):
+
+* A plain tag has no effect and a DCE rule that always keeps it. That keeps
+  unused tags under make_jaxpr, jit, vmap, scan, cond, while and
+  ``pe.dce_jaxpr`` while a jitted function keeps JAX's fast C++ dispatch
+  path (an effect would disable it).
+* Differentiation is where partial evaluation drops or duplicates
+  effect-free equations (``grad`` of ``scan`` / ``checkpoint``). The JVP rule
+  therefore re-binds the primal tag as *kept* (with ``TagEffect``, which
+  every control-flow primitive and partial evaluation preserve), and routes
+  the tangent through ``tag_tangent_p`` so that ``inject`` can give the
+  tangent the derivative of the injected program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core, effects
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .. import _compat
+
+# Hidden params: the tagged pytree's structure and whether the tag carries
+# TagEffect. Users cannot pass keys with this prefix.
+TREE = "_taxpr_tree"
+KEPT = "_taxpr_kept"
+HIDDEN_PREFIX = "_taxpr_"
+
+
+class TagEffect(effects.Effect):
+    """Keeps a tag alive through partial evaluation (see module docstring)."""
+
+    def __repr__(self):
+        return "TagEffect"
+
+    __str__ = __repr__
+
+
+tag_effect = TagEffect()
+for _set in (
+    effects.lowerable_effects,
+    effects.control_flow_allowed_effects,
+    effects.custom_derivatives_allowed_effects,
+    effects.remat_allowed_effects,
+    effects.partial_eval_kept_effects,
+):
+    _set.add_type(TagEffect)
+
+
+def user_params(params: dict) -> dict:
+    """The params a user passed to ``tag`` (hidden ones removed)."""
+    return {k: v for k, v in params.items() if not k.startswith(HIDDEN_PREFIX)}
+
+
+def _identity_impl(*args, **params):
+    return args
+
+
+def _tag_abstract_eval(*avals, **params):
+    effs = {tag_effect} if params.get(KEPT) else effects.no_effects
+    return list(avals), effs
+
+
+tag_p = Primitive("tag")
+tag_p.multiple_results = True
+tag_p.def_impl(_identity_impl)
+tag_p.def_effectful_abstract_eval(_tag_abstract_eval)
+
+# The tangent of a tag: ``tag_tangent(*primals, *tangents) -> tangents``.
+tag_tangent_p = Primitive("tag_tangent")
+tag_tangent_p.multiple_results = True
+# The cotangent of a tag: ``tag_cotangent(*primals, *cts) -> cts``.
+tag_cotangent_p = Primitive("tag_cotangent")
+tag_cotangent_p.multiple_results = True
+
+
+def _second_half_impl(*args, **params):
+    return args[len(args) // 2:]
+
+
+def _second_half_abstract_eval(*avals, **params):
+    return list(avals[len(avals) // 2:])
+
+
+for _p in (tag_tangent_p, tag_cotangent_p):
+    _p.def_impl(_second_half_impl)
+    _p.def_abstract_eval(_second_half_abstract_eval)
+
+
+# ---- autodiff -----------------------------------------------------------------
+
+def _tag_jvp(primals, tangents, **params):
+    primals_out = tag_p.bind(*primals, **dict(params, **{KEPT: True}))
+    if all(type(t) is ad.Zero for t in tangents):
+        return primals_out, list(tangents)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    tangents_out = tag_tangent_p.bind(*primals, *tangents, **params)
+    return primals_out, tangents_out
+
+
+ad.primitive_jvps[tag_p] = _tag_jvp
+
+
+def _tag_transpose(cts, *args, **params):
+    return list(cts)
+
+
+ad.primitive_transposes[tag_p] = _tag_transpose
+
+
+def _make_half_transpose(other):
+    def transpose(cts, *args, **params):
+        n = len(args) // 2
+        primals = args[:n]
+        if any(ad.is_undefined_primal(p) for p in primals):
+            raise NotImplementedError(
+                "taxpr: the derivative of a tag is not linear in its primal "
+                f"(tag params {user_params(params)})")
+        if all(type(ct) is ad.Zero for ct in cts):
+            return [None] * n + list(cts)
+        cts = [ad.instantiate_zeros(ct) for ct in cts]
+        return [None] * n + list(other.bind(*primals, *cts, **params))
+    return transpose
+
+
+ad.primitive_transposes[tag_tangent_p] = _make_half_transpose(tag_cotangent_p)
+ad.primitive_transposes[tag_cotangent_p] = _make_half_transpose(tag_tangent_p)
+
+
+def _half_jvp(prim):
+    def jvp(primals, tangents, **params):
+        n = len(primals) // 2
+        out = prim.bind(*primals, **params)
+        # Linear in the second half; the first half only selects the rule.
+        t_out = prim.bind(*primals[:n], *[ad.instantiate_zeros(t) for t in tangents[n:]],
+                          **params)
+        return out, t_out
+    return jvp
+
+
+ad.primitive_jvps[tag_tangent_p] = _half_jvp(tag_tangent_p)
+ad.primitive_jvps[tag_cotangent_p] = _half_jvp(tag_cotangent_p)
+
+
+# ---- batching -----------------------------------------------------------------
+
+def _tag_batch(args, dims, **params):
+    return tag_p.bind(*args, **params), list(dims)
+
+
+batching.primitive_batchers[tag_p] = _tag_batch
+
+
+def _make_half_batch(prim):
+    def batch(args, dims, **params):
+        n = len(args) // 2
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+        # Batch both halves alike so each primal leaf lines up with its tangent.
+        args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+        return prim.bind(*args, **params), [0] * (len(args) - n)
+    return batch
+
+
+batching.primitive_batchers[tag_tangent_p] = _make_half_batch(tag_tangent_p)
+batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
+
+
+# ---- lowering, DCE, printing ----------------------------------------------------
+
+mlir.register_lowering(tag_p, lambda ctx, *args, **params: list(args))
+mlir.register_lowering(
+    tag_tangent_p, lambda ctx, *args, **params: list(args[len(args) // 2:]))
+mlir.register_lowering(
+    tag_cotangent_p, lambda ctx, *args, **params: list(args[len(args) // 2:]))
+
+
+def _keep_dce_rule(used_outputs, eqn):
+    return [True] * len(eqn.invars), eqn
+
+
+_compat.register_dce_rule(tag_p, _keep_dce_rule)
+
+
+def _tag_pp_rule(eqn, context, settings):
+    names = sorted(k for k in eqn.params if not k.startswith(HIDDEN_PREFIX))
+    return core._pp_eqn(eqn, context, settings, params=names)
+
+
+for _p in (tag_p, tag_tangent_p, tag_cotangent_p):
+    _compat.pp_eqn_rules()[_p] = _tag_pp_rule
+
+
+# ---- user API -------------------------------------------------------------------
+
+def _check_params(params: dict) -> None:
+    for key, value in params.items():
+        if key.startswith(HIDDEN_PREFIX):
+            raise TypeError(f"taxpr.tag: parameter names starting with "
+                            f"{HIDDEN_PREFIX!r} are reserved: {key!r}")
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"taxpr.tag: parameter {key!r} must be hashable, got "
+                f"{type(value).__name__}: {value!r}") from None
+
+
+def _in_trace() -> bool:
+    return not isinstance(core.trace_ctx.trace, core.EvalTrace)
+
+
+def tag(value: Any, **params: Any) -> Any:
+    """Mark ``value`` (a pytree of arrays) with ``params``.
+
+    Arguments:
+        value: a pytree of array-likes. Python scalars become arrays inside a
+            trace, keeping their weak type.
+        **params: hashable keyword arguments describing the tag.
+
+    Returns:
+        ``value`` unchanged (an identity), marked in any jaxpr traced from it.
+
+    Raises:
+        TypeError: a param value is unhashable (the message names the key).
+    """
+    _check_params(params)
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if not leaves:
+        return value
+    if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
+        return value
+    out = tag_p.bind(*leaves, **{TREE: tree, **params})
+    return jax.tree_util.tree_unflatten(tree, out)
