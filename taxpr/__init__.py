@@ -1,9 +1,11 @@
 """taxpr: a tag-and-inject effect system for JAX."""
 
+from ._engine import InjectError as InjectError
 from ._find import (
     TagSite as TagSite,
     dissolve_tags as dissolve_tags,
     find_tags as find_tags,
     iter_tags as iter_tags,
 )
+from ._inject import inject as inject, injected as injected
 from .primitives import tag as tag, tag_p as tag_p

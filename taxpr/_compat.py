@@ -68,12 +68,13 @@ def make_jaxpr_like(
     eqns: Sequence[core.JaxprEqn],
     outvars: Sequence[Any],
     effects: Any,
-    debug_info: Any,
+    debug_info: Any,  # noqa: F811 (shadows the helper below on purpose)
 ):
     """Build a jaxpr of the same kind (closed/open) as ``like``.
 
     An open ``like`` cannot hold consts: callers hoist them first.
     """
+    debug_info = _fit_debug_info(debug_info, len(invars), len(outvars))
     if MERGED_JAXPR:
         return core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns),
                           effects, debug_info, consts=list(consts))
@@ -83,6 +84,23 @@ def make_jaxpr_like(
         return core.ClosedJaxpr(jaxpr, list(consts))
     assert not consts, "open jaxpr cannot carry consts"
     return jaxpr
+
+
+def _fit_debug_info(dbg: Any, n_in: int, n_out: int) -> Any:
+    """``dbg`` with arg names / result paths dropped where their counts no
+    longer match (checks assert on them)."""
+    if dbg is None:
+        return debug_info("taxpr")
+    updates = {}
+    names = getattr(dbg, "arg_names", None)
+    if names is not None and len(names) != n_in:
+        updates["arg_names"] = None
+    paths = getattr(dbg, "result_paths", None)
+    if isinstance(paths, tuple) and len(paths) != n_out:
+        updates["result_paths"] = None
+    elif paths is not None and not isinstance(paths, tuple):
+        updates["result_paths"] = None
+    return dbg._replace(**updates) if updates else dbg
 
 
 def make_closed(constvars, consts, invars, eqns, outvars, effects, debug_info):
@@ -147,3 +165,31 @@ def pp_eqn_rules() -> dict:
 def jaxpr_as_fun(j):
     from jax.extend.core import jaxpr_as_fun as f
     return f(j)
+
+
+def abstractify(x: Any) -> core.AbstractValue:
+    """The ShapedArray of a value (weak type kept) or of a ShapeDtypeStruct."""
+    if isinstance(x, core.AbstractValue):
+        return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return core.ShapedArray(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
+    return core.shaped_abstractify(x)
+
+
+def trace_flat(fn: Callable, avals: Sequence[core.AbstractValue], name: str = "taxpr"):
+    """Trace ``fn(*flat) -> list`` at ``avals`` into a closed jaxpr."""
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    return jax.make_jaxpr(fn)(*specs)
+
+
+def used_invars(closed: Any) -> list[bool]:
+    """Which of a closed jaxpr's (non-const) inputs its outputs depend on."""
+    constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
+    open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects, dbg)
+    _, used = pe.dce_jaxpr(open_j, [True] * len(outvars))
+    return list(used[len(constvars):])
+
+
+def unspecified_sharding() -> Any:
+    from jax._src.sharding_impls import UNSPECIFIED
+    return UNSPECIFIED

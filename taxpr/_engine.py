@@ -1,0 +1,356 @@
+"""The threading engine: rewrite selected tags into explicit context threading.
+
+One interpreter (``Engine.thread_eqns``) walks a jaxpr's equations; a tag
+that is selected is replaced by an inlined copy of the injector's jaxpr;
+a higher-order primitive whose sub-jaxprs contain a selected tag is handed
+to its rule in ``THREAD_RULES`` (one small rule per primitive, keyed by
+primitive name). Every other equation is kept as it is.
+
+The engine works by jaxpr surgery rather than by re-tracing the program:
+only the injector is traced (once per distinct signature), and inlining it
+is a copy of a few equations, which keeps ``inject`` far cheaper than
+tracing the program in the first place.
+
+Convention: a threaded jaxpr takes the ctx leaves as inputs at ``in_pos``
+and returns them as outputs at ``out_pos``; the rules pick the positions the
+primitive needs (e.g. scan: after the consts / before the carry).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax._src import core
+
+from . import _compat, _traverse
+from ._find import is_selected, tag_shape
+from .primitives._tag import TREE, tag_cotangent_p, tag_p, tag_tangent_p, user_params
+
+
+class InjectError(ValueError):
+    """An injector returned something of the wrong structure, shape or dtype."""
+
+
+def format_path(path: Sequence[str]) -> str:
+    return "/".join(path) if path else "<top level>"
+
+
+def _describe(params: dict, path: Sequence[str]) -> str:
+    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    return f"tag({shown}) at {format_path(path)}"
+
+
+class Level:
+    """Equations being emitted for one jaxpr under construction."""
+
+    __slots__ = ("eqns", "env", "consts", "path", "site_ctx")
+
+    def __init__(self, path: tuple[str, ...]):
+        self.eqns: list = []
+        self.env: dict = {}
+        self.consts: dict[int, tuple[core.Var, Any]] = {}  # id(value) -> (var, value)
+        self.path = path
+        # ctx before each primal tag site, keyed by its inputs: the tangent of
+        # the same tag (bound right after it by the JVP rule) uses it.
+        self.site_ctx: dict = {}
+
+    def atom(self, v: Any) -> Any:
+        if type(v) is core.Var:
+            return self.env.get(v, v)
+        return v
+
+    def const_var(self, value: Any) -> core.Var:
+        hit = self.consts.get(id(value))
+        if hit is None:
+            hit = (_compat.new_var(_compat.abstractify(value)), value)
+            self.consts[id(value)] = hit
+        return hit[0]
+
+    def emit(self, eqn: core.JaxprEqn) -> None:
+        env = self.env
+        if env and any(type(v) is core.Var and v in env for v in eqn.invars):
+            eqn = eqn.replace(invars=[self.atom(v) for v in eqn.invars])
+        self.eqns.append(eqn)
+
+    def hoisted(self) -> tuple[list, list]:
+        pairs = list(self.consts.values())
+        return [v for v, _ in pairs], [c for _, c in pairs]
+
+
+def inline(level: Level, closed: Any, in_atoms: Sequence[Any]) -> list:
+    """Copy ``closed``'s equations into ``level`` with fresh variables."""
+    constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(closed)
+    env: dict = {}
+    for v, c in zip(constvars, consts):
+        env[v] = level.const_var(c)
+    for v, a in zip(invars, in_atoms):
+        env[v] = a
+    get = env.get
+    for e in eqns:
+        outs = []
+        for o in e.outvars:
+            if isinstance(o, core.DropVar):
+                outs.append(o)
+            else:
+                n = _compat.new_var(o.aval)
+                env[o] = n
+                outs.append(n)
+        ins = [get(v, v) if type(v) is core.Var else v for v in e.invars]
+        level.eqns.append(e.replace(invars=ins, outvars=outs))
+    return [get(v, v) if type(v) is core.Var else v for v in outvars]
+
+
+# rule(engine, eqn, level, ctx, subs) -> new ctx atoms
+ThreadRule = Callable[["Engine", core.JaxprEqn, Level, list, list], list]
+THREAD_RULES: dict[str, ThreadRule] = {}
+
+
+class Engine:
+    """Threads a context (fixed leaf avals) through a jaxpr.
+
+    Arguments:
+        site_rule: ``site_rule(engine, eqn, level, ctx) -> new ctx`` rewrites a
+            selected tag (or tag tangent/cotangent) equation.
+        predicate: selects tags (``None``: all).
+        ctx_avals: avals of the ctx leaves.
+    """
+
+    def __init__(self, site_rule: Callable, predicate: Callable | None,
+                 ctx_avals: Sequence[core.AbstractValue]):
+        self.site_rule = site_rule
+        self.predicate = predicate
+        self.ctx_avals = list(ctx_avals)
+        self._selected: dict[int, tuple[Any, bool]] = {}
+        self._threaded: dict[tuple, tuple[Any, Any]] = {}
+
+    # ---- selection ----------------------------------------------------------
+    def has_selected(self, jaxpr: Any) -> bool:
+        hit = self._selected.get(id(jaxpr))
+        if hit is not None:
+            return hit[1]
+        found = False
+        for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+            if is_selected(eqn, self.predicate):
+                found = True
+                break
+            if any(self.has_selected(sj) for _, sj in _traverse.subjaxprs(eqn)):
+                found = True
+                break
+        self._selected[id(jaxpr)] = (jaxpr, found)
+        return found
+
+    # ---- the interpreter ----------------------------------------------------
+    def thread_eqns(self, eqns: Sequence[core.JaxprEqn], level: Level, ctx: list) -> list:
+        for eqn in eqns:
+            prim = eqn.primitive
+            if prim is tag_p or prim is tag_tangent_p or prim is tag_cotangent_p:
+                if is_selected(eqn, self.predicate):
+                    ctx = self.site_rule(self, eqn, level, ctx)
+                    continue
+            else:
+                subs = _traverse.subjaxprs(eqn)
+                if subs and any(self.has_selected(sj) for _, sj in subs):
+                    rule = THREAD_RULES.get(prim.name)
+                    if rule is None:
+                        raise NotImplementedError(
+                            f"taxpr: cannot thread a context through primitive "
+                            f"'{prim.name}' at {format_path(level.path)}: it contains "
+                            f"selected tags and taxpr has no rule for it")
+                    ctx = rule(self, eqn, level, ctx, subs)
+                    continue
+            level.emit(eqn)
+        return ctx
+
+    def thread_jaxpr(self, jaxpr: Any, path: tuple[str, ...], in_pos: int, out_pos: int):
+        """``jaxpr`` with ctx inputs at ``in_pos`` and ctx outputs at
+        ``out_pos``, as a closed jaxpr (consts the engine added included)."""
+        key = (id(jaxpr), in_pos, out_pos)
+        hit = self._threaded.get(key)
+        if hit is not None:
+            return hit[1]
+        constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+        if consts is None:
+            raise NotImplementedError(
+                f"taxpr: open jaxpr with free constvars at {format_path(path)}")
+        level = Level(path)
+        ctx_in = [_compat.new_var(a) for a in self.ctx_avals]
+        ctx_out = self.thread_eqns(eqns, level, ctx_in)
+        outs = [level.atom(v) for v in outvars]
+        hv, hc = level.hoisted()
+        result = _compat.make_closed(
+            [*constvars, *hv], [*consts, *hc],
+            [*invars[:in_pos], *ctx_in, *invars[in_pos:]],
+            level.eqns,
+            [*outs[:out_pos], *ctx_out, *outs[out_pos:]],
+            _traverse.recompute_effects(effects, eqns, level.eqns), dbg)
+        self._threaded[key] = (jaxpr, result)
+        return result
+
+    def fresh_ctx(self) -> list:
+        return [_compat.new_var(a) for a in self.ctx_avals]
+
+
+# ---- rules -----------------------------------------------------------------------
+
+def _label(subs, key, index=None) -> str:
+    for sub, _ in subs:
+        if sub.key == key and sub.index == index:
+            return sub.label
+    raise KeyError(key)
+
+
+def _emit_rebuilt(level: Level, eqn, new_subs: dict, invars, outvars, **params) -> None:
+    new = _traverse.with_subjaxprs(eqn, new_subs, **params)
+    level.emit(new.replace(invars=list(invars), outvars=list(outvars)))
+
+
+def _call_rule(key: str, sharded: bool):
+    """jit / closed_call: ctx enters first and leaves last; the call stays a call."""
+
+    def rule(engine, eqn, level, ctx, subs):
+        n = len(ctx)
+        sub = eqn.params[key]
+        path = level.path + (_label(subs, key),)
+        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]))
+        updates = {}
+        if sharded:
+            p = eqn.params
+            unspec = _compat.unspecified_sharding()
+            updates = dict(
+                in_shardings=(unspec,) * n + tuple(p["in_shardings"]),
+                out_shardings=tuple(p["out_shardings"]) + (unspec,) * n,
+                in_layouts=(None,) * n + tuple(p["in_layouts"]),
+                out_layouts=tuple(p["out_layouts"]) + (None,) * n,
+                donated_invars=(False,) * n + tuple(p["donated_invars"]),
+            )
+        ctx_out = engine.fresh_ctx()
+        _emit_rebuilt(level, eqn, {(key, None): new}, [*ctx, *eqn.invars],
+                      [*eqn.outvars, *ctx_out], **updates)
+        return ctx_out
+
+    return rule
+
+
+THREAD_RULES["jit"] = _call_rule("jaxpr", sharded=True)
+THREAD_RULES["pjit"] = THREAD_RULES["jit"]
+THREAD_RULES["closed_call"] = _call_rule("call_jaxpr", sharded=False)
+THREAD_RULES["eval_jaxpr"] = THREAD_RULES["closed_call"]
+
+
+def _scan_rule(engine, eqn, level, ctx, subs):
+    p = eqn.params
+    n = len(ctx)
+    nc, nk = _compat.scan_counts(p)
+    nx = len(eqn.invars) - nc - nk
+    ny = len(eqn.outvars) - nk
+    body = engine.thread_jaxpr(p["jaxpr"], level.path + (_label(subs, "jaxpr"),), nc, 0)
+    updates = _compat.scan_params(p, nc, nk + n, nx, ny)
+    if "linear" in p:
+        lin = tuple(p["linear"])
+        updates["linear"] = lin[:nc] + (False,) * n + lin[nc:]
+    updates = {k: v for k, v in updates.items() if k != "jaxpr"}
+    ctx_out = engine.fresh_ctx()
+    _emit_rebuilt(level, eqn, {("jaxpr", None): body},
+                  [*eqn.invars[:nc], *ctx, *eqn.invars[nc:]],
+                  [*ctx_out, *eqn.outvars], **updates)
+    return ctx_out
+
+
+THREAD_RULES["scan"] = _scan_rule
+
+
+def _with_unused_inputs(closed, at: int, avals) -> Any:
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed)
+    new = [_compat.new_var(a) for a in avals]
+    return _compat.make_closed(constvars, consts, [*invars[:at], *new, *invars[at:]],
+                               eqns, outvars, effects, dbg)
+
+
+def _while_rule(engine, eqn, level, ctx, subs):
+    """The cond runs before each iteration and once more at the end, so with
+    tags in the cond the loop carries ``(ctx, pred, carry)`` and the body
+    re-evaluates the cond (as checkify does)."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = (eqn.invars[:cc], eqn.invars[cc:cc + bc], eqn.invars[cc + bc:])
+    body = engine.thread_jaxpr(p["body_jaxpr"], level.path + ("while[body]",), bc, 0)
+    ctx_out = engine.fresh_ctx()
+    if not engine.has_selected(p["cond_jaxpr"]):
+        cond = _with_unused_inputs(p["cond_jaxpr"], cc, engine.ctx_avals)
+        _emit_rebuilt(level, eqn, {("cond_jaxpr", None): cond, ("body_jaxpr", None): body},
+                      [*cconsts, *bconsts, *ctx, *carry], [*ctx_out, *eqn.outvars])
+        return ctx_out
+    cond = engine.thread_jaxpr(p["cond_jaxpr"], level.path + ("while[cond]",), cc, 1)
+    n = len(ctx)
+    # Before the loop: evaluate the cond once.
+    pred0, *ctx1 = inline(level, cond, [*map(level.atom, cconsts), *ctx, *map(level.atom, carry)])
+    # New body: (cconsts, bconsts, ctx, pred, carry) -> (ctx, pred, carry).
+    inner = Level(level.path + ("while[body]",))
+    v_cc = [_compat.new_var(v.aval) for v in cconsts]
+    v_bc = [_compat.new_var(v.aval) for v in bconsts]
+    v_ctx = engine.fresh_ctx()
+    v_pred = _compat.new_var(core.ShapedArray((), jax.numpy.bool_))
+    v_carry = [_compat.new_var(v.aval) for v in carry]
+    outs = inline(inner, body, [*v_bc, *v_ctx, *v_carry])
+    ctx2, carry2 = outs[:n], outs[n:]
+    pred2, *ctx3 = inline(inner, cond, [*v_cc, *ctx2, *carry2])
+    hv, hc = inner.hoisted()
+    body_effects = _traverse.effects_of_eqns(inner.eqns)
+    new_body = _compat.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_carry], inner.eqns,
+                                   [*ctx3, pred2, *carry2], body_effects,
+                                   _compat.jaxpr_parts(p["body_jaxpr"])[6])
+    c_ctx = engine.fresh_ctx()
+    c_pred = _compat.new_var(v_pred.aval)
+    c_carry = [_compat.new_var(v.aval) for v in carry]
+    new_cond = _compat.make_closed([], [], [*c_ctx, c_pred, *c_carry], [], [c_pred],
+                                   core.no_effects, _compat.jaxpr_parts(p["cond_jaxpr"])[6])
+    _emit_rebuilt(level, eqn, {("cond_jaxpr", None): new_cond, ("body_jaxpr", None): new_body},
+                  [*cconsts, *bconsts, *ctx1, pred0, *carry],
+                  [*ctx_out, core.DropVar(v_pred.aval), *eqn.outvars],
+                  cond_nconsts=0, body_nconsts=cc + bc)
+    return ctx_out
+
+
+THREAD_RULES["while"] = _while_rule
+
+
+def _cond_rule(engine, eqn, level, ctx, subs):
+    """Every branch threads ctx (untaken branches pass it through)."""
+    branches = eqn.params["branches"]
+    new = {}
+    for i, b in enumerate(branches):
+        path = level.path + (_label(subs, "branches", i),)
+        new[("branches", i)] = engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]))
+    ctx_out = engine.fresh_ctx()
+    _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:]],
+                  [*eqn.outvars, *ctx_out])
+    return ctx_out
+
+
+THREAD_RULES["cond"] = _cond_rule
+
+
+def _open_call_rule(key: str, extra_in_params: Callable | None = None):
+    """remat / shard_map: the sub-jaxpr is open, so consts the engine added
+    become leading inputs fed from the enclosing jaxpr."""
+
+    def rule(engine, eqn, level, ctx, subs):
+        sub = eqn.params[key]
+        path = level.path + (_label(subs, key),)
+        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]))
+        constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
+        new = _compat.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
+                                      effects, dbg)
+        hoisted = [level.const_var(c) for c in consts]
+        updates = extra_in_params(eqn, len(hoisted), len(ctx)) if extra_in_params else {}
+        ctx_out = engine.fresh_ctx()
+        _emit_rebuilt(level, eqn, {(key, None): new}, [*hoisted, *ctx, *eqn.invars],
+                      [*eqn.outvars, *ctx_out], **updates)
+        return ctx_out
+
+    return rule
+
+
+THREAD_RULES["remat2"] = _open_call_rule("jaxpr")
+THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]

@@ -1,0 +1,215 @@
+"""``inject`` and ``injected``: replace tags by calls to an injector that
+threads a context through the whole program."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from jax._src import core
+
+from . import _compat
+from ._engine import Engine, InjectError, Level, _describe, inline
+from ._find import Predicate
+from .primitives._tag import TREE, tag_cotangent_p, tag_p, user_params
+
+Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
+
+
+def _aval_str(a) -> str:
+    return a.str_short() if hasattr(a, "str_short") else str(a)
+
+
+class _InjectSites:
+    """The site rule of ``inject``: inline the (cached) injector jaxpr."""
+
+    def __init__(self, injector: Injector, ctx_tree, ctx_avals):
+        self.injector = injector
+        self.ctx_tree = ctx_tree
+        self.ctx_avals = list(ctx_avals)
+        self._traced: dict = {}
+
+    # -- tracing the injector, once per signature --
+    def _trace(self, kind: str, params: dict, tree, token_avals, path):
+        key = (kind, tuple(sorted(params.items(), key=lambda kv: kv[0])), tree, token_avals)
+        hit = self._traced.get(key)
+        if hit is not None:
+            return hit
+        nctx, ntok = len(self.ctx_avals), len(token_avals)
+        ctx_tree, injector = self.ctx_tree, self.injector
+        found: dict = {}
+
+        def call(ctx, token):
+            out = injector(ctx, token, dict(params))
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise InjectError(
+                    f"taxpr.inject: the injector for {_describe(params, path)} must return "
+                    f"(new_token, new_ctx), got {type(out).__name__}")
+            return out
+
+        if kind == "primal":
+            def flat(*leaves):
+                ctx = jax.tree_util.tree_unflatten(ctx_tree, leaves[:nctx])
+                token = jax.tree_util.tree_unflatten(tree, leaves[nctx:])
+                new_token, new_ctx = call(ctx, token)
+                tok_leaves, found["token"] = jax.tree_util.tree_flatten(new_token)
+                ctx_leaves, found["ctx"] = jax.tree_util.tree_flatten(new_ctx)
+                return [*tok_leaves, *ctx_leaves]
+            avals = [*self.ctx_avals, *token_avals]
+        else:
+            # Derivative of the injector w.r.t. the token, ctx held constant.
+            half = ntok // 2
+
+            def flat(*leaves):
+                ctx = jax.tree_util.tree_unflatten(ctx_tree, leaves[:nctx])
+                primal = jax.tree_util.tree_unflatten(tree, leaves[nctx:nctx + half])
+                t = jax.tree_util.tree_unflatten(tree, leaves[nctx + half:])
+                f = lambda tok: call(ctx, tok)[0]
+                if kind == "tangent":
+                    _, t_out = jax.jvp(f, (primal,), (t,))
+                else:
+                    _, vjp = jax.vjp(f, primal)
+                    (t_out,) = vjp(t)
+                return jax.tree_util.tree_leaves(t_out)
+            avals = [*self.ctx_avals, *token_avals]
+
+        closed = _compat.trace_flat(flat, avals)
+        if kind == "primal":
+            self._check(closed, found, params, tree, token_avals, path)
+            result = (closed, None)
+        else:
+            used = _compat.used_invars(closed)
+            result = (closed, any(used[:nctx]))
+        self._traced[key] = result
+        return result
+
+    def _check(self, closed, found, params, tree, token_avals, path):
+        where = _describe(params, path)
+        out_avals = [v.aval for v in _compat.jaxpr_parts(closed)[4]]
+        if found["token"] != tree:
+            raise InjectError(f"taxpr.inject: the injector for {where} returned a token of "
+                              f"structure {found['token']}, expected {tree}")
+        if found["ctx"] != self.ctx_tree:
+            raise InjectError(f"taxpr.inject: the injector for {where} returned a ctx of "
+                              f"structure {found['ctx']}, expected {self.ctx_tree}")
+        ntok = len(token_avals)
+        for kind, got, want in (("token", out_avals[:ntok], token_avals),
+                                ("ctx", out_avals[ntok:], self.ctx_avals)):
+            for i, (g, w) in enumerate(zip(got, want)):
+                if g.shape != w.shape or g.dtype != w.dtype:
+                    hint = ""
+                    if kind == "ctx" and g.dtype == w.dtype and g.shape[1:] == w.shape:
+                        hint = (" (it looks batched: under vmap the token is batched, and a "
+                                "batched value cannot be stored into an unbatched ctx)")
+                    raise InjectError(
+                        f"taxpr.inject: the injector for {where} returned {kind} leaf {i} "
+                        f"of type {_aval_str(g)}, expected {_aval_str(w)}{hint}")
+
+    # -- the site rule --
+    def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
+        params = user_params(eqn.params)
+        tree = eqn.params[TREE]
+        ins = [level.atom(v) for v in eqn.invars]
+        token_avals = tuple(v.aval for v in eqn.invars)
+        if eqn.primitive is tag_p:
+            closed, _ = self._trace("primal", params, tree, token_avals, level.path)
+            level.site_ctx[tuple(map(id, ins))] = ctx
+            outs = inline(level, closed, [*ctx, *ins])
+            new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
+        else:
+            kind = "cotangent" if eqn.primitive is tag_cotangent_p else "tangent"
+            closed, needs_ctx = self._trace(kind, params, tree, token_avals, level.path)
+            site_ctx = ctx
+            if needs_ctx:
+                site_ctx = level.site_ctx.get(tuple(map(id, ins[:len(ins) // 2])))
+                if site_ctx is None:
+                    raise NotImplementedError(
+                        f"taxpr.inject: the derivative of the injector for "
+                        f"{_describe(params, level.path)} depends on ctx, and the "
+                        f"{kind} of this tag is computed away from the tag itself "
+                        f"(e.g. reverse mode); make the injector's derivative "
+                        f"independent of ctx")
+            new_token = inline(level, closed, [*site_ctx, *ins])
+            new_ctx = ctx
+        for o, a in zip(eqn.outvars, new_token):
+            if not isinstance(o, core.DropVar):
+                level.env[o] = a
+        return list(new_ctx)
+
+
+def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
+           predicate: Predicate | None = None) -> Any:
+    """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
+
+    Arguments:
+        closed_jaxpr: the program (a ``ClosedJaxpr``; a plain ``Jaxpr`` is
+            taken as closed with no consts).
+        injector: ``injector(ctx, token, params) -> (new_token, new_ctx)``;
+            ``token`` has the tagged pytree's structure, ``params`` is the
+            tag's params dict. It must return a token and ctx of the same
+            structure, shapes and dtypes.
+        ctx: a pytree of arrays (or ``jax.ShapeDtypeStruct``) giving the
+            context's structure and types.
+        predicate: ``predicate(params, shape) -> bool`` selects tags; the rest
+            stay as tags.
+
+    Returns:
+        A closed jaxpr ``(*ctx_leaves, *inputs) -> (*outputs, *ctx_leaves)``
+        that computes what the program computes eagerly with ``ctx`` a Python
+        variable replaced at each selected tag by the injector.
+
+    Raises:
+        InjectError: the injector returned a wrong structure, shape or dtype
+            (the message names the tag's params and path).
+        NotImplementedError: a selected tag sits inside a primitive taxpr
+            cannot thread through (the message names it).
+    """
+    leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
+    ctx_avals = [_compat.abstractify(x) for x in leaves]
+    sites = _InjectSites(injector, ctx_tree, ctx_avals)
+    engine = Engine(sites, predicate, ctx_avals)
+    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
+
+
+def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = None):
+    """The function-level form of ``inject``.
+
+    Arguments:
+        fn: a function of pytrees of arrays.
+        injector: as for ``inject``.
+        predicate: as for ``inject``.
+
+    Returns:
+        ``pure(ctx, *args, **kwargs) -> (out, new_ctx)``, traced and injected
+        once per input signature (cached like ``jax.jit``).
+    """
+    cache: dict = {}
+
+    def pure(ctx, *args, **kwargs):
+        ctx_leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
+        arg_leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs))
+        ctx_avals = tuple(_compat.abstractify(x) for x in ctx_leaves)
+        arg_avals = tuple(_compat.abstractify(x) for x in arg_leaves)
+        key = (ctx_tree, ctx_avals, arg_tree, arg_avals)
+        hit = cache.get(key)
+        if hit is None:
+            out_tree = []
+
+            def flat(*leaves):
+                a, k = jax.tree_util.tree_unflatten(arg_tree, leaves)
+                out_leaves, tree = jax.tree_util.tree_flatten(fn(*a, **k))
+                out_tree.append(tree)
+                return out_leaves
+
+            closed = _compat.trace_flat(flat, arg_avals)
+            spec = jax.tree_util.tree_unflatten(ctx_tree, ctx_avals)
+            hit = (inject(closed, injector, spec, predicate), out_tree[0])
+            cache[key] = hit
+        new, out_tree = hit
+        outs = _compat.jaxpr_as_fun(new)(*ctx_leaves, *arg_leaves)
+        n_out = out_tree.num_leaves
+        return (jax.tree_util.tree_unflatten(out_tree, outs[:n_out]),
+                jax.tree_util.tree_unflatten(ctx_tree, outs[n_out:]))
+
+    return pure
