@@ -193,3 +193,30 @@ def used_invars(closed: Any) -> list[bool]:
 def unspecified_sharding() -> Any:
     from jax._src.sharding_impls import UNSPECIFIED
     return UNSPECIFIED
+
+
+def open_with_constvars(closed: Any) -> tuple[Any, list]:
+    """``(jaxpr, consts)`` as ``core.eval_jaxpr(jaxpr, consts, *args)`` takes them."""
+    constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
+    dbg = _fit_debug_info(dbg, len(constvars) + len(invars) if MERGED_JAXPR else len(invars),
+                          len(outvars))
+    return core.Jaxpr(constvars, invars, outvars, eqns, effects, dbg), list(consts)
+
+
+def wrap_fun(fn: Callable, like: Any) -> Any:
+    """An ``lu.WrappedFun`` of ``fn`` with the debug info of ``like``."""
+    from jax._src import linear_util as lu
+    return lu.wrap_init(fn, debug_info=like.debug_info)
+
+
+def call_custom_vjp_bwd(bwd: Any, args: Sequence[Any]) -> tuple[list, Any]:
+    """Call a custom_vjp eqn's flat ``bwd``: ``(cts_in, logs)`` (0.10: no logs)."""
+    out = bwd.call_wrapped(*args)
+    if JAX_VERSION >= (0, 11):
+        cts, logs = out
+        return list(cts), logs
+    return list(out), None
+
+
+def custom_vjp_bwd_result(cts: list, logs: Any) -> Any:
+    return (cts, logs) if JAX_VERSION >= (0, 11) else cts

@@ -21,7 +21,9 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 from jax._src import core
+from jax.interpreters import ad
 
 from . import _compat, _traverse
 from ._find import is_selected, tag_shape
@@ -191,6 +193,12 @@ class Engine:
         return [_compat.new_var(a) for a in self.ctx_avals]
 
 
+def _zeros(aval) -> Any:
+    if aval.dtype == jax.dtypes.float0:
+        return np.zeros(aval.shape, aval.dtype)
+    return jax.numpy.zeros(aval.shape, aval.dtype)
+
+
 # ---- rules -----------------------------------------------------------------------
 
 def _label(subs, key, index=None) -> str:
@@ -354,3 +362,110 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None):
 
 THREAD_RULES["remat2"] = _open_call_rule("jaxpr")
 THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]
+
+
+def _custom_jvp_rule(engine, eqn, level, ctx, subs):
+    """custom_jvp: ctx enters first as an ordinary (non-const) input; the new
+    JVP takes primal outputs (and ctx) from the threaded function and
+    tangents from the user's rule at the original inputs; ctx tangents are
+    zero."""
+    p = eqn.params
+    n, nc, n_out = len(ctx), p["num_consts"], len(eqn.outvars)
+    call = p["call_jaxpr"]
+    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out)
+    user_jvp = p["jvp_jaxpr_fun"]
+    in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars)]
+    cache: dict = {}
+
+    def jvp_jaxpr_fun(*zeros):
+        zeros = tuple(zeros)
+        if zeros in cache:
+            return cache[zeros]
+        jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[n + nc:])
+        nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
+        k = len(in_avals)
+
+        def f(*args):
+            primals, tangents = args[:k], iter(args[k:])
+            per_input = [None if z else next(tangents) for z in zeros]
+            user_t = [t for t in per_input[n + nc:] if t is not None]
+            outs = _compat.jaxpr_as_fun(threaded)(*primals)
+            res = core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[n + nc:], *user_t)
+            # ctx is not differentiated: explicit zero tangents (symbolic
+            # zeros are only allowed when the user's rule uses them).
+            ctx_t = [_zeros(a.to_tangent_aval()) for a in engine.ctx_avals]
+            return [*outs, *res[len(out_zeros):], *ctx_t]
+
+        closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
+        result = (*_compat.open_with_constvars(closed), [*out_zeros, *([False] * n)])
+        cache[zeros] = result
+        return result
+
+    ctx_out = engine.fresh_ctx()
+    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars],
+                  [*eqn.outvars, *ctx_out], num_consts=0,
+                  jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
+    return ctx_out
+
+
+THREAD_RULES["custom_jvp_call"] = _custom_jvp_rule
+
+
+def _custom_vjp_rule(engine, eqn, level, ctx, subs):
+    """custom_vjp: ctx enters last (so the residual forwarding indices of
+    ``out_trees`` stay valid) and leaves last; the forward pass takes
+    residuals from the user's fwd and outputs (and ctx) from the threaded
+    function; the user's bwd gives the input cotangents, ctx gets zeros."""
+    p = eqn.params
+    n, n_in, n_out = len(ctx), len(eqn.invars), len(eqn.outvars)
+    nc = p["num_consts"]
+    call = p["call_jaxpr"]
+    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_in, n_out)
+    user_fwd, user_bwd = p["fwd_jaxpr_thunk"], p["bwd"]
+    prim_avals = [v.aval for v in eqn.invars[nc:]]
+    const_vars_avals = [v.aval for v in eqn.invars[:nc]]
+    ctx_avals = engine.ctx_avals
+    cache: dict = {}
+
+    def fwd_jaxpr_thunk(*nonzeros):
+        nonzeros = tuple(nonzeros)
+        if nonzeros in cache:
+            return cache[nonzeros]
+        fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[:len(prim_avals)])
+
+        def f(*args):
+            consts, rest = args[:nc], args[nc:]
+            prims, ctx_vals = rest[:len(prim_avals)], rest[len(prim_avals):]
+            res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *prims)
+            res = res_and_outs[:len(res_and_outs) - n_out]
+            outs = _compat.jaxpr_as_fun(threaded)(*consts, *prims, *ctx_vals)
+            return [*res, *outs]
+
+        # The fwd takes only the non-const primals: consts are closed over by
+        # the threaded call, so they are traced as inputs and bound below.
+        closed = _compat.trace_flat(f, [*const_vars_avals, *prim_avals, *ctx_avals])
+        jaxpr, consts = _compat.open_with_constvars(closed)
+        result = (jaxpr, consts)
+        cache[nonzeros] = result
+        return result
+
+    if nc:
+        raise NotImplementedError(
+            f"taxpr: custom_vjp with closed-over traced values (num_consts={nc}) "
+            f"at {format_path(level.path)} is not supported yet")
+
+    def bwd(*args):
+        res_and_cts = args
+        cts_in, logs = _compat.call_custom_vjp_bwd(user_bwd, res_and_cts[:len(args) - n])
+        zeros = [ad.Zero(a.to_tangent_aval()) for a in ctx_avals]
+        return _compat.custom_vjp_bwd_result([*cts_in, *zeros], logs)
+
+    ctx_out = engine.fresh_ctx()
+    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx],
+                  [*eqn.outvars, *ctx_out],
+                  fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
+                  bwd=_compat.wrap_fun(bwd, user_bwd))
+    return ctx_out
+
+
+THREAD_RULES["custom_vjp_call"] = _custom_vjp_rule

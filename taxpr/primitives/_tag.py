@@ -160,7 +160,8 @@ batching.primitive_batchers[tag_p] = _tag_batch
 def _make_half_batch(prim):
     def batch(args, dims, **params):
         n = len(args) // 2
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+        # Unbatched operands have batch dim None (batching.not_mapped) in both versions.
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
         # Batch both halves alike so each primal leaf lines up with its tangent.
         args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
         return prim.bind(*args, **params), [0] * (len(args) - n)
