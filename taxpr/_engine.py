@@ -365,14 +365,15 @@ THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]
 
 
 def _custom_jvp_rule(engine, eqn, level, ctx, subs):
-    """custom_jvp: ctx enters first as an ordinary (non-const) input; the new
-    JVP takes primal outputs (and ctx) from the threaded function and
-    tangents from the user's rule at the original inputs; ctx tangents are
-    zero."""
+    """custom_jvp: ctx enters first as an ordinary input. The new JVP takes
+    the outputs' tangents w.r.t. the original inputs from the user's rule,
+    and everything that flows through ctx (ctx_out, and outputs' dependence
+    on ctx_in) from the derivative of the threaded function."""
     p = eqn.params
     n, nc, n_out = len(ctx), p["num_consts"], len(eqn.outvars)
     call = p["call_jaxpr"]
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out)
+    threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars)]
     cache: dict = {}
@@ -387,17 +388,20 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 
         def f(*args):
             primals, tangents = args[:k], iter(args[k:])
-            per_input = [None if z else next(tangents) for z in zeros]
-            user_t = [t for t in per_input[n + nc:] if t is not None]
-            outs = _compat.jaxpr_as_fun(threaded)(*primals)
+            per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
+                         for a, z in zip(in_avals, zeros)]
+            user_t = [t for t, z in zip(per_input[n + nc:], zeros[n + nc:]) if not z]
             res = core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[n + nc:], *user_t)
-            # ctx is not differentiated: explicit zero tangents (symbolic
-            # zeros are only allowed when the user's rule uses them).
-            ctx_t = [_zeros(a.to_tangent_aval()) for a in engine.ctx_avals]
-            return [*outs, *res[len(out_zeros):], *ctx_t]
+            ctx_t, in_t = per_input[:n], per_input[n:]
+            in_zero_t = [_zeros(a.to_tangent_aval()) for a in in_avals[n:]]
+            outs, (outs_t_ctx, _) = _jvp_split(threaded_fn, primals, [*ctx_t, *in_zero_t], n_out)
+            _, (_, ctx_out_t) = _jvp_split(threaded_fn, primals, [*ctx_t, *in_t], n_out)
+            user_out_t = iter(res[len(out_zeros):])
+            out_t = [t if z else next(user_out_t) + t for t, z in zip(outs_t_ctx, out_zeros)]
+            return [*outs, *out_t, *ctx_out_t]
 
         closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
-        result = (*_compat.open_with_constvars(closed), [*out_zeros, *([False] * n)])
+        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n))
         cache[zeros] = result
         return result
 
@@ -406,6 +410,11 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                   [*eqn.outvars, *ctx_out], num_consts=0,
                   jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
     return ctx_out
+
+
+def _jvp_split(fn, primals, tangents, n_out):
+    outs, outs_t = jax.jvp(lambda *a: fn(*a), list(primals), list(tangents))
+    return outs[:n_out] + outs[n_out:], (outs_t[:n_out], outs_t[n_out:])
 
 
 THREAD_RULES["custom_jvp_call"] = _custom_jvp_rule
