@@ -1,0 +1,106 @@
+"""Dispatch overhead of tags left in a jitted function.
+
+Compares the per-call time of a jitted function with 20 tags left in against
+the same function without tags, in one process, with interleaved repetitions
+(median of the per-repetition means). Two cases:
+
+* ``jit``: ``jax.jit(f)``: plain tags carry no effect, so the function keeps
+  JAX's fast C++ dispatch path. SPEC target: ratio <= 1.2.
+* ``jit_grad``: ``jax.jit(jax.grad(f))``: under differentiation the tags are
+  re-bound as *kept* tags carrying ``TagEffect`` (see README, "How tags stay
+  alive"). Reported separately.
+
+Run: ``python bench/bench_dispatch.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import taxpr as tx
+
+NUM_TAGS = 20
+TARGET = 1.2  # SPEC section A/G: dispatch ratio with tags left in
+
+
+def _f(x, tags: bool):
+    for i in range(NUM_TAGS):
+        if tags:
+            x = tx.tag(x, id=i, op="get")
+        x = x * 1.5 + 0.5 if i % 5 == 0 else x
+    return jnp.sum(x * x)
+
+
+def _time_calls(fn, x, n: int) -> float:
+    """Mean seconds per call over ``n`` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn(x)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / n
+
+
+def _compare(with_tags, without_tags, x, reps: int, calls: int) -> dict:
+    for fn in (with_tags, without_tags):  # compile and warm up
+        for _ in range(max(10, calls // 10)):
+            jax.block_until_ready(fn(x))
+    t_tags, t_plain = [], []
+    for r in range(reps):
+        # Interleave, alternating which one goes first.
+        order = [(with_tags, t_tags), (without_tags, t_plain)]
+        if r % 2:
+            order.reverse()
+        for fn, acc in order:
+            acc.append(_time_calls(fn, x, calls))
+    tags_us = statistics.median(t_tags) * 1e6
+    plain_us = statistics.median(t_plain) * 1e6
+    return {"tags_us": tags_us, "plain_us": plain_us, "ratio": tags_us / plain_us}
+
+
+def run(quick: bool = False) -> dict:
+    """Measure dispatch times.
+
+    Returns ``{"jit": {...}, "jit_grad": {...}, "figures": [...]}``; each case
+    has ``tags_us``, ``plain_us`` (median microseconds per call) and
+    ``ratio``; ``figures`` are the rows for ``bench/run.py``'s table.
+    """
+    reps, calls = (15, 200) if quick else (41, 1000)
+    x = jnp.ones((8,), jnp.float32)
+
+    def with_tags(x):
+        return _f(x, True)
+
+    def without_tags(x):
+        return _f(x, False)
+
+    out = {"jax": jax.__version__, "num_tags": NUM_TAGS}
+    out["jit"] = _compare(jax.jit(with_tags), jax.jit(without_tags), x, reps, calls)
+    out["jit_grad"] = _compare(jax.jit(jax.grad(with_tags)),
+                               jax.jit(jax.grad(without_tags)), x, reps, calls)
+    out["figures"] = [
+        {"name": f"dispatch jit, {NUM_TAGS} tags / none", "value": out["jit"]["ratio"],
+         "target": f"<= {TARGET}", "pass": out["jit"]["ratio"] <= TARGET},
+        # No SPEC target: kept tags carry TagEffect, which turns off JAX's
+        # C++ fast dispatch path for the jitted gradient.
+        {"name": f"dispatch jit(grad), {NUM_TAGS} tags / none",
+         "value": out["jit_grad"]["ratio"], "target": None, "pass": None},
+    ]
+    return out
+
+
+def main(argv: list[str]) -> None:
+    res = run(quick="--quick" in argv)
+    print(f"jax {res['jax']}, {res['num_tags']} tags, per-call dispatch (median)")
+    for case in ("jit", "jit_grad"):
+        r = res[case]
+        print(f"  {case:9s} tags {r['tags_us']:7.2f} us   no tags {r['plain_us']:7.2f} us"
+              f"   ratio {r['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
