@@ -177,9 +177,38 @@ def abstractify(x: Any) -> core.AbstractValue:
 
 
 def trace_flat(fn: Callable, avals: Sequence[core.AbstractValue], name: str = "taxpr"):
-    """Trace ``fn(*flat) -> list`` at ``avals`` into a closed jaxpr."""
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    return jax.make_jaxpr(fn)(*specs)
+    """Trace ``fn(*flat) -> list`` at ``avals`` (kept exactly, e.g. the
+    varying manual axes inside shard_map) into a closed jaxpr."""
+    from jax._src import linear_util as lu
+    wrapped = lu.wrap_init(lambda *a: list(fn(*a)), debug_info=debug_info(name))
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, list(avals))
+    if MERGED_JAXPR:
+        all_in = jaxpr.all_invars
+        constvars, invars = all_in[:len(consts)], all_in[len(consts):]
+    else:
+        constvars, invars = jaxpr.constvars, jaxpr.invars
+    return make_closed(constvars, consts, invars, jaxpr.eqns, jaxpr.outvars,
+                       jaxpr.effects, jaxpr.debug_info)
+
+
+def shard_map_body_context(params: dict):
+    """The tracing context of a shard_map body (manual axes, abstract mesh,
+    vma checking), so code traced for the body gets the body's types."""
+    import contextlib
+    from jax._src import config, shard_map as sm
+    from jax._src.mesh import use_abstract_mesh
+    mesh, axes = params["mesh"], params.get("newly_manual_axes", frozenset())
+    stack = contextlib.ExitStack()
+    stack.enter_context(sm._extend_axis_env(mesh, axes))
+    stack.enter_context(use_abstract_mesh(sm._as_manual_mesh(mesh, axes)))
+    stack.enter_context(config._check_vma(params.get("check_vma", True)))
+    return stack
+
+
+def varying_axes(aval: Any) -> frozenset:
+    """The manual mesh axes over which a value inside shard_map varies."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()) or ())
 
 
 def used_invars(closed: Any) -> list[bool]:
@@ -220,3 +249,11 @@ def call_custom_vjp_bwd(bwd: Any, args: Sequence[Any]) -> tuple[list, Any]:
 
 def custom_vjp_bwd_result(cts: list, logs: Any) -> Any:
     return (cts, logs) if JAX_VERSION >= (0, 11) else cts
+
+
+def match_varying(x: Any, axes: frozenset) -> Any:
+    """Mark ``x`` (inside shard_map) as varying over ``axes`` it lacks."""
+    missing = tuple(sorted(axes - varying_axes(core.typeof(x))))
+    if not missing:
+        return x
+    return jax.lax.pcast(x, missing, to="varying")

@@ -46,9 +46,12 @@ def _describe(params: dict, path: Sequence[str]) -> str:
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
-    __slots__ = ("eqns", "env", "consts", "path", "site_ctx")
+    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context")
 
-    def __init__(self, path: tuple[str, ...]):
+    def __init__(self, path: tuple[str, ...], context: Callable | None = None):
+        # ``context()`` enters the tracing context of this jaxpr's body (set
+        # inside shard_map), used when tracing injectors for its sites.
+        self.context = context
         self.eqns: list = []
         self.env: dict = {}
         self.consts: dict[int, tuple[core.Var, Any]] = {}  # id(value) -> (var, value)
@@ -164,10 +167,11 @@ class Engine:
             level.emit(eqn)
         return ctx
 
-    def thread_jaxpr(self, jaxpr: Any, path: tuple[str, ...], in_pos: int, out_pos: int):
+    def thread_jaxpr(self, jaxpr: Any, path: tuple[str, ...], in_pos: int, out_pos: int,
+                     context: Callable | None = None):
         """``jaxpr`` with ctx inputs at ``in_pos`` and ctx outputs at
         ``out_pos``, as a closed jaxpr (consts the engine added included)."""
-        key = (id(jaxpr), in_pos, out_pos)
+        key = (id(jaxpr), in_pos, out_pos, id(context))
         hit = self._threaded.get(key)
         if hit is not None:
             return hit[1]
@@ -175,7 +179,7 @@ class Engine:
         if consts is None:
             raise NotImplementedError(
                 f"taxpr: open jaxpr with free constvars at {format_path(path)}")
-        level = Level(path)
+        level = Level(path, context)
         ctx_in = [_compat.new_var(a) for a in self.ctx_avals]
         ctx_out = self.thread_eqns(eqns, level, ctx_in)
         outs = [level.atom(v) for v in outvars]
@@ -186,7 +190,7 @@ class Engine:
             level.eqns,
             [*outs[:out_pos], *ctx_out, *outs[out_pos:]],
             _traverse.recompute_effects(effects, eqns, level.eqns), dbg)
-        self._threaded[key] = (jaxpr, result)
+        self._threaded[key] = (jaxpr, result, context)
         return result
 
     def fresh_ctx(self) -> list:
@@ -220,7 +224,7 @@ def _call_rule(key: str, sharded: bool):
         n = len(ctx)
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
-        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]))
+        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]), level.context)
         updates = {}
         if sharded:
             p = eqn.params
@@ -252,7 +256,8 @@ def _scan_rule(engine, eqn, level, ctx, subs):
     nc, nk = _compat.scan_counts(p)
     nx = len(eqn.invars) - nc - nk
     ny = len(eqn.outvars) - nk
-    body = engine.thread_jaxpr(p["jaxpr"], level.path + (_label(subs, "jaxpr"),), nc, 0)
+    body = engine.thread_jaxpr(p["jaxpr"], level.path + (_label(subs, "jaxpr"),), nc, 0,
+                               level.context)
     updates = _compat.scan_params(p, nc, nk + n, nx, ny)
     if "linear" in p:
         lin = tuple(p["linear"])
@@ -282,19 +287,21 @@ def _while_rule(engine, eqn, level, ctx, subs):
     p = eqn.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = (eqn.invars[:cc], eqn.invars[cc:cc + bc], eqn.invars[cc + bc:])
-    body = engine.thread_jaxpr(p["body_jaxpr"], level.path + ("while[body]",), bc, 0)
+    body = engine.thread_jaxpr(p["body_jaxpr"], level.path + ("while[body]",), bc, 0,
+                               level.context)
     ctx_out = engine.fresh_ctx()
     if not engine.has_selected(p["cond_jaxpr"]):
         cond = _with_unused_inputs(p["cond_jaxpr"], cc, engine.ctx_avals)
         _emit_rebuilt(level, eqn, {("cond_jaxpr", None): cond, ("body_jaxpr", None): body},
                       [*cconsts, *bconsts, *ctx, *carry], [*ctx_out, *eqn.outvars])
         return ctx_out
-    cond = engine.thread_jaxpr(p["cond_jaxpr"], level.path + ("while[cond]",), cc, 1)
+    cond = engine.thread_jaxpr(p["cond_jaxpr"], level.path + ("while[cond]",), cc, 1,
+                               level.context)
     n = len(ctx)
     # Before the loop: evaluate the cond once.
     pred0, *ctx1 = inline(level, cond, [*map(level.atom, cconsts), *ctx, *map(level.atom, carry)])
     # New body: (cconsts, bconsts, ctx, pred, carry) -> (ctx, pred, carry).
-    inner = Level(level.path + ("while[body]",))
+    inner = Level(level.path + ("while[body]",), level.context)
     v_cc = [_compat.new_var(v.aval) for v in cconsts]
     v_bc = [_compat.new_var(v.aval) for v in bconsts]
     v_ctx = engine.fresh_ctx()
@@ -329,7 +336,8 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     new = {}
     for i, b in enumerate(branches):
         path = level.path + (_label(subs, "branches", i),)
-        new[("branches", i)] = engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]))
+        new[("branches", i)] = engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]),
+                                                   level.context)
     ctx_out = engine.fresh_ctx()
     _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:]],
                   [*eqn.outvars, *ctx_out])
@@ -339,14 +347,16 @@ def _cond_rule(engine, eqn, level, ctx, subs):
 THREAD_RULES["cond"] = _cond_rule
 
 
-def _open_call_rule(key: str, extra_in_params: Callable | None = None):
+def _open_call_rule(key: str, extra_in_params: Callable | None = None,
+                    body_context: Callable | None = None):
     """remat / shard_map: the sub-jaxpr is open, so consts the engine added
     become leading inputs fed from the enclosing jaxpr."""
 
     def rule(engine, eqn, level, ctx, subs):
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
-        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]))
+        context = body_context(eqn) if body_context else level.context
+        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]), context)
         constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
         new = _compat.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
                                       effects, dbg)
@@ -361,6 +371,29 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None):
 
 
 THREAD_RULES["remat2"] = _open_call_rule("jaxpr")
+
+
+class ShardMapBody:
+    """Tracing context of one shard_map's body (see ``Level.context``)."""
+
+    def __init__(self, params: dict):
+        self.params = params
+
+    def __call__(self):
+        return _compat.shard_map_body_context(self.params)
+
+
+def _shard_map_specs(eqn, n_hoisted: int, n_ctx: int) -> dict:
+    """ctx (and hoisted consts) enter replicated and ctx leaves replicated."""
+    from jax.sharding import PartitionSpec
+    p = eqn.params
+    rep = PartitionSpec()
+    return dict(in_specs=(rep,) * (n_hoisted + n_ctx) + tuple(p["in_specs"]),
+                out_specs=tuple(p["out_specs"]) + (rep,) * n_ctx)
+
+
+THREAD_RULES["shard_map"] = _open_call_rule("jaxpr", _shard_map_specs,
+                                            lambda eqn: ShardMapBody(eqn.params))
 THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]
 
 
@@ -372,7 +405,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     p = eqn.params
     n, nc, n_out = len(ctx), p["num_consts"], len(eqn.outvars)
     call = p["call_jaxpr"]
-    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out)
+    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
+                                   level.context)
     threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars)]
@@ -429,7 +463,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     n, n_in, n_out = len(ctx), len(eqn.invars), len(eqn.outvars)
     nc = p["num_consts"]
     call = p["call_jaxpr"]
-    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_in, n_out)
+    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_in, n_out,
+                                   level.context)
     user_fwd, user_bwd = p["fwd_jaxpr_thunk"], p["bwd"]
     prim_avals = [v.aval for v in eqn.invars[nc:]]
     const_vars_avals = [v.aval for v in eqn.invars[:nc]]

@@ -30,8 +30,9 @@ class _InjectSites:
         self._traced: dict = {}
 
     # -- tracing the injector, once per signature --
-    def _trace(self, kind: str, params: dict, tree, token_avals, path):
-        key = (kind, tuple(sorted(params.items(), key=lambda kv: kv[0])), tree, token_avals)
+    def _trace(self, kind: str, params: dict, tree, token_avals, path, context=None):
+        key = (kind, tuple(sorted(params.items(), key=lambda kv: kv[0])), tree, token_avals,
+               id(context))
         hit = self._traced.get(key)
         if hit is not None:
             return hit
@@ -53,6 +54,11 @@ class _InjectSites:
                 token = jax.tree_util.tree_unflatten(tree, leaves[nctx:])
                 new_token, new_ctx = call(ctx, token)
                 tok_leaves, found["token"] = jax.tree_util.tree_flatten(new_token)
+                if context is not None and len(tok_leaves) == ntok:
+                    # Inside shard_map a token replaced by (replicated) ctx
+                    # must keep the token's varying axes.
+                    tok_leaves = [_compat.match_varying(x, _compat.varying_axes(a))
+                                  for x, a in zip(tok_leaves, token_avals)]
                 ctx_leaves, found["ctx"] = jax.tree_util.tree_flatten(new_ctx)
                 return [*tok_leaves, *ctx_leaves]
             avals = [*self.ctx_avals, *token_avals]
@@ -73,7 +79,11 @@ class _InjectSites:
                 return jax.tree_util.tree_leaves(t_out)
             avals = [*self.ctx_avals, *token_avals]
 
-        closed = _compat.trace_flat(flat, avals)
+        if context is None:
+            closed = _compat.trace_flat(flat, avals)
+        else:
+            with context():
+                closed = _compat.trace_flat(flat, avals)
         if kind == "primal":
             self._check(closed, found, params, tree, token_avals, path)
             result = (closed, None)
@@ -104,6 +114,13 @@ class _InjectSites:
                     raise InjectError(
                         f"taxpr.inject: the injector for {where} returned {kind} leaf {i} "
                         f"of type {_aval_str(g)}, expected {_aval_str(w)}{hint}")
+        for i, g in enumerate(out_avals[ntok:]):
+            if _compat.varying_axes(g):
+                raise InjectError(
+                    f"taxpr.inject: the injector for {where} makes ctx leaf {i} differ "
+                    f"across the shards of a shard_map (it varies over mesh axes "
+                    f"{sorted(_compat.varying_axes(g))}); ctx enters shard_map replicated "
+                    f"and must stay the same on every shard")
 
     # -- the site rule --
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
@@ -112,13 +129,15 @@ class _InjectSites:
         ins = [level.atom(v) for v in eqn.invars]
         token_avals = tuple(v.aval for v in eqn.invars)
         if eqn.primitive is tag_p:
-            closed, _ = self._trace("primal", params, tree, token_avals, level.path)
+            closed, _ = self._trace("primal", params, tree, token_avals, level.path,
+                                    level.context)
             level.site_ctx[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
         else:
             kind = "cotangent" if eqn.primitive is tag_cotangent_p else "tangent"
-            closed, needs_ctx = self._trace(kind, params, tree, token_avals, level.path)
+            closed, needs_ctx = self._trace(kind, params, tree, token_avals, level.path,
+                                            level.context)
             site_ctx = ctx
             if needs_ctx:
                 site_ctx = level.site_ctx.get(tuple(map(id, ins[:len(ins) // 2])))
