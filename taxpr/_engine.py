@@ -456,60 +456,85 @@ THREAD_RULES["custom_jvp_call"] = _custom_jvp_rule
 
 def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     """custom_vjp: ctx enters last (so the residual forwarding indices of
-    ``out_trees`` stay valid) and leaves last; the forward pass takes
+    ``out_trees`` stay valid) and leaves last. The forward pass takes
     residuals from the user's fwd and outputs (and ctx) from the threaded
-    function; the user's bwd gives the input cotangents, ctx gets zeros."""
+    function; the backward pass takes the inputs' cotangents w.r.t. the
+    outputs from the user's bwd, and everything that flows through ctx from
+    the VJP of the threaded function (whose inputs are forwarded residuals).
+    Consts become ordinary inputs (``num_consts=0``)."""
     p = eqn.params
-    n, n_in, n_out = len(ctx), len(eqn.invars), len(eqn.outvars)
+    n, n_all, n_out = len(ctx), len(eqn.invars), len(eqn.outvars)
     nc = p["num_consts"]
     call = p["call_jaxpr"]
-    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_in, n_out,
+    threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_all, n_out,
                                    level.context)
-    user_fwd, user_bwd = p["fwd_jaxpr_thunk"], p["bwd"]
-    prim_avals = [v.aval for v in eqn.invars[nc:]]
-    const_vars_avals = [v.aval for v in eqn.invars[:nc]]
-    ctx_avals = engine.ctx_avals
-    cache: dict = {}
+    threaded_fn = _compat.jaxpr_as_fun(threaded)
+    user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
+    in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals]
+    n_prims = n_all - nc
+    fwd_cache: dict = {}
+
+    def out_trees():
+        out_tree, res_tree, fwds = user_out_trees()
+        ones = lambda k: [0] * k
+        res = jax.tree_util.tree_unflatten(res_tree, ones(res_tree.num_leaves))
+        outs = jax.tree_util.tree_unflatten(out_tree, ones(out_tree.num_leaves))
+        return (jax.tree_util.tree_structure((outs, ones(n))),
+                jax.tree_util.tree_structure((res, ones(n_all + n))),
+                [*fwds, *range(n_all + n)])
 
     def fwd_jaxpr_thunk(*nonzeros):
         nonzeros = tuple(nonzeros)
-        if nonzeros in cache:
-            return cache[nonzeros]
-        fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[:len(prim_avals)])
+        if nonzeros in fwd_cache:
+            return fwd_cache[nonzeros]
+        fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
 
-        def f(*args):
-            consts, rest = args[:nc], args[nc:]
-            prims, ctx_vals = rest[:len(prim_avals)], rest[len(prim_avals):]
-            res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *prims)
-            res = res_and_outs[:len(res_and_outs) - n_out]
-            outs = _compat.jaxpr_as_fun(threaded)(*consts, *prims, *ctx_vals)
-            return [*res, *outs]
+        def f(*primals):
+            res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
+            return [*res_and_outs[:len(res_and_outs) - n_out], *threaded_fn(*primals)]
 
-        # The fwd takes only the non-const primals: consts are closed over by
-        # the threaded call, so they are traced as inputs and bound below.
-        closed = _compat.trace_flat(f, [*const_vars_avals, *prim_avals, *ctx_avals])
-        jaxpr, consts = _compat.open_with_constvars(closed)
-        result = (jaxpr, consts)
-        cache[nonzeros] = result
+        result = _compat.open_with_constvars(_compat.trace_flat(f, in_avals))
+        fwd_cache[nonzeros] = result
         return result
 
-    if nc:
-        raise NotImplementedError(
-            f"taxpr: custom_vjp with closed-over traced values (num_consts={nc}) "
-            f"at {format_path(level.path)} is not supported yet")
-
     def bwd(*args):
-        res_and_cts = args
-        cts_in, logs = _compat.call_custom_vjp_bwd(user_bwd, res_and_cts[:len(args) - n])
-        zeros = [ad.Zero(a.to_tangent_aval()) for a in ctx_avals]
-        return _compat.custom_vjp_bwd_result([*cts_in, *zeros], logs)
+        n_res = len(args) - n_out - n
+        user_res, primals = args[:n_res - n_all - n], args[n_res - n_all - n:n_res]
+        ct_outs, ct_ctx = args[n_res:n_res + n_out], args[n_res + n_out:]
+        user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
+        _, vjp_fn = jax.vjp(threaded_fn, *primals)
+        out_avals = [v.aval for v in eqn.outvars]
+        via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_ctx, engine.ctx_avals)])
+        via_outs = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_zeros_like_ct, engine.ctx_avals)])
+        cts = [*via_ctx[:nc],
+               *(_add_ct(u, c) for u, c in zip(user_cts, via_ctx[nc:n_all])),
+               *(_add_ct(a, b) for a, b in zip(via_ctx[n_all:], via_outs[n_all:]))]
+        return _compat.custom_vjp_bwd_result(cts, logs)
 
     ctx_out = engine.fresh_ctx()
     _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx],
-                  [*eqn.outvars, *ctx_out],
+                  [*eqn.outvars, *ctx_out], num_consts=0, out_trees=out_trees,
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
     return ctx_out
+
+
+def _zeros_like_ct(aval) -> Any:
+    return _zeros(aval.to_tangent_aval())
+
+
+def _instantiate(ct, aval) -> Any:
+    if ct is None or type(ct) is ad.Zero or type(ct).__name__ == "SymbolicZero":
+        return _zeros_like_ct(aval)
+    return ct
+
+
+def _add_ct(a, b) -> Any:
+    if a is None or type(a) is ad.Zero:
+        return b
+    if b is None or type(b) is ad.Zero or getattr(b, "dtype", None) == jax.dtypes.float0:
+        return a
+    return a + b
 
 
 THREAD_RULES["custom_vjp_call"] = _custom_vjp_rule

@@ -100,10 +100,9 @@ def test_custom_jvp_and_vjp_thread_ctx_and_keep_user_rules():
     # The user's rules, not the derivative of the primal.
     assert float(jax.grad(lambda x: pure(np.float32(1.0), x)[0])(2.0)) == pytest.approx(1100.0)
     assert float(jax.jit(jax.grad(lambda x: pure(np.float32(1.0), x)[0]))(2.0)) == pytest.approx(1100.0)
-    # ctx flows through the custom_jvp call with its own derivative.
-    pure_j = tx.injected(_cj, injector)
-    assert float(jax.grad(lambda c: pure_j(c, 2.0)[1])(np.float32(1.0))) == pytest.approx(1.0)
-    assert float(jax.grad(lambda x: pure_j(np.float32(1.0), x)[1])(2.0)) == pytest.approx(1.0)
+    # ctx flows through the custom_jvp / custom_vjp calls with its own derivative.
+    assert float(jax.grad(lambda c: pure(c, 2.0)[1])(np.float32(1.0))) == pytest.approx(1.0)
+    assert float(jax.grad(lambda x: pure(np.float32(1.0), x)[1])(2.0)) == pytest.approx(2.0)
     # grad inside the traced program: the effect happens once.
     g, ctx = tx.injected(jax.grad(prog), injector)(np.float32(1.0), 2.0)
     assert float(g) == pytest.approx(1100.0)
@@ -120,3 +119,17 @@ def test_checkpoint_effect_happens_once_under_grad():
     g, ctx = tx.injected(prog, injector)(np.float32(0.0), 0.5)
     np.testing.assert_allclose(ctx, 0.5)
     np.testing.assert_allclose(g, np.cos(0.5) * 0.5 + np.sin(0.5), rtol=1e-5)
+
+
+def test_custom_vjp_outputs_depending_on_ctx_get_its_derivative():
+    @jax.custom_vjp
+    def h(x):
+        return x * tx.tag(x, op="get")  # the token is replaced by ctx
+
+    h.defvjp(lambda x: (h(x), x), lambda r, c: (c * 7.0,))
+    pure = tx.injected(lambda x: h(x) * 1.0, injector)
+    # d/dctx of x * ctx is x (through the threaded function); d/dx uses the user rule.
+    assert float(jax.grad(lambda c: pure(c, 3.0)[0])(np.float32(2.0))) == pytest.approx(3.0)
+    assert float(jax.grad(lambda x: pure(np.float32(2.0), x)[0])(3.0)) == pytest.approx(7.0)
+    out, ctx = pure(np.float32(2.0), 3.0)
+    assert float(out) == pytest.approx(6.0) and float(ctx) == pytest.approx(2.0)
