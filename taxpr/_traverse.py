@@ -98,8 +98,18 @@ def with_subjaxprs(eqn: core.JaxprEqn, new: dict[tuple[str, int | None], Any],
             params[key] = type(old)(*items) if hasattr(old, "_fields") else type(old)(items)
         new_subs.append(value)
     params.update(param_updates)
-    effs = (set(eqn.effects) - effects_of(old_subs)) | effects_of(new_subs)
-    return eqn.replace(params=params, effects=effs)
+    return eqn.replace(params=params, effects=_changed_effects(
+        eqn.effects, effects_of(old_subs), effects_of(new_subs)))
+
+
+def _changed_effects(effects, old: set, new: set):
+    """``effects`` minus what only ``old`` had, plus what only ``new`` has.
+
+    Effects both had are left as the owner has them: e.g. run_state's body
+    effects on its own refs are not effects of the run_state equation."""
+    if old == new:
+        return effects
+    return (set(effects) - (old - new)) | (new - old)
 
 
 def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:
@@ -114,11 +124,7 @@ def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.Jax
 def recompute_effects(old_effects, old_eqns, new_eqns):
     """A jaxpr's effects after its equations changed: drop what only the old
     equations had, add what the new ones have."""
-    old_union = effects_of_eqns(old_eqns)
-    new_union = effects_of_eqns(new_eqns)
-    if old_union == new_union:
-        return old_effects
-    return (set(old_effects) - (old_union - new_union)) | new_union
+    return _changed_effects(old_effects, effects_of_eqns(old_eqns), effects_of_eqns(new_eqns))
 
 
 def effects_of_eqns(eqns) -> set:
