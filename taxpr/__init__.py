@@ -8,4 +8,12 @@ from ._find import (
     iter_tags as iter_tags,
 )
 from ._inject import inject as inject, injected as injected
+from ._state import (
+    StateError as StateError,
+    StateInfo as StateInfo,
+    get_state as get_state,
+    make_jaxpr as make_jaxpr,
+    set_state as set_state,
+    uncurry as uncurry,
+)
 from .primitives import tag as tag, tag_p as tag_p

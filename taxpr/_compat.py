@@ -257,3 +257,13 @@ def match_varying(x: Any, axes: frozenset) -> Any:
     if not missing:
         return x
     return jax.lax.pcast(x, missing, to="varying")
+
+
+def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:
+    """``x`` with ``aval``'s weak type (same dtype), so types stay exact."""
+    xa = core.typeof(x) if isinstance(x, core.Tracer) else core.shaped_abstractify(x)
+    if (getattr(xa, "weak_type", False) == getattr(aval, "weak_type", False)
+            or xa.dtype != aval.dtype or xa.shape != aval.shape):
+        return x  # equal already, or a real mismatch the caller reports
+    from jax._src.lax import lax as lax_internal
+    return lax_internal._convert_element_type(x, aval.dtype, weak_type=aval.weak_type)

@@ -54,12 +54,18 @@ class _InjectSites:
                 token = jax.tree_util.tree_unflatten(tree, leaves[nctx:])
                 new_token, new_ctx = call(ctx, token)
                 tok_leaves, found["token"] = jax.tree_util.tree_flatten(new_token)
-                if context is not None and len(tok_leaves) == ntok:
-                    # Inside shard_map a token replaced by (replicated) ctx
-                    # must keep the token's varying axes.
-                    tok_leaves = [_compat.match_varying(x, _compat.varying_axes(a))
-                                  for x, a in zip(tok_leaves, token_avals)]
                 ctx_leaves, found["ctx"] = jax.tree_util.tree_flatten(new_ctx)
+                if len(tok_leaves) == ntok:
+                    tok_leaves = [_compat.cast_weak_type(x, a)
+                                  for x, a in zip(tok_leaves, token_avals)]
+                    if context is not None:
+                        # Inside shard_map a token replaced by (replicated)
+                        # ctx must keep the token's varying axes.
+                        tok_leaves = [_compat.match_varying(x, _compat.varying_axes(a))
+                                      for x, a in zip(tok_leaves, token_avals)]
+                if len(ctx_leaves) == nctx:
+                    ctx_leaves = [_compat.cast_weak_type(x, a)
+                                  for x, a in zip(ctx_leaves, self.ctx_avals)]
                 return [*tok_leaves, *ctx_leaves]
             avals = [*self.ctx_avals, *token_avals]
         else:

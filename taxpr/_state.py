@@ -1,0 +1,304 @@
+"""State effects: ``get_state`` / ``set_state`` made pure by ``uncurry``.
+
+A state access is a tag whose ``op`` param is a private ``StateOp`` value,
+so user tags (even ``op="get"``) are never mistaken for state accesses.
+``uncurry`` traces the function once, finds every state access (also inside
+loops and branches), computes the initial values by running the program
+once with the example arguments (as Haiku's ``init`` does: a state's
+initial value is its ``init`` at first use), and rewrites the accesses with
+``inject`` into a pure function of ``(state, *args)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _compat
+from ._engine import format_path
+from ._find import find_tags
+from ._inject import inject
+from .primitives._tag import tag
+
+
+class StateOp:
+    """The ``op`` param of a state access. Compared by identity, so a user's
+    ``op="get"`` string never equals (nor shares a cache entry with) it."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self):
+        return f"state.{self.kind}"
+
+
+GET, SET = StateOp("get"), StateOp("set")
+
+
+class StateError(ValueError):
+    """A state is used inconsistently (the message names it)."""
+
+
+def _is_state(params: dict, shape: Any = None) -> bool:
+    return isinstance(params.get("op"), StateOp)
+
+
+def get_state(name: str, init: Any) -> jax.Array:
+    """The current value of state ``name``.
+
+    Arguments:
+        name: the state's name.
+        init: an array-like, or a zero-argument callable returning one; it
+            fixes the state's shape and dtype and is its value at first use.
+
+    Returns:
+        The state's current value (``init`` when called outside ``uncurry``).
+    """
+    if callable(init):
+        with jax.ensure_compile_time_eval():
+            init = init()
+    return tag(jnp.asarray(init), op=GET, name=name)
+
+
+def set_state(name: str, value: Any) -> Any:
+    """Set state ``name`` to ``value`` and return ``value``.
+
+    Arguments:
+        name: the state's name. Setting a state never read creates it (with
+            initial value zeros).
+        value: the new value; it must have the state's shape and dtype.
+
+    Returns:
+        ``value``.
+    """
+    return tag(jnp.asarray(value), op=SET, name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateInfo:
+    """A state found by ``make_jaxpr``.
+
+    Attributes:
+        name: the state's name.
+        shape: its shape.
+        dtype: its dtype.
+        read: whether the program reads it (``get_state``).
+        written: whether the program writes it (``set_state``).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: Any
+    read: bool
+    written: bool
+
+
+def _describe_site(site) -> str:
+    return f"{site.params['op'].kind}_state({site.params['name']!r}) at {format_path(site.path)}"
+
+
+def collect_states(closed: Any) -> dict[str, StateInfo]:
+    """The states a program uses, checked for consistent shapes and dtypes.
+
+    Raises:
+        StateError: two accesses of a state disagree (names the state, both
+            places, and says when a value looks batched by ``vmap``).
+    """
+    states: dict[str, StateInfo] = {}
+    first: dict[str, Any] = {}
+    for site in find_tags(closed):
+        if not _is_state(site.params):
+            continue
+        name, op, aval = site.params["name"], site.params["op"], site.shape
+        if name not in states:
+            states[name] = StateInfo(name, tuple(aval.shape), np.dtype(aval.dtype),
+                                     op == GET, op == SET)
+            first[name] = site
+            continue
+        info = states[name]
+        if tuple(aval.shape) != info.shape or np.dtype(aval.dtype) != info.dtype:
+            got = f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
+            want = f"{info.dtype.name}{list(info.shape)}"
+            hint = ""
+            if tuple(aval.shape[1:]) == info.shape and op == SET:
+                hint = (" (it looks batched: setting a state to a value batched by vmap is "
+                        "not allowed; reads under vmap broadcast, writes must be unbatched)")
+            raise StateError(
+                f"taxpr: state {name!r}: {_describe_site(site)} has type {got}, but "
+                f"{_describe_site(first[name])} gave it type {want}{hint}")
+        states[name] = dataclasses.replace(info, read=info.read or op == GET,
+                                           written=info.written or op == SET)
+    return dict(sorted(states.items()))
+
+
+def _state_injector(ctx: dict, token: Any, params: dict):
+    name = params["name"]
+    if params["op"] is GET:
+        return ctx[name], ctx
+    return token, {**ctx, name: token}
+
+
+def _init_injector(ctx: dict, token: Any, params: dict):
+    """Run with eager semantics and record each state's value at first use:
+    ``ctx[name] = (value, initial, seen)``."""
+    name = params["name"]
+    value, initial, seen = ctx[name]
+    yes = jnp.ones((), bool)
+    if params["op"] is GET:
+        new = jnp.where(seen, value, token)
+        return new, {**ctx, name: (new, jnp.where(seen, initial, token), yes)}
+    # A state first set (never read before) starts at zeros.
+    return token, {**ctx, name: (token, initial, yes)}
+
+
+def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict:
+    if values is None:
+        return {n: jax.ShapeDtypeStruct(s.shape, s.dtype) for n, s in states.items()}
+    return values
+
+
+def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
+    """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
+    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state)
+
+
+def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
+    """Run ``closed`` once on ``args`` and return each state's value at first use."""
+    zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
+             for n, s in states.items()}
+    init = inject(closed, _init_injector, zeros, predicate=_is_state)
+    leaves = jax.tree_util.tree_leaves(zeros)
+    n_out = len(_compat.jaxpr_parts(closed)[4])
+    outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
+    final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
+    return {n: initial for n, (_, initial, _) in final.items()}
+
+
+class _Traced:
+    """One traced signature of ``uncurry``'s function."""
+
+    def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
+        out_tree = []
+
+        def flat(*leaves):
+            a, k = eqx.combine(jax.tree_util.tree_unflatten(dyn_tree, leaves), static)
+            out_leaves, tree = jax.tree_util.tree_flatten(fn(*a, **k))
+            out_tree.append(tree)
+            return out_leaves
+
+        self.closed = _compat.trace_flat(flat, dyn_avals, getattr(fn, "__name__", "fn"))
+        self.out_tree = out_tree[0]
+        self.states = collect_states(self.closed)
+        self.pure = pure_jaxpr(self.closed, self.states)
+
+
+def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
+    """Turn a function that uses ``get_state``/``set_state`` into a pure one.
+
+    Arguments:
+        fn: the stateful function. Array leaves of its arguments are traced;
+            other leaves are static (as ``equinox.filter_jit`` does).
+        *example_args, **example_kwargs: arguments to discover the states
+            and compute their initial values with.
+
+    Returns:
+        ``(pure, state0)``: ``state0`` is ``{name: initial value}`` and
+        ``pure(state, *args, **kwargs) -> (out, new_state)`` is an ordinary
+        JAX function (jit, vmap, grad, scan all apply).
+    """
+    cache: dict = {}
+
+    def traced(args, kwargs) -> tuple[_Traced, list]:
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, tree = jax.tree_util.tree_flatten(dyn)
+        avals = tuple(_compat.abstractify(x) for x in leaves)
+        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
+        key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = _Traced(fn, static, avals, tree)
+        return hit, leaves
+
+    t0, leaves0 = traced(example_args, example_kwargs)
+    state0 = initial_states(t0.closed, t0.states, leaves0)
+
+    def pure(state: dict, *args, **kwargs):
+        t, leaves = traced(args, kwargs)
+        names = list(t.states)
+        if set(state) != set(names):
+            raise StateError(f"taxpr: uncurry's pure function takes states {names}, "
+                             f"got {sorted(state)}")
+        for n in names:
+            info, v = t.states[n], state[n]
+            if tuple(np.shape(v)) != info.shape or jnp.result_type(v) != info.dtype:
+                raise StateError(
+                    f"taxpr: state {n!r} must be {info.dtype.name}{list(info.shape)}, got "
+                    f"{jnp.result_type(v).name}{list(np.shape(v))}")
+        outs = _compat.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
+        n_out = t.out_tree.num_leaves
+        return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
+                dict(zip(names, outs[n_out:])))
+
+    return pure, state0
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("id", id(x))
+
+
+def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
+               static_argnames: str | Sequence[str] = (), axis_env=None,
+               return_shape: bool = False, return_only_write: bool = False):
+    """``jax.make_jaxpr`` for stateful functions (brainstate's contract).
+
+    Arguments:
+        fun: a function that may use ``get_state`` / ``set_state``.
+        static_argnums, static_argnames, axis_env: as for ``jax.make_jaxpr``.
+        return_shape: also return the output's ShapeDtypeStruct pytree.
+        return_only_write: only written states are outputs.
+
+    Returns:
+        A function of ``fun``'s arguments returning ``(jaxpr, states)`` or
+        ``(jaxpr, states, out_shape)``: ``jaxpr`` is the pure program
+        ``(*state_inputs, *flat_args) -> (*flat_outs, *state_outputs)`` and
+        ``states`` a tuple of ``StateInfo`` in the order of the state inputs.
+    """
+
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+
+    def wrapped(*args, **kwargs):
+        static_kw = {k: kwargs.pop(k) for k in names if k in kwargs}
+        f = functools.partial(fun, **static_kw) if static_kw else fun
+        closed, out_shape = jax.make_jaxpr(
+            f, static_argnums=static_argnums, axis_env=axis_env,
+            return_shape=True)(*args, **kwargs)
+        states = collect_states(closed)
+        infos = tuple(states.values())
+        if not states:
+            result = closed
+        else:
+            result = pure_jaxpr(closed, states)
+            if return_only_write:
+                result = _keep_written_outputs(result, infos)
+        return (result, infos, out_shape) if return_shape else (result, infos)
+
+    return wrapped
+
+
+def _keep_written_outputs(closed: Any, infos: Sequence[StateInfo]) -> Any:
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed)
+    n_out = len(outvars) - len(infos)
+    kept = [*outvars[:n_out], *(v for v, s in zip(outvars[n_out:], infos) if s.written)]
+    return _compat.make_closed(constvars, consts, invars, eqns, kept, effects, dbg)
