@@ -1,5 +1,7 @@
 """taxpr: a tag-and-inject effect system for JAX."""
 
+from . import harvest as harvest
+
 from ._engine import InjectError as InjectError
 from ._find import (
     TagSite as TagSite,

@@ -18,7 +18,7 @@ primitive needs (e.g. scan: after the consts / before the carry).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -46,7 +46,7 @@ def _describe(params: dict, path: Sequence[str]) -> str:
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
-    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context")
+    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context", "collected", "feeds")
 
     def __init__(self, path: tuple[str, ...], context: Callable | None = None):
         # ``context()`` enters the tracing context of this jaxpr's body (set
@@ -59,6 +59,19 @@ class Level:
         # ctx before each primal tag site, keyed by its inputs: the tangent of
         # the same tag (bound right after it by the JVP rule) uses it.
         self.site_ctx: dict = {}
+        # Channels besides ctx: values collected per site (scan stacks them
+        # into ys) and values fed to sites (scan slices them from xs).
+        self.collected: list[tuple[Any, list]] = []
+        self.feeds: dict[Any, list] = {}
+
+    def collect(self, key: Any, atoms: Sequence[Any]) -> None:
+        self.collected.append((key, list(atoms)))
+
+    def feed(self, key: Any, avals: Sequence[Any]) -> list:
+        """Inputs fed to this jaxpr under ``key`` (the same vars if asked twice)."""
+        if key not in self.feeds:
+            self.feeds[key] = [_compat.new_var(a) for a in avals]
+        return self.feeds[key]
 
     def atom(self, v: Any) -> Any:
         if type(v) is core.Var:
@@ -106,6 +119,36 @@ def inline(level: Level, closed: Any, in_atoms: Sequence[Any]) -> list:
     return [get(v, v) if type(v) is core.Var else v for v in outvars]
 
 
+class Channels(NamedTuple):
+    """What a threaded jaxpr collects (extra outputs, appended last) and is
+    fed (extra inputs, appended last): ``((key, avals), ...)`` each."""
+
+    collects: tuple = ()
+    feeds: tuple = ()
+
+
+NO_CHANNELS = Channels()
+
+
+class Hooks:
+    """How an effect layer reports channel misuse (harvest overrides these
+    to give oryx's messages)."""
+
+    def loop_channel(self, key: Any, loop: str, path: tuple[str, ...]) -> Exception:
+        return NotImplementedError(
+            f"taxpr: values collected or fed per iteration ({key!r}) are not supported "
+            f"inside {loop} at {format_path(path)}")
+
+    def stacked(self, key: Any) -> Any:
+        """The key of a channel once a scan has stacked / sliced it."""
+        return key
+
+    def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
+        if len(set(collects)) > 1:
+            raise ValueError(f"taxpr: cond branches at {format_path(path)} collect "
+                             f"different values: {collects}")
+
+
 # rule(engine, eqn, level, ctx, subs) -> new ctx atoms
 ThreadRule = Callable[["Engine", core.JaxprEqn, Level, list, list], list]
 THREAD_RULES: dict[str, ThreadRule] = {}
@@ -122,8 +165,10 @@ class Engine:
     """
 
     def __init__(self, site_rule: Callable, predicate: Callable | None,
-                 ctx_avals: Sequence[core.AbstractValue]):
+                 ctx_avals: Sequence[core.AbstractValue], hooks: Hooks | None = None):
         self.site_rule = site_rule
+        self.hooks = hooks or Hooks()
+        self._channels: dict[int, Channels] = {}
         self.predicate = predicate
         self.ctx_avals = list(ctx_avals)
         self._selected: dict[int, tuple[Any, bool]] = {}
@@ -184,17 +229,53 @@ class Engine:
         ctx_out = self.thread_eqns(eqns, level, ctx_in)
         outs = [level.atom(v) for v in outvars]
         hv, hc = level.hoisted()
+        feed_vars = [v for vs in level.feeds.values() for v in vs]
+        collected = [a for _, atoms in level.collected for a in atoms]
         result = _compat.make_closed(
             [*constvars, *hv], [*consts, *hc],
-            [*invars[:in_pos], *ctx_in, *invars[in_pos:]],
+            [*invars[:in_pos], *ctx_in, *invars[in_pos:], *feed_vars],
             level.eqns,
-            [*outs[:out_pos], *ctx_out, *outs[out_pos:]],
+            [*outs[:out_pos], *ctx_out, *outs[out_pos:], *collected],
             _traverse.recompute_effects(effects, eqns, level.eqns), dbg)
+        if level.collected or level.feeds:
+            self._channels[id(result)] = Channels(
+                tuple((k, tuple(_aval(a) for a in atoms)) for k, atoms in level.collected),
+                tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
         self._threaded[key] = (jaxpr, result, context)
         return result
 
+    def channels(self, threaded: Any) -> Channels:
+        return self._channels.get(id(threaded), NO_CHANNELS)
+
+    def pass_channels(self, level: Level, threaded: Any, length: int | None = None,
+                      where: str | None = None) -> tuple[list, list]:
+        """Connect ``threaded``'s channels to ``level``: returns the extra
+        (inputs, outputs) of the equation calling it. With ``length`` (scan)
+        fed values are sliced and collected values stacked along a new
+        leading axis; with ``where`` (a loop that cannot) any channel is an
+        error."""
+        ch = self.channels(threaded)
+        if where is not None and (ch.collects or ch.feeds):
+            key = (ch.collects or ch.feeds)[0][0]
+            raise self.hooks.loop_channel(key, where, level.path)
+        if length is None:
+            stack, rekey = (lambda a: a), (lambda k: k)
+        else:
+            stack, rekey = (lambda a: a.update(shape=(length, *a.shape))), self.hooks.stacked
+        ins = [a for k, avals in ch.feeds for a in level.feed(rekey(k), [stack(x) for x in avals])]
+        outs = []
+        for k, avals in ch.collects:
+            vs = [_compat.new_var(stack(a)) for a in avals]
+            level.collect(rekey(k), vs)
+            outs.extend(vs)
+        return ins, outs
+
     def fresh_ctx(self) -> list:
         return [_compat.new_var(a) for a in self.ctx_avals]
+
+
+def _aval(atom) -> Any:
+    return atom.aval
 
 
 def _zeros(aval) -> Any:
@@ -225,20 +306,22 @@ def _call_rule(key: str, sharded: bool):
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
         new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]), level.context)
+        ctx_out = engine.fresh_ctx()
+        feeds, collects = engine.pass_channels(level, new)
         updates = {}
         if sharded:
             p = eqn.params
             unspec = _compat.unspecified_sharding()
+            nf, nk = len(feeds), len(collects)
             updates = dict(
-                in_shardings=(unspec,) * n + tuple(p["in_shardings"]),
-                out_shardings=tuple(p["out_shardings"]) + (unspec,) * n,
-                in_layouts=(None,) * n + tuple(p["in_layouts"]),
-                out_layouts=tuple(p["out_layouts"]) + (None,) * n,
-                donated_invars=(False,) * n + tuple(p["donated_invars"]),
+                in_shardings=(unspec,) * n + tuple(p["in_shardings"]) + (unspec,) * nf,
+                out_shardings=tuple(p["out_shardings"]) + (unspec,) * (n + nk),
+                in_layouts=(None,) * n + tuple(p["in_layouts"]) + (None,) * nf,
+                out_layouts=tuple(p["out_layouts"]) + (None,) * (n + nk),
+                donated_invars=(False,) * n + tuple(p["donated_invars"]) + (False,) * nf,
             )
-        ctx_out = engine.fresh_ctx()
-        _emit_rebuilt(level, eqn, {(key, None): new}, [*ctx, *eqn.invars],
-                      [*eqn.outvars, *ctx_out], **updates)
+        _emit_rebuilt(level, eqn, {(key, None): new}, [*ctx, *eqn.invars, *feeds],
+                      [*eqn.outvars, *ctx_out, *collects], **updates)
         return ctx_out
 
     return rule
@@ -258,15 +341,16 @@ def _scan_rule(engine, eqn, level, ctx, subs):
     ny = len(eqn.outvars) - nk
     body = engine.thread_jaxpr(p["jaxpr"], level.path + (_label(subs, "jaxpr"),), nc, 0,
                                level.context)
-    updates = _compat.scan_params(p, nc, nk + n, nx, ny)
+    ctx_out = engine.fresh_ctx()
+    feeds, collects = engine.pass_channels(level, body, length=p["length"])
+    updates = _compat.scan_params(p, nc, nk + n, nx + len(feeds), ny + len(collects))
     if "linear" in p:
         lin = tuple(p["linear"])
-        updates["linear"] = lin[:nc] + (False,) * n + lin[nc:]
+        updates["linear"] = lin[:nc] + (False,) * n + lin[nc:] + (False,) * len(feeds)
     updates = {k: v for k, v in updates.items() if k != "jaxpr"}
-    ctx_out = engine.fresh_ctx()
     _emit_rebuilt(level, eqn, {("jaxpr", None): body},
-                  [*eqn.invars[:nc], *ctx, *eqn.invars[nc:]],
-                  [*ctx_out, *eqn.outvars], **updates)
+                  [*eqn.invars[:nc], *ctx, *eqn.invars[nc:], *feeds],
+                  [*ctx_out, *eqn.outvars, *collects], **updates)
     return ctx_out
 
 
@@ -289,6 +373,7 @@ def _while_rule(engine, eqn, level, ctx, subs):
     cconsts, bconsts, carry = (eqn.invars[:cc], eqn.invars[cc:cc + bc], eqn.invars[cc + bc:])
     body = engine.thread_jaxpr(p["body_jaxpr"], level.path + ("while[body]",), bc, 0,
                                level.context)
+    engine.pass_channels(level, body, where="while_loop")
     ctx_out = engine.fresh_ctx()
     if not engine.has_selected(p["cond_jaxpr"]):
         cond = _with_unused_inputs(p["cond_jaxpr"], cc, engine.ctx_avals)
@@ -297,6 +382,7 @@ def _while_rule(engine, eqn, level, ctx, subs):
         return ctx_out
     cond = engine.thread_jaxpr(p["cond_jaxpr"], level.path + ("while[cond]",), cc, 1,
                                level.context)
+    engine.pass_channels(level, cond, where="while_loop")
     n = len(ctx)
     # Before the loop: evaluate the cond once.
     pred0, *ctx1 = inline(level, cond, [*map(level.atom, cconsts), *ctx, *map(level.atom, carry)])
@@ -333,15 +419,41 @@ THREAD_RULES["while"] = _while_rule
 def _cond_rule(engine, eqn, level, ctx, subs):
     """Every branch threads ctx (untaken branches pass it through)."""
     branches = eqn.params["branches"]
-    new = {}
+    threaded = []
     for i, b in enumerate(branches):
         path = level.path + (_label(subs, "branches", i),)
-        new[("branches", i)] = engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]),
-                                                   level.context)
+        threaded.append(engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]),
+                                            level.context))
+    chans = [engine.channels(t) for t in threaded]
+    engine.hooks.branches([c.collects for c in chans], level.path)
+    # Every branch takes every fed value (in one order), used or not.
+    feed_sig = dict(kv for c in chans for kv in c.feeds)
+    new = {("branches", i): _with_feeds(engine, t, c.feeds, feed_sig)
+           for i, (t, c) in enumerate(zip(threaded, chans))}
     ctx_out = engine.fresh_ctx()
-    _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:]],
-                  [*eqn.outvars, *ctx_out])
+    feeds = [a for k, avals in feed_sig.items() for a in level.feed(k, avals)]
+    collects = []
+    for k, avals in chans[0].collects:
+        vs = [_compat.new_var(a) for a in avals]
+        level.collect(k, vs)
+        collects.extend(vs)
+    _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:], *feeds],
+                  [*eqn.outvars, *ctx_out, *collects])
     return ctx_out
+
+
+def _with_feeds(engine, threaded, has: tuple, want: dict) -> Any:
+    """``threaded`` taking the fed values ``want`` (in that order) last."""
+    if tuple(k for k, _ in has) == tuple(want):
+        return threaded
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
+    n_has = sum(len(avals) for _, avals in has)
+    base, fed = invars[:len(invars) - n_has], iter(invars[len(invars) - n_has:])
+    own = {k: [next(fed) for _ in avals] for k, avals in has}
+    new_feeds = [v for k, avals in want.items()
+                 for v in own.get(k, [_compat.new_var(a) for a in avals])]
+    return _compat.make_closed(constvars, consts, [*base, *new_feeds], eqns, outvars,
+                               effects, dbg)
 
 
 THREAD_RULES["cond"] = _cond_rule
@@ -363,8 +475,10 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
         hoisted = [level.const_var(c) for c in consts]
         updates = extra_in_params(eqn, len(hoisted), len(ctx)) if extra_in_params else {}
         ctx_out = engine.fresh_ctx()
-        _emit_rebuilt(level, eqn, {(key, None): new}, [*hoisted, *ctx, *eqn.invars],
-                      [*eqn.outvars, *ctx_out], **updates)
+        feeds, collects = engine.pass_channels(
+            level, threaded, where=None if extra_in_params is None else eqn.primitive.name)
+        _emit_rebuilt(level, eqn, {(key, None): new}, [*hoisted, *ctx, *eqn.invars, *feeds],
+                      [*eqn.outvars, *ctx_out, *collects], **updates)
         return ctx_out
 
     return rule
@@ -407,6 +521,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     call = p["call_jaxpr"]
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
                                    level.context)
+    engine.pass_channels(level, threaded, where="custom_jvp")
     threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars)]
@@ -468,6 +583,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     call = p["call_jaxpr"]
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_all, n_out,
                                    level.context)
+    engine.pass_channels(level, threaded, where="custom_vjp")
     threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
     in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals]

@@ -1,0 +1,522 @@
+"""Harvest: oryx-compatible ``sow`` / ``reap`` / ``plant`` on the threading engine.
+
+A drop-in replacement for ``oryx.core.interpreters.harvest``: same names,
+signatures, semantics and error messages. Built on taxpr's engine:
+
+* ``strict`` / ``clobber`` / ``cond_clobber`` reaps are carried values (ctx);
+* ``append`` reaps are collected per site, stacked by ``scan`` along its axis;
+* planted values of non-append sows are carried values, planted ``append``
+  values are fed per site (``scan`` slices them along its axis).
+
+Better than oryx: planted values are shape/dtype-checked; plant of an
+``append`` sow inside a scan works; ``append`` outside loops stacks; sows in
+``shard_map`` work or raise a clear error; errors never corrupt JAX's trace
+state; cost grows linearly with nesting depth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core
+
+from . import _compat, _traverse
+from ._engine import Engine, Hooks, Level, format_path, inline
+from ._find import dissolve_tags, tag_shape
+from .primitives._tag import TREE, tag, tag_p, user_params
+
+__all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "sow_p"]
+
+sow_p = tag_p  # the primitive behind ``sow``
+
+
+class _SowOp:
+    """The ``op`` param of a sow (compared by identity: never a user's tag)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "sow"
+
+
+SOW = _SowOp()
+_SCOPES = threading.local()
+
+
+def _scope() -> tuple:
+    return getattr(_SCOPES, "stack", ())
+
+
+def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = None) -> Any:
+    """Mark ``value`` as an intermediate named ``name`` for harvests of ``tag``.
+
+    Arguments:
+        value: a pytree of arrays.
+        tag: the harvest tag.
+        name: the value's name.
+        mode: ``"strict"``, ``"clobber"`` or ``"append"``.
+        key: accepted for oryx compatibility (a value the sow depends on).
+
+    Returns:
+        ``value``, or the planted value inside a ``plant``.
+    """
+    del key
+    if mode not in ("strict", "clobber", "append"):
+        raise ValueError(f"Invalid mode: {mode}")
+    return _tag_sow(value, tag, name, mode)
+
+
+def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any) -> Any:
+    """Sow ``value`` in ``cond_clobber`` mode: a reap keeps the last value whose
+    ``pred`` was true (zeros if none).
+
+    Returns:
+        ``value`` (or the planted value).
+    """
+    out = _tag_sow((value, jnp.asarray(pred, bool)), tag, name, "cond_clobber")
+    return out[0]
+
+
+def _tag_sow(value, tag_, name, mode):
+    full = (*_scope(), name) if _scope() else name
+    return tag(value, op=SOW, tag=tag_, name=full, mode=mode)
+
+
+def nest(f: Callable, *, scope: str) -> Callable:
+    """``f`` with its sows' names nested under ``scope``: reaps come back as
+    ``{scope: {...}}`` and plants are read from ``plants[scope]``."""
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        prev = _scope()
+        _SCOPES.stack = (*prev, scope)
+        try:
+            return f(*args, **kwargs)
+        finally:
+            _SCOPES.stack = prev
+
+    return wrapped
+
+
+# ---- selection and static checks --------------------------------------------------
+
+def _is_sow(params: dict) -> bool:
+    return params.get("op") is SOW
+
+
+class _Filter:
+    def __init__(self, tag_, allowlist, blocklist):
+        self.tag = tag_
+        self.allow = None if allowlist is None else set(allowlist)
+        self.block = set(blocklist or ())
+
+    def name_ok(self, name) -> bool:
+        head = name[0] if isinstance(name, tuple) else name
+        for n in {name, head}:
+            if n in self.block:
+                return False
+        return self.allow is None or name in self.allow or head in self.allow
+
+    def __call__(self, params: dict, shape: Any = None) -> bool:
+        return (_is_sow(params) and params["tag"] == self.tag
+                and self.name_ok(params["name"]))
+
+
+def _site_aval(eqn) -> tuple:
+    """(value avals, mode) of a sow equation (cond_clobber drops the pred)."""
+    avals = tuple(v.aval for v in eqn.invars)
+    if eqn.params["mode"] == "cond_clobber":
+        avals = avals[:-1]
+    return avals
+
+
+def _disp(name) -> str:
+    return ".".join(map(str, name)) if isinstance(name, tuple) else str(name)
+
+
+def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) -> None:
+    """oryx's static rules: strict sows once per scope, no strict in scan,
+    only clobber modes in while, every cond branch sows alike."""
+
+    def walk(j, in_scan: bool, in_while: bool) -> dict:
+        counts: dict = {}
+        for eqn in _compat.jaxpr_parts(j)[3]:
+            if eqn.primitive is tag_p and select(eqn.params):
+                name, mode = eqn.params["name"], eqn.params["mode"]
+                if in_while and mode not in ("clobber", "cond_clobber"):
+                    raise ValueError(f"Must use clobber or cond_clobber mode for "
+                                     f"'{_disp(name)}' inside of a `while_loop`.")
+                if in_scan and mode == "strict":
+                    raise ValueError(f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
+                _count(counts, name, mode, _site_aval(eqn))
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            prim = eqn.primitive.name
+            inner = [walk(sj, in_scan or prim == "scan", in_while or prim == "while")
+                     for _, sj in subs]
+            if prim == "cond":
+                if check_branches:
+                    _check_branches(inner)
+                merged = {}
+                for branch in inner:
+                    for k, v in branch.items():
+                        if k not in merged or v[0] > merged[k][0]:
+                            merged[k] = v
+                inner = [merged]
+            for branch in inner:
+                for name, (n, mode, avals) in branch.items():
+                    for _ in range(n):
+                        _count(counts, name, mode, avals)
+        return counts
+
+    def _count(counts, name, mode, avals):
+        n, _, _ = counts.get(name, (0, mode, avals))
+        if n and mode == "strict":
+            raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
+        counts[name] = (n + 1, mode, avals)
+
+    walk(jaxpr, False, False)
+
+
+def _check_branches(branches: list[dict]) -> None:
+    first = branches[0]
+    for other in branches[1:]:
+        if len(other) != len(first):
+            raise ValueError("Mismatching number of `sow`s between branches.")
+        for name, (_, _, avals) in first.items():
+            if name not in other:
+                raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
+            o = other[name][2]
+            if [a.shape for a in avals] != [a.shape for a in o]:
+                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'.")
+            if [a.dtype for a in avals] != [a.dtype for a in o]:
+                raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
+
+
+class _HarvestHooks(Hooks):
+    def stacked(self, key):
+        return (*key, "scan")
+
+    def loop_channel(self, key, loop, path):
+        name = key[1]
+        return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
+                          f"inside of a `while_loop`.")
+
+    def branches(self, collects, path):
+        if len({tuple(k for k, _ in c) for c in collects}) > 1:
+            raise ValueError("Mismatching number of `sow`s between branches.")
+
+
+# ---- the site rule ------------------------------------------------------------------
+
+class _Sites:
+    """Rewrites selected sows: reap (record) and/or plant (replace)."""
+
+    def __init__(self, reaped: dict, planted: dict, ctx_index: dict):
+        self.reaped = reaped  # name -> mode, for names to reap
+        self.planted = planted  # name -> mode, for names to plant
+        self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
+        self.occurrence: dict = {}  # (id(level), name) -> count
+        self._fns: dict = {}
+
+    def _apply(self, level: Level, key: str, fn: Callable, atoms: list) -> list:
+        avals = tuple(_aval(a) for a in atoms)
+        hit = self._fns.get((key, avals, id(level.context)))
+        if hit is None:
+            if level.context is None:
+                hit = _compat.trace_flat(fn, avals)
+            else:
+                with level.context():
+                    hit = _compat.trace_flat(fn, avals)
+            self._fns[(key, avals, id(level.context))] = hit
+        return inline(level, hit, atoms)
+
+    def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
+        if eqn.primitive is not tag_p:
+            # Tangents / cotangents: reaped values pass through unchanged;
+            # planted values are constants (derivative 0).
+            name = eqn.params["name"]
+            n = len(eqn.invars) // 2
+            tangents = [level.atom(v) for v in eqn.invars[n:]]
+            if name in self.planted:
+                tangents = self._apply(level, "zeros", lambda *t: [jnp.zeros_like(x) for x in t],
+                                       tangents)
+            for o, a in zip(eqn.outvars, tangents):
+                if not isinstance(o, core.DropVar):
+                    level.env[o] = a
+            return ctx
+        name, mode = eqn.params["name"], eqn.params["mode"]
+        ins = [level.atom(v) for v in eqn.invars]
+        value = ins[:-1] if mode == "cond_clobber" else ins
+        ctx = list(ctx)
+        if name in self.planted:
+            if mode == "append":
+                occ = self.occurrence.get((id(level), name), 0)
+                self.occurrence[(id(level), name)] = occ + 1
+                value = level.feed(("plant", name, occ), [_aval(a) for a in value])
+            else:
+                value = [ctx[i] for i in self.ctx_index[("plant", name)]]
+            value = self._apply(level, "cast", _casts([_aval(a) for a in value],
+                                                       [v.aval for v in eqn.outvars]), value)
+        elif name in self.reaped:
+            if mode == "append":
+                occ = self.occurrence.get((id(level), name), 0)
+                self.occurrence[(id(level), name)] = occ + 1
+                level.collect(("reap", name, occ), value)
+            else:
+                pos = self.ctx_index[("reap", name)]
+                if mode == "cond_clobber":
+                    new = self._apply(level, "select",
+                                      lambda p, *vc: _select(p, vc), [ins[-1], *value,
+                                                                       *(ctx[i] for i in pos)])
+                else:
+                    new = value
+                new = self._apply(level, "replicated", _replicated_check(name, level.path),
+                                  new) if level.context is not None else new
+                for i, a in zip(pos, new):
+                    ctx[i] = a
+        outs = value if mode != "cond_clobber" else [*value, ins[-1]]
+        for o, a in zip(eqn.outvars, outs):
+            if not isinstance(o, core.DropVar):
+                level.env[o] = a
+        return ctx
+
+
+def _aval(atom):
+    return atom.aval
+
+
+def _select(pred, vc):
+    n = len(vc) // 2
+    return [jnp.where(pred, v, c) for v, c in zip(vc[:n], vc[n:])]
+
+
+def _casts(got, want) -> Callable:
+    def fn(*xs):
+        return [_compat.cast_weak_type(x, w) for x, w in zip(xs, want)]
+    return fn
+
+
+def _replicated_check(name, path) -> Callable:
+    def fn(*xs):
+        for x in xs:
+            if _compat.varying_axes(core.typeof(x)):
+                raise ValueError(
+                    f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} reaps a value "
+                    f"that differs across the shards of a shard_map; sow a value that is the "
+                    f"same on every shard (e.g. after a psum), or reap outside the shard_map")
+        return list(xs)
+    return fn
+
+
+# ---- the transformations ------------------------------------------------------------
+
+def _flat_trace(fn: Callable, args, kwargs):
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    avals = [_compat.abstractify(x) for x in leaves]
+    out_tree = []
+
+    def flat(*xs):
+        a, k = jax.tree_util.tree_unflatten(tree, xs)
+        out, t = jax.tree_util.tree_flatten(fn(*a, **k))
+        out_tree.append(t)
+        return out
+
+    return _compat.trace_flat(flat, avals), out_tree[0], leaves
+
+
+def _nest_dict(flat: dict) -> dict:
+    out: dict = {}
+    for name, v in flat.items():
+        if isinstance(name, tuple):
+            d = out
+            for part in name[:-1]:
+                d = d.setdefault(part, {})
+            d[name[-1]] = v
+        else:
+            out[name] = v
+    return out
+
+
+def _flatten_plants(plants: dict, prefix: tuple = ()) -> dict:
+    out = {}
+    for k, v in (plants or {}).items():
+        full = (*prefix, k)
+        if isinstance(v, dict):
+            out.update(_flatten_plants(v, full))
+        else:
+            out[full if prefix else k] = v
+    return out
+
+
+def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
+         want_reaps: bool, args, kwargs):
+    closed, out_tree, leaves = _flat_trace(fn, args, kwargs)
+    select = _Filter(tag_, allowlist, blocklist)
+    plants = _flatten_plants(plants)
+    sites: dict = {}
+    for eqn, path in _traverse.iter_eqns(closed):
+        if eqn.primitive is tag_p and select(eqn.params):
+            sites.setdefault(eqn.params["name"], (eqn.params["mode"], _site_aval(eqn), path))
+    planted = {n: m for n, (m, _, _) in sites.items() if n in plants}
+    reaped = {n: m for n, (m, _, _) in sites.items() if n not in plants} if want_reaps else {}
+    _check(closed, select, lambda name: "planted" if name in planted else "reaped",
+           check_branches=want_reaps)
+
+    # ctx: carried reaps (zeros first) and planted non-append values.
+    ctx_leaves, ctx_index = [], {}
+    for name, mode in reaped.items():
+        if mode != "append":
+            avals = sites[name][1]
+            ctx_index[("reap", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
+            ctx_leaves.extend(np.zeros(a.shape, a.dtype) for a in avals)
+    for name, mode in planted.items():
+        _, avals, path = sites[name]
+        value = jax.tree_util.tree_leaves(plants[name])
+        if mode == "append":
+            continue
+        _check_plant(name, value, avals, path)
+        ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
+        ctx_leaves.extend(value)
+    ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
+    engine = Engine(_Sites(reaped, planted, ctx_index), select, ctx_avals, _HarvestHooks())
+    threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed)[4]))
+    if exclusive:
+        threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
+    chans = engine.channels(threaded)
+    feeds = []
+    for key, avals in chans.feeds:
+        feeds.extend(_plant_for_feed(key, avals, plants, sites, chans.feeds))
+    outs = _compat.jaxpr_as_fun(threaded)(*ctx_leaves, *leaves, *feeds)
+    n_out = out_tree.num_leaves
+    out = jax.tree_util.tree_unflatten(out_tree, outs[:n_out])
+    ctx_out = outs[n_out:n_out + len(ctx_leaves)]
+    collected = outs[n_out + len(ctx_leaves):]
+    reaps = {}
+    for name, mode in reaped.items():
+        if mode != "append":
+            vals = [ctx_out[i] for i in ctx_index[("reap", name)]]
+            reaps[name] = _unflatten_value(sites[name], vals)
+    appended: dict = {}
+    it = iter(collected)
+    for key, avals in chans.collects:
+        vals = [next(it) for _ in avals]
+        appended.setdefault(key[1], []).append((key, vals))
+    for name, items in appended.items():
+        stacked = [_stack_occurrences([v[i] for _, v in items], [k for k, _ in items])
+                   for i in range(len(items[0][1]))]
+        reaps[name] = _unflatten_value(sites[name], stacked)
+    for name, mode in reaped.items():  # append sows that never ran (e.g. zero-length scan)
+        if mode == "append" and name not in reaps:
+            reaps[name] = _unflatten_value(
+                sites[name], [np.zeros((0, *a.shape), a.dtype) for a in sites[name][1]])
+    return out, _nest_dict(reaps)
+
+
+def _stack_occurrences(values: list, keys: list) -> Any:
+    # A collected value straight from a sow gets a new leading axis; one that
+    # came out of a scan is already stacked along it.
+    parts = [jnp.asarray(v) if _is_stacked(k) else jnp.asarray(v)[None] for v, k in zip(values, keys)]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
+
+
+def _is_stacked(key) -> bool:
+    return bool(key[3:]) if len(key) > 3 else False
+
+
+def _unflatten_value(site, vals):
+    vals = [jnp.asarray(v) for v in vals]
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def _check_plant(name, value, avals, path) -> None:
+    if len(value) != len(avals):
+        raise ValueError(f"Planted value for '{_disp(name)}' has {len(value)} leaves, "
+                         f"expected {len(avals)}")
+    for v, a in zip(value, avals):
+        if tuple(np.shape(v)) != tuple(a.shape) or jnp.result_type(v) != a.dtype:
+            raise ValueError(
+                f"Planted value for '{_disp(name)}' has type "
+                f"{jnp.result_type(v).name}{list(np.shape(v))}, but the sow at "
+                f"{format_path(path)} has type {np.dtype(a.dtype).name}{list(a.shape)}")
+
+
+def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
+    """The planted values for one fed occurrence: the occurrences of a name
+    at the top level split the planted stack along its leading axis (one
+    row per direct sow, one block per scan)."""
+    name = key[1]
+    start = size = 0
+    for k, kav in all_feeds:
+        if k[1] != name:
+            continue
+        size = kav[0].shape[0] if _is_stacked(k) else 1
+        if k == key:
+            break
+        start += size
+    out = []
+    for v, a in zip(jax.tree_util.tree_leaves(plants[name]), avals):
+        v = jnp.asarray(v)
+        piece = v[start:start + size] if _is_stacked(key) else (v[start] if v.ndim else v)
+        if tuple(piece.shape) != tuple(a.shape) or piece.dtype != a.dtype:
+            raise ValueError(
+                f"Planted value for '{_disp(name)}' has type {v.dtype.name}{list(v.shape)}, "
+                f"which does not match the append sow at {format_path(sites[name][2])} "
+                f"({np.dtype(a.dtype).name}{list(a.shape)} per occurrence)")
+        out.append(piece)
+    return out
+
+
+def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+                  blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
+    """``call_and_reap(f, tag=t)(*args) -> (out, reaps)``."""
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        return _run(f, tag, allowlist, blocklist, exclusive, {}, True, args, kwargs)
+
+    return wrapped
+
+
+def reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+         blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
+    """``reap(f, tag=t)(*args) -> reaps``: the values sown with ``tag``."""
+    car = call_and_reap(f, tag=tag, allowlist=allowlist, blocklist=blocklist,
+                        exclusive=exclusive)
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        return car(*args, **kwargs)[1]
+
+    return wrapped
+
+
+def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+          blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
+    """``plant(f, tag=t)(plants, *args) -> out`` with sown values replaced."""
+
+    @functools.wraps(f)
+    def wrapped(plants, *args, **kwargs):
+        return _run(f, tag, allowlist, blocklist, exclusive, plants, False, args, kwargs)[0]
+
+    return wrapped
+
+
+def harvest(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+            blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
+    """``harvest(f, tag=t)(plants, *args) -> (out, reaps)``; planted names are
+    not reaped."""
+
+    @functools.wraps(f)
+    def wrapped(plants, *args, **kwargs):
+        return _run(f, tag, allowlist, blocklist, exclusive, plants, True, args, kwargs)
+
+    return wrapped
