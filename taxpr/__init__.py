@@ -2,6 +2,12 @@
 
 from . import harvest as harvest
 
+from ._dataflow import (
+    partial as partial,
+    partition_out as partition_out,
+    strip_outputs as strip_outputs,
+    transpose as transpose,
+)
 from ._engine import InjectError as InjectError
 from ._find import (
     TagSite as TagSite,
@@ -17,5 +23,10 @@ from ._state import (
     make_jaxpr as make_jaxpr,
     set_state as set_state,
     uncurry as uncurry,
+)
+from ._typed import (
+    TypedClosedJaxpr as TypedClosedJaxpr,
+    tcj_partition_out as tcj_partition_out,
+    tcj_transpose as tcj_transpose,
 )
 from .primitives import tag as tag, tag_p as tag_p

@@ -267,3 +267,15 @@ def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:
         return x  # equal already, or a real mismatch the caller reports
     from jax._src.lax import lax as lax_internal
     return lax_internal._convert_element_type(x, aval.dtype, weak_type=aval.weak_type)
+
+
+def dce_closed(closed: Any, used_outputs: Sequence[bool]) -> Any:
+    """``closed`` with only the used outputs and the equations they need
+    (nested jaxprs pruned by JAX's own DCE rules); inputs are all kept."""
+    constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
+    open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects,
+                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)))
+    new, _ = pe.dce_jaxpr(open_j, list(used_outputs), instantiate=True)
+    nc = len(constvars)
+    return make_closed(new.invars[:nc], consts, new.invars[nc:], new.eqns, new.outvars,
+                       new.effects, dbg)

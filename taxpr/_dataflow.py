@@ -1,0 +1,122 @@
+"""Parity with taxpr 0.0.3's utilities: ``transpose``, ``partition_out``,
+``partial``, ``strip_outputs`` (all correct through nested jaxprs)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import jax
+from jax._src import core
+
+from . import _compat
+from ._engine import Engine, Hooks, Level, format_path
+from ._find import Predicate, tag_shape
+from .primitives._tag import TREE, tag_p, user_params
+
+
+class _TransposeHooks(Hooks):
+    def loop_channel(self, key, loop, path):
+        params = dict(key[1])
+        return ValueError(
+            f"taxpr.transpose: tag {params} at {format_path(path)} is inside a {loop}: "
+            f"it has no single well-defined value (the loop runs a data-dependent "
+            f"number of times)")
+
+    def branches(self, collects, path):
+        if len({tuple(k for k, _ in c) for c in collects}) > 1:
+            raise ValueError(
+                f"taxpr.transpose: a tag inside cond/switch at {format_path(path)} has a "
+                f"value only when its branch is taken; transpose needs a value for every "
+                f"tag")
+
+
+class _CollectSites:
+    """Site rule of ``transpose``: collect each tag's value (scan stacks it)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, engine, eqn, level: Level, ctx):
+        ins = [level.atom(v) for v in eqn.invars]
+        if eqn.primitive is tag_p:
+            self.count += 1
+            params = tuple(sorted(user_params(eqn.params).items()))
+            level.collect((self.count, params, eqn.params[TREE]), ins)
+        else:
+            ins = ins[len(ins) // 2:]
+        for o, a in zip(eqn.outvars, ins):
+            if not isinstance(o, core.DropVar):
+                level.env[o] = a
+        return ctx
+
+
+def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
+    """A jaxpr that returns the tagged values instead of the outputs.
+
+    Arguments:
+        closed_jaxpr: the program.
+        predicate: selects tags (None: all).
+
+    Returns:
+        ``(jaxpr, params_list, structures)``: ``jaxpr`` has the original
+        inputs and one output per tag leaf (stacked along the scan axis for
+        tags inside ``scan``), ``params_list`` the params of each tag and
+        ``structures`` each tag's pytree of avals.
+
+    Raises:
+        ValueError: a tag has no single value (inside ``while`` or in one
+            branch of a ``cond``).
+    """
+    engine = Engine(_CollectSites(), predicate, [], _TransposeHooks())
+    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    threaded = engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
+    collects = engine.channels(threaded).collects
+    constvars, consts, invars, eqns, outs, effects, dbg = _compat.jaxpr_parts(threaded)
+    new = _compat.make_closed(constvars, consts, invars, eqns, outs[len(outvars):], effects, dbg)
+    new = _compat.dce_closed(new, [True] * len(outs[len(outvars):]))
+    params = [dict(p) for (_, p, _), _ in collects]
+    structures = [jax.tree_util.tree_unflatten(tree, list(avals))
+                  for (_, _, tree), avals in collects]
+    return new, params, structures
+
+
+def partition_out(closed_jaxpr: Any, outvar_indices: list[list[int]]) -> list[Any]:
+    """One closed jaxpr per group of output indices, each computing only
+    those outputs (dead code removed, also inside nested jaxprs).
+
+    Returns:
+        A list of closed jaxprs with the original inputs.
+    """
+    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    parts = []
+    for group in outvar_indices:
+        constvars, consts, invars, eqns, _, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
+        picked = _compat.make_closed(constvars, consts, invars, eqns,
+                                     [outvars[i] for i in group], effects, dbg)
+        parts.append(_compat.dce_closed(picked, [True] * len(group)))
+    return parts
+
+
+def strip_outputs(closed_jaxpr: Any, indices: Iterable[int]) -> Any:
+    """``closed_jaxpr`` without the outputs at ``indices`` (and the code only
+    they needed, also inside nested jaxprs)."""
+    drop = set(indices)
+    n = len(_compat.jaxpr_parts(closed_jaxpr)[4])
+    return partition_out(closed_jaxpr, [[i for i in range(n) if i not in drop]])[0]
+
+
+def partial(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
+    """Fix some inputs (like ``functools.partial``): ``args`` maps input
+    positions to values, which become consts of the result."""
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
+    for i, v in args.items():
+        aval = invars[i].aval
+        if tuple(jax.numpy.shape(v)) != tuple(aval.shape) or jax.numpy.result_type(v) != aval.dtype:
+            raise ValueError(f"taxpr.partial: value for input {i} has type "
+                             f"{jax.numpy.result_type(v)}{list(jax.numpy.shape(v))}, "
+                             f"expected {aval.str_short()}")
+    fixed = [invars[i] for i in sorted(args)]
+    values = [jax.numpy.asarray(args[i], invars[i].aval.dtype) for i in sorted(args)]
+    rest = [v for i, v in enumerate(invars) if i not in args]
+    return _compat.make_closed([*constvars, *fixed], [*consts, *values], rest, eqns, outvars,
+                               effects, dbg)
