@@ -49,6 +49,8 @@ def load(path: Path):
         sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"_taxpr_bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    # Registered so dataclass-based code (equinox modules) can resolve it.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

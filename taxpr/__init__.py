@@ -29,4 +29,4 @@ from ._typed import (
     tcj_partition_out as tcj_partition_out,
     tcj_transpose as tcj_transpose,
 )
-from .primitives import tag as tag, tag_p as tag_p
+from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p

@@ -279,3 +279,24 @@ def dce_closed(closed: Any, used_outputs: Sequence[bool]) -> Any:
     nc = len(constvars)
     return make_closed(new.invars[:nc], consts, new.invars[nc:], new.eqns, new.outvars,
                        new.effects, dbg)
+
+
+def register_linearization(prim, primal_fn: Callable, tangent_fn: Callable) -> None:
+    """A direct linearization rule: ``primal_fn(*primals, **params)`` gives
+    the primal outputs and ``tangent_fn(primals, tangents, **params)`` the
+    tangents (residuals are the primals)."""
+    from jax._src.interpreters import ad
+
+    def lin(is_vjp, nzs, *primals, **params):
+        out = primal_fn(*primals, **params)
+        nzs_out = [any(nzs)] * len(out)
+
+        def linearized(residuals, *rest):
+            tangents = rest[1:] if JAX_VERSION >= (0, 11) else rest
+            return tangent_fn(residuals, tangents, nzs, **params)
+
+        if JAX_VERSION >= (0, 11):
+            return out, nzs_out, list(primals), None, linearized
+        return out, nzs_out, list(primals), linearized
+
+    ad.primitive_linearizations[prim] = lin

@@ -139,8 +139,9 @@ class Hooks:
             f"taxpr: values collected or fed per iteration ({key!r}) are not supported "
             f"inside {loop} at {format_path(path)}")
 
-    def stacked(self, key: Any) -> Any:
-        """The key of a channel once a scan has stacked / sliced it."""
+    def rekey(self, key: Any, level: "Level", stacked: bool) -> Any:
+        """The key of an inner channel in the enclosing ``level`` (``stacked``:
+        a scan stacks / slices it). Keys must stay distinct per site there."""
         return key
 
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
@@ -258,10 +259,9 @@ class Engine:
         if where is not None and (ch.collects or ch.feeds):
             key = (ch.collects or ch.feeds)[0][0]
             raise self.hooks.loop_channel(key, where, level.path)
-        if length is None:
-            stack, rekey = (lambda a: a), (lambda k: k)
-        else:
-            stack, rekey = (lambda a: a.update(shape=(length, *a.shape))), self.hooks.stacked
+        stacked = length is not None
+        stack = (lambda a: a.update(shape=(length, *a.shape))) if stacked else (lambda a: a)
+        rekey = lambda k: self.hooks.rekey(k, level, stacked)  # noqa: E731
         ins = [a for k, avals in ch.feeds for a in level.feed(rekey(k), [stack(x) for x in avals])]
         outs = []
         for k, avals in ch.collects:

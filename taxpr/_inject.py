@@ -11,7 +11,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import TREE, tag_cotangent_p, tag_p, user_params
+from .primitives._tag import TREE, keep_tags, tag_cotangent_p, tag_p, user_params
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
 
@@ -227,7 +227,8 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
                 out_tree.append(tree)
                 return out_leaves
 
-            closed = _compat.trace_flat(flat, arg_avals)
+            with keep_tags():
+                closed = _compat.trace_flat(flat, arg_avals)
             spec = jax.tree_util.tree_unflatten(ctx_tree, ctx_avals)
             hit = (inject(closed, injector, spec, predicate), out_tree[0])
             cache[key] = hit

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
@@ -24,7 +25,8 @@ from . import _compat
 from ._engine import format_path
 from ._find import find_tags
 from ._inject import inject
-from .primitives._tag import tag
+from . import _traverse
+from .primitives._tag import BATCHED, keep_tags, tag, tag_p
 
 
 class StateOp:
@@ -41,6 +43,9 @@ class StateOp:
 
 
 GET, SET = StateOp("get"), StateOp("set")
+# Concrete ``init`` values seen while tracing (the initial value of a state
+# the example run never reaches).
+_INITS = threading.local()
 
 
 class StateError(ValueError):
@@ -65,6 +70,9 @@ def get_state(name: str, init: Any) -> jax.Array:
     if callable(init):
         with jax.ensure_compile_time_eval():
             init = init()
+    inits = getattr(_INITS, "seen", None)
+    if inits is not None and name not in inits and not isinstance(init, jax.core.Tracer):
+        inits[name] = np.asarray(init)
     return tag(jnp.asarray(init), op=GET, name=name)
 
 
@@ -112,6 +120,14 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         StateError: two accesses of a state disagree (names the state, both
             places, and says when a value looks batched by ``vmap``).
     """
+    for eqn, path in _traverse.iter_eqns(closed):
+        p = eqn.params
+        if eqn.primitive is tag_p and p.get("op") is SET and p.get(BATCHED):
+            raise StateError(
+                f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
+                f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
+                f"a batched value (set it outside the vmap, or vmap the pure function over "
+                f"a batch of states)")
     states: dict[str, StateInfo] = {}
     first: dict[str, Any] = {}
     for site in find_tags(closed):
@@ -170,8 +186,11 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state)
 
 
-def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
-    """Run ``closed`` once on ``args`` and return each state's value at first use."""
+def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any],
+                   static_inits: dict | None = None) -> dict:
+    """Run ``closed`` once on ``args`` and return each state's value at first
+    use; a state the run never reaches starts at its (concrete) ``init``, or
+    zeros."""
     zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state)
@@ -179,7 +198,9 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     n_out = len(_compat.jaxpr_parts(closed)[4])
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
     final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
-    return {n: initial for n, (_, initial, _) in final.items()}
+    static = static_inits or {}
+    return {n: initial if bool(seen) or n not in static else jnp.asarray(static[n], initial.dtype)
+            for n, (_, initial, seen) in final.items()}
 
 
 class _Traced:
@@ -194,7 +215,13 @@ class _Traced:
             out_tree.append(tree)
             return out_leaves
 
-        self.closed = _compat.trace_flat(flat, dyn_avals, getattr(fn, "__name__", "fn"))
+        _INITS.seen = {}
+        try:
+            with keep_tags():
+                self.closed = _compat.trace_flat(flat, dyn_avals, getattr(fn, "__name__", "fn"))
+            self.inits = _INITS.seen
+        finally:
+            _INITS.seen = None
         self.out_tree = out_tree[0]
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
@@ -228,7 +255,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         return hit, leaves
 
     t0, leaves0 = traced(example_args, example_kwargs)
-    state0 = initial_states(t0.closed, t0.states, leaves0)
+    state0 = initial_states(t0.closed, t0.states, leaves0, t0.inits)
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
@@ -281,9 +308,10 @@ def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
     def wrapped(*args, **kwargs):
         static_kw = {k: kwargs.pop(k) for k in names if k in kwargs}
         f = functools.partial(fun, **static_kw) if static_kw else fun
-        closed, out_shape = jax.make_jaxpr(
-            f, static_argnums=static_argnums, axis_env=axis_env,
-            return_shape=True)(*args, **kwargs)
+        with keep_tags():
+            closed, out_shape = jax.make_jaxpr(
+                f, static_argnums=static_argnums, axis_env=axis_env,
+                return_shape=True)(*args, **kwargs)
         states = collect_states(closed)
         infos = tuple(states.values())
         if not states:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,7 @@ from jax._src import core
 from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
 from ._find import dissolve_tags, tag_shape
-from .primitives._tag import TREE, tag, tag_p, user_params
+from .primitives._tag import TREE, keep_tags, tag, tag_p, user_params
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "sow_p"]
 
@@ -67,18 +67,24 @@ def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = Non
         ``value``, or the planted value inside a ``plant``.
     """
     del key
+    if mode == "cond_clobber":
+        raise ValueError("For 'cond_clobber' mode, use `sow_cond`.")
     if mode not in ("strict", "clobber", "append"):
         raise ValueError(f"Invalid mode: {mode}")
     return _tag_sow(value, tag, name, mode)
 
 
-def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any) -> Any:
+def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any, mode: str = "cond_clobber",
+             key: Any = None) -> Any:
     """Sow ``value`` in ``cond_clobber`` mode: a reap keeps the last value whose
     ``pred`` was true (zeros if none).
 
     Returns:
         ``value`` (or the planted value).
     """
+    del key
+    if mode != "cond_clobber":
+        raise ValueError(f"sow_cond only supports mode='cond_clobber', got {mode!r}")
     out = _tag_sow((value, jnp.asarray(pred, bool)), tag, name, "cond_clobber")
     return out[0]
 
@@ -202,13 +208,25 @@ def _check_branches(branches: list[dict]) -> None:
 
 
 class _HarvestHooks(Hooks):
-    def stacked(self, key):
-        return (*key, "scan")
+    """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
+    numbered afresh in every enclosing jaxpr, so sows in different calls
+    (two jits, two scans) never share a key."""
+
+    def __init__(self, sites: "_Sites"):
+        self.sites = sites
+
+    def rekey(self, key, level, stacked):
+        kind, name, _, was_stacked = key
+        return (kind, name, self.sites.next_occurrence(level, kind, name), was_stacked or stacked)
 
     def loop_channel(self, key, loop, path):
         name = key[1]
-        return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
-                          f"inside of a `while_loop`.")
+        if loop == "while_loop":
+            return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
+                              f"inside of a `while_loop`.")
+        return ValueError(
+            f"taxpr.harvest: append-mode sow '{_disp(name)}' inside {loop} at "
+            f"{format_path(path)} is not supported yet; use clobber mode there")
 
     def branches(self, collects, path):
         if len({tuple(k for k, _ in c) for c in collects}) > 1:
@@ -224,8 +242,13 @@ class _Sites:
         self.reaped = reaped  # name -> mode, for names to reap
         self.planted = planted  # name -> mode, for names to plant
         self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
-        self.occurrence: dict = {}  # (id(level), name) -> count
+        self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
+
+    def next_occurrence(self, level: Level, kind: str, name: Any) -> int:
+        n = self._occurrence.get((level, kind, name), 0)
+        self._occurrence[(level, kind, name)] = n + 1
+        return n
 
     def _apply(self, level: Level, key: str, fn: Callable, atoms: list) -> list:
         avals = tuple(_aval(a) for a in atoms)
@@ -259,18 +282,16 @@ class _Sites:
         ctx = list(ctx)
         if name in self.planted:
             if mode == "append":
-                occ = self.occurrence.get((id(level), name), 0)
-                self.occurrence[(id(level), name)] = occ + 1
-                value = level.feed(("plant", name, occ), [_aval(a) for a in value])
+                key = ("plant", name, self.next_occurrence(level, "plant", name), False)
+                value = level.feed(key, [_aval(a) for a in value])
             else:
                 value = [ctx[i] for i in self.ctx_index[("plant", name)]]
             value = self._apply(level, "cast", _casts([_aval(a) for a in value],
                                                        [v.aval for v in eqn.outvars]), value)
         elif name in self.reaped:
             if mode == "append":
-                occ = self.occurrence.get((id(level), name), 0)
-                self.occurrence[(id(level), name)] = occ + 1
-                level.collect(("reap", name, occ), value)
+                level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
+                              value)
             else:
                 pos = self.ctx_index[("reap", name)]
                 if mode == "cond_clobber":
@@ -330,7 +351,9 @@ def _flat_trace(fn: Callable, args, kwargs):
         out_tree.append(t)
         return out
 
-    return _compat.trace_flat(flat, avals), out_tree[0], leaves
+    with keep_tags():
+        closed = _compat.trace_flat(flat, avals)
+    return closed, out_tree[0], leaves
 
 
 def _nest_dict(flat: dict) -> dict:
@@ -346,40 +369,58 @@ def _nest_dict(flat: dict) -> dict:
     return out
 
 
-def _flatten_plants(plants: dict, prefix: tuple = ()) -> dict:
-    out = {}
-    for k, v in (plants or {}).items():
-        full = (*prefix, k)
-        if isinstance(v, dict):
-            out.update(_flatten_plants(v, full))
-        else:
-            out[full if prefix else k] = v
-    return out
+_MISSING = object()
+
+
+def _lookup_plant(plants: dict, name: Any) -> Any:
+    """``plants[name]``, or for a nested name ``plants[s1][s2]...``."""
+    if not isinstance(name, tuple):
+        return (plants or {}).get(name, _MISSING)
+    d = plants or {}
+    for part in name:
+        if not isinstance(d, dict) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
+
+
+class _Site(NamedTuple):
+    mode: str
+    avals: tuple
+    path: tuple
+    tree: Any  # the sown value's pytree structure
 
 
 def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
          want_reaps: bool, args, kwargs):
     closed, out_tree, leaves = _flat_trace(fn, args, kwargs)
     select = _Filter(tag_, allowlist, blocklist)
-    plants = _flatten_plants(plants)
     sites: dict = {}
     for eqn, path in _traverse.iter_eqns(closed):
         if eqn.primitive is tag_p and select(eqn.params):
-            sites.setdefault(eqn.params["name"], (eqn.params["mode"], _site_aval(eqn), path))
-    planted = {n: m for n, (m, _, _) in sites.items() if n in plants}
-    reaped = {n: m for n, (m, _, _) in sites.items() if n not in plants} if want_reaps else {}
-    _check(closed, select, lambda name: "planted" if name in planted else "reaped",
+            mode, tree = eqn.params["mode"], eqn.params[TREE]
+            if mode == "cond_clobber":  # the tag holds (value, pred)
+                tree = jax.tree_util.tree_structure(
+                    jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)[0])
+            sites.setdefault(eqn.params["name"], _Site(mode, _site_aval(eqn), path, tree))
+    plants = {n: v for n in sites if (v := _lookup_plant(plants, n)) is not _MISSING}
+    planted = {n: sites[n].mode for n in plants}
+    reaped = {n: s.mode for n, s in sites.items() if n not in plants} if want_reaps else {}
+    # Only the sows this call transforms follow oryx's static rules.
+    transformed = _Filter(tag_, allowlist, blocklist)
+    transformed.allow = set(planted) | set(reaped)
+    _check(closed, transformed, lambda name: "planted" if name in planted else "reaped",
            check_branches=want_reaps)
 
     # ctx: carried reaps (zeros first) and planted non-append values.
     ctx_leaves, ctx_index = [], {}
     for name, mode in reaped.items():
         if mode != "append":
-            avals = sites[name][1]
+            avals = sites[name].avals
             ctx_index[("reap", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
             ctx_leaves.extend(np.zeros(a.shape, a.dtype) for a in avals)
     for name, mode in planted.items():
-        _, avals, path = sites[name]
+        avals, path = sites[name].avals, sites[name].path
         value = jax.tree_util.tree_leaves(plants[name])
         if mode == "append":
             continue
@@ -387,7 +428,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
         ctx_leaves.extend(value)
     ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
-    engine = Engine(_Sites(reaped, planted, ctx_index), select, ctx_avals, _HarvestHooks())
+    site_rule = _Sites(reaped, planted, ctx_index)
+    engine = Engine(site_rule, select, ctx_avals, _HarvestHooks(site_rule))
     threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed)[4]))
     if exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
@@ -417,7 +459,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     for name, mode in reaped.items():  # append sows that never ran (e.g. zero-length scan)
         if mode == "append" and name not in reaps:
             reaps[name] = _unflatten_value(
-                sites[name], [np.zeros((0, *a.shape), a.dtype) for a in sites[name][1]])
+                sites[name], [np.zeros((0, *a.shape), a.dtype) for a in sites[name].avals])
     return out, _nest_dict(reaps)
 
 
@@ -429,12 +471,11 @@ def _stack_occurrences(values: list, keys: list) -> Any:
 
 
 def _is_stacked(key) -> bool:
-    return bool(key[3:]) if len(key) > 3 else False
+    return key[3]
 
 
-def _unflatten_value(site, vals):
-    vals = [jnp.asarray(v) for v in vals]
-    return vals[0] if len(vals) == 1 else tuple(vals)
+def _unflatten_value(site: "_Site", vals):
+    return jax.tree_util.tree_unflatten(site.tree, [jnp.asarray(v) for v in vals])
 
 
 def _check_plant(name, value, avals, path) -> None:
@@ -452,26 +493,26 @@ def _check_plant(name, value, avals, path) -> None:
 def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     """The planted values for one fed occurrence: the occurrences of a name
     at the top level split the planted stack along its leading axis (one
-    row per direct sow, one block per scan)."""
+    row per direct sow, one block per scan); its length must match."""
     name = key[1]
-    start = size = 0
+    start, total = 0, 0
     for k, kav in all_feeds:
         if k[1] != name:
             continue
         size = kav[0].shape[0] if _is_stacked(k) else 1
         if k == key:
-            break
-        start += size
+            start, mine = total, size
+        total += size
     out = []
     for v, a in zip(jax.tree_util.tree_leaves(plants[name]), avals):
         v = jnp.asarray(v)
-        piece = v[start:start + size] if _is_stacked(key) else (v[start] if v.ndim else v)
-        if tuple(piece.shape) != tuple(a.shape) or piece.dtype != a.dtype:
+        want = (total, *(a.shape[1:] if _is_stacked(key) else a.shape))
+        if tuple(v.shape) != want or v.dtype != a.dtype:
             raise ValueError(
                 f"Planted value for '{_disp(name)}' has type {v.dtype.name}{list(v.shape)}, "
-                f"which does not match the append sow at {format_path(sites[name][2])} "
-                f"({np.dtype(a.dtype).name}{list(a.shape)} per occurrence)")
-        out.append(piece)
+                f"but its append sows (at {format_path(sites[name].path)}) stack to "
+                f"{np.dtype(a.dtype).name}{list(want)}")
+        out.append(v[start:start + mine] if _is_stacked(key) else v[start])
     return out
 
 

@@ -2,6 +2,7 @@
 
 from ._tag import (
     TagEffect as TagEffect,
+    keep_tags as keep_tags,
     tag as tag,
     tag_cotangent_p as tag_cotangent_p,
     tag_p as tag_p,

@@ -16,6 +16,8 @@ Design (see README "How tags stay alive"):
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import jax
@@ -23,13 +25,35 @@ import numpy as np
 from jax._src import core, effects
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
 
 from .. import _compat
 
-# Hidden params: the tagged pytree's structure and whether the tag carries
-# TagEffect. Users cannot pass keys with this prefix.
+# Hidden params: the tagged pytree's structure, whether the tag carries
+# TagEffect, and whether vmap batched it. Users cannot pass keys with this
+# prefix.
 TREE = "_taxpr_tree"
 KEPT = "_taxpr_kept"
+BATCHED = "_taxpr_batched"
+_KEEP = threading.local()
+
+
+@contextlib.contextmanager
+def keep_tags():
+    """Bind every tag traced inside as a kept tag (with ``TagEffect``).
+
+    taxpr's own transformations trace user code under this: JAX's partial
+    evaluation then never hoists a tag out of a differentiated loop nor
+    recomputes it in a checkpoint's backward pass, also for tags on values
+    that are not differentiated (whose JVP rule never runs). Use it around
+    ``jax.make_jaxpr`` when passing the result to ``inject`` yourself.
+    """
+    prev = getattr(_KEEP, "on", False)
+    _KEEP.on = True
+    try:
+        yield
+    finally:
+        _KEEP.on = prev
 HIDDEN_PREFIX = "_taxpr_"
 
 
@@ -151,6 +175,8 @@ ad.primitive_jvps[tag_cotangent_p] = _half_jvp(tag_cotangent_p)
 # ---- batching -----------------------------------------------------------------
 
 def _tag_batch(args, dims, **params):
+    if any(d is not None for d in dims):
+        params = dict(params, **{BATCHED: True})
     return tag_p.bind(*args, **params), list(dims)
 
 
@@ -236,5 +262,39 @@ def tag(value: Any, **params: Any) -> Any:
         return value
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         return value
-    out = tag_p.bind(*leaves, **{TREE: tree, **params})
+    params = {TREE: tree, **params}
+    if getattr(_KEEP, "on", False):
+        params[KEPT] = True
+    out = tag_p.bind(*leaves, **params)
     return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _tag_partial_eval(trace, *tracers, **params):
+    """Partial evaluation keeps a *kept* tag staged even when all its inputs
+    are known: JAX would otherwise evaluate it once at trace time, e.g. hoist
+    it out of a differentiated ``scan`` (``_scan_known_hoisting``) so that an
+    effect meant for every iteration happens once."""
+    if params.get(KEPT) and all(t.pval.is_known() for t in tracers):
+        tracers = [trace.instantiate_const(t) for t in tracers]
+    return trace.default_process_primitive(tag_p, tracers, params)
+
+
+pe.custom_partial_eval_rules[tag_p] = _tag_partial_eval
+
+
+def _tag_linearized_primal(*primals, **params):
+    return tag_p.bind(*primals, **dict(params, **{KEPT: True}))
+
+
+def _tag_linearized_tangent(primals, tangents, nzs, **params):
+    if not any(nzs):
+        return [ad.Zero(core.typeof(p).to_tangent_aval()) for p in primals]
+    tangents = [ad.instantiate_zeros(t) if type(t) is not ad.Zero
+                else ad.instantiate_zeros(ad.Zero(core.typeof(p).to_tangent_aval()))
+                for p, t in zip(primals, tangents)]
+    return tag_tangent_p.bind(*primals, *tangents, **params)
+
+
+# Direct linearization (``jax.grad``): the primal tag is bound outside the
+# partial evaluator, so it stays known while its kept copy is staged.
+_compat.register_linearization(tag_p, _tag_linearized_primal, _tag_linearized_tangent)

@@ -1,0 +1,1351 @@
+"""taxpr.harvest: oryx-compatible sow / reap / plant (SPEC E).
+
+Every result is compared with a value computed by hand or by plain Python /
+NumPy. Error tests also check that JAX still works afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import taxpr as tx
+from taxpr import harvest as h
+from taxpr import _traverse
+
+from helpers import check, shard_map
+
+T = "t"
+allclose = np.testing.assert_allclose
+
+
+def jax_still_works() -> None:
+    """JAX's trace state is intact: jit and grad of fresh functions work."""
+    assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
+    assert float(jax.grad(lambda x: x ** 3 + jnp.sin(x))(2.0)) == pytest.approx(12 + np.cos(2.0))
+    assert float(jax.vmap(lambda x: x + 1)(jnp.ones(3)).sum()) == 6.0
+
+
+def raises(exc, match, fn, *args):
+    with pytest.raises(exc, match=match):
+        fn(*args)
+    jax_still_works()
+
+
+def top_prims(closed) -> list[str]:
+    j = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+    return [e.primitive.name for e in j.eqns]
+
+
+def all_prims(closed) -> list[str]:
+    return [e.primitive.name for e, _ in _traverse.iter_eqns(closed)]
+
+
+def assert_tree_allclose(got, want):
+    gl, gt = jax.tree_util.tree_flatten(got)
+    wl, wt = jax.tree_util.tree_flatten(want)
+    assert gt == wt, (gt, wt)
+    for g, w in zip(gl, wl):
+        allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+def checked_jaxpr(fn, *args):
+    """make_jaxpr(fn)(*args), checked with core.check_jaxpr."""
+    closed = jax.make_jaxpr(fn)(*args)
+    check(closed)
+    return closed
+
+
+# ---- names and signatures ----------------------------------------------------------
+
+def test_public_names():
+    for name in ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest",
+                 "sow_p"]:
+        assert hasattr(h, name), name
+    assert set(h.__all__) >= {"sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest",
+                              "nest", "sow_p"}
+    assert tx.harvest is h
+    # sow_p is the primitive that sow binds.
+    closed = jax.make_jaxpr(lambda x: h.sow(x, tag=T, name="a"))(1.0)
+    assert [e.primitive for e in closed.jaxpr.eqns] == [h.sow_p]
+
+
+def _sig(fn):
+    return {n: (p.kind, p.default) for n, p in inspect.signature(fn).parameters.items()}
+
+
+def test_signatures():
+    K, E, POS = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty,
+                 inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    assert _sig(h.sow) == {"value": (POS, E), "tag": (K, E), "name": (K, E),
+                           "mode": (K, "strict"), "key": (K, None)}
+    s = _sig(h.sow_cond)
+    assert list(s)[:2] == ["value", "pred"]
+    assert s["tag"] == (K, E) and s["name"] == (K, E)
+    for fn in (h.reap, h.call_and_reap, h.plant, h.harvest):
+        s = _sig(fn)
+        assert list(s) == ["f", "tag", "allowlist", "blocklist", "exclusive"], fn
+        assert s["tag"] == (K, E)
+        assert s["allowlist"] == (K, None)
+        assert tuple(s["blocklist"][1]) == () and s["blocklist"][0] == K
+        assert s["exclusive"] == (K, False)
+    s = _sig(h.nest)
+    assert list(s) == ["f", "scope"] and s["scope"] == (K, E)
+
+
+def test_sow_is_identity_without_harvest():
+    def f(x):
+        return h.sow(x * 2, tag=T, name="a", key=x) + h.sow_cond(x, x > 0, tag=T, name="c")
+
+    allclose(f(3.0), 9.0)
+    allclose(jax.jit(f)(3.0), 9.0)
+    allclose(jax.grad(f)(3.0), 3.0)
+    allclose(jax.vmap(f)(jnp.arange(3.0)), 3 * np.arange(3.0))
+
+
+def test_invalid_mode():
+    raises(ValueError, "mode", lambda: h.sow(1.0, tag=T, name="a", mode="bogus"))
+
+
+# ---- reap / call_and_reap / plant / harvest --------------------------------------
+
+def _basic(x):
+    a = h.sow(x * 2, tag=T, name="a")
+    b = h.sow(a + 1, tag=T, name="b")
+    return a * b
+
+
+def test_reap_returns_dict():
+    assert_tree_allclose(h.reap(_basic, tag=T)(3.0), {"a": 6.0, "b": 7.0})
+
+
+def test_call_and_reap():
+    out, reaps = h.call_and_reap(_basic, tag=T)(3.0)
+    allclose(out, 42.0)
+    assert_tree_allclose(reaps, {"a": 6.0, "b": 7.0})
+
+
+def test_plant():
+    allclose(h.plant(_basic, tag=T)({"a": 10.0}, 3.0), 10.0 * 11.0)
+    allclose(h.plant(_basic, tag=T)({"b": 10.0}, 3.0), 6.0 * 10.0)
+    allclose(h.plant(_basic, tag=T)({"a": 1.0, "b": 5.0}, 3.0), 5.0)
+    allclose(h.plant(_basic, tag=T)({}, 3.0), 42.0)
+
+
+def test_harvest_planted_names_not_reaped():
+    out, reaps = h.harvest(_basic, tag=T)({"a": 10.0}, 3.0)
+    allclose(out, 110.0)
+    assert_tree_allclose(reaps, {"b": 11.0})
+    out, reaps = h.harvest(_basic, tag=T)({}, 3.0)
+    allclose(out, 42.0)
+    assert_tree_allclose(reaps, {"a": 6.0, "b": 7.0})
+
+
+def test_key_is_accepted():
+    f = lambda x: h.sow(x * 2, tag=T, name="a", key=x + 1, mode="clobber") + 1
+    out, reaps = h.call_and_reap(f, tag=T)(3.0)
+    allclose(out, 7.0)
+    assert_tree_allclose(reaps, {"a": 6.0})
+    allclose(h.plant(f, tag=T)({"a": 1.0}, 3.0), 2.0)
+
+
+def test_kwargs_and_pytree_args():
+    def f(d, *, scale):
+        return h.sow(d["u"] * scale, tag=T, name="a") + d["v"]
+
+    out, reaps = h.call_and_reap(f, tag=T)({"u": 2.0, "v": 1.0}, scale=3.0)
+    allclose(out, 7.0)
+    assert_tree_allclose(reaps, {"a": 6.0})
+
+
+def test_array_values_and_dtypes():
+    def f(x, i):
+        h.sow(i * 2, tag=T, name="i")
+        return h.sow(x.T, tag=T, name="xt") @ x
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    out, reaps = h.call_and_reap(f, tag=T)(x, jnp.int32(4))
+    allclose(out, np.arange(6.0).reshape(2, 3).T @ np.arange(6.0).reshape(2, 3))
+    allclose(reaps["xt"], np.arange(6.0).reshape(2, 3).T)
+    assert reaps["i"].dtype == jnp.int32 and int(reaps["i"]) == 8
+
+
+def _pytree_sow(x):
+    v = h.sow({"p": x, "q": (x + 1, x + 2)}, tag=T, name="b")
+    return v["p"] + v["q"][1]
+
+
+def test_reap_pytree_value_keeps_structure():
+    assert_tree_allclose(h.reap(_pytree_sow, tag=T)(1.0), {"b": {"p": 1.0, "q": (2.0, 3.0)}})
+
+
+def test_plant_pytree_value():
+    out = h.plant(_pytree_sow, tag=T)({"b": {"p": 10.0, "q": (0.0, 5.0)}}, 1.0)
+    allclose(out, 15.0)
+
+
+def test_plant_tuple_value():
+    def f(x):
+        a, b = h.sow((x, x * 2), tag=T, name="ab")
+        return a * b
+
+    allclose(h.plant(f, tag=T)({"ab": (3.0, 4.0)}, 1.0), 12.0)
+
+
+# ---- filtering ---------------------------------------------------------------------
+
+def _three(x):
+    return (h.sow(x, tag=T, name="x") + h.sow(x * 2, tag=T, name="y")
+            + h.sow(x * 3, tag=T, name="z"))
+
+
+def test_allowlist():
+    assert_tree_allclose(h.reap(_three, tag=T, allowlist=["x", "z"])(1.0), {"x": 1.0, "z": 3.0})
+    allclose(h.plant(_three, tag=T, allowlist=["x"])({"x": 10.0, "y": 10.0}, 1.0), 10 + 2 + 3)
+
+
+def test_blocklist():
+    assert_tree_allclose(h.reap(_three, tag=T, blocklist=["y"])(1.0), {"x": 1.0, "z": 3.0})
+    allclose(h.plant(_three, tag=T, blocklist=["y"])({"x": 10.0, "y": 10.0}, 1.0), 10 + 2 + 3)
+
+
+def test_blocklist_wins_over_allowlist():
+    assert_tree_allclose(h.reap(_three, tag=T, allowlist=["x", "y"], blocklist=["y"])(1.0),
+                         {"x": 1.0})
+    out, reaps = h.harvest(_three, tag=T, allowlist=["x", "y"], blocklist=["x"])(
+        {"x": 10.0, "y": 20.0}, 1.0)
+    allclose(out, 1 + 20 + 3)
+    assert reaps == {}
+
+
+def test_filtered_names_pass_through_to_outer_reap():
+    inner = h.call_and_reap(_three, tag=T, allowlist=["x"], blocklist=["z"])
+    (out, reaps), outer = h.call_and_reap(inner, tag=T)(1.0)
+    allclose(out, 6.0)
+    assert_tree_allclose(reaps, {"x": 1.0})
+    assert_tree_allclose(outer, {"y": 2.0, "z": 3.0})
+
+
+def _two_tags(x):
+    return h.sow(x, tag="a", name="x") + h.sow(x * 3, tag="b", name="z")
+
+
+def test_other_tags_stay_for_outer_harvest():
+    (out, inner), outer = h.call_and_reap(h.call_and_reap(_two_tags, tag="a"), tag="b")(1.0)
+    allclose(out, 4.0)
+    assert_tree_allclose(inner, {"x": 1.0})
+    assert_tree_allclose(outer, {"z": 3.0})
+    # plant of the outer tag reaches through the inner reap
+    out = h.plant(h.call_and_reap(_two_tags, tag="a"), tag="b")({"z": 10.0}, 1.0)
+    allclose(out[0], 11.0)
+
+
+def test_exclusive_removes_other_sows():
+    (out, inner), outer = h.call_and_reap(h.call_and_reap(_two_tags, tag="a", exclusive=True),
+                                          tag="b")(1.0)
+    allclose(out, 4.0)
+    assert_tree_allclose(inner, {"x": 1.0})
+    assert outer == {}
+    # also the filtered names of the same tag
+    outer = h.reap(h.reap(_three, tag=T, allowlist=["x"], exclusive=True), tag=T)(1.0)
+    assert outer == {}
+    # plant / harvest too
+    out, outer = h.call_and_reap(h.plant(_two_tags, tag="a", exclusive=True), tag="b")(
+        {"x": 5.0}, 1.0)
+    allclose(out, 8.0)
+    assert outer == {}
+    (out, inner), outer = h.call_and_reap(h.harvest(_two_tags, tag="a", exclusive=True),
+                                          tag="b")({}, 1.0)
+    assert_tree_allclose(inner, {"x": 1.0})
+    assert outer == {}
+    # no sow left in the jaxpr
+    closed = jax.make_jaxpr(h.reap(_two_tags, tag="a", exclusive=True))(1.0)
+    assert "tag" not in all_prims(closed)
+    closed = jax.make_jaxpr(h.reap(_two_tags, tag="a"))(1.0)
+    assert all_prims(closed).count("tag") == 1
+
+
+def test_plant_keys_matching_no_sow_are_ignored():
+    allclose(h.plant(_basic, tag=T)({"nope": 5.0, "a": 1.0}, 3.0), 2.0)
+    out, reaps = h.harvest(_basic, tag=T)({"nope": jnp.ones(7)}, 3.0)
+    allclose(out, 42.0)
+    assert_tree_allclose(reaps, {"a": 6.0, "b": 7.0})
+
+
+def test_other_tag_plants_ignored():
+    allclose(h.plant(_two_tags, tag="a")({"z": 100.0}, 1.0), 4.0)
+
+
+# ---- nest ---------------------------------------------------------------------------
+
+def _layer(x):
+    return h.sow(x * 2, tag=T, name="h") + 1
+
+
+def test_nest_reaps_under_scope():
+    def f(x):
+        y = h.nest(_layer, scope="l1")(x)
+        y = h.nest(_layer, scope="l2")(y)
+        return h.sow(y, tag=T, name="h")
+
+    out, reaps = h.call_and_reap(f, tag=T)(1.0)
+    allclose(out, 7.0)
+    assert_tree_allclose(reaps, {"l1": {"h": 2.0}, "l2": {"h": 6.0}, "h": 7.0})
+
+
+def test_nest_plants_read_from_scope():
+    def f(x):
+        return h.nest(_layer, scope="l1")(x) + h.sow(x, tag=T, name="h")
+
+    allclose(h.plant(f, tag=T)({"l1": {"h": 10.0}}, 1.0), 11.0 + 1.0)
+    allclose(h.plant(f, tag=T)({"h": 10.0}, 1.0), 3.0 + 10.0)
+    out, reaps = h.harvest(f, tag=T)({"l1": {"h": 10.0}}, 1.0)
+    allclose(out, 12.0)
+    assert_tree_allclose(reaps, {"h": 1.0})
+
+
+def test_nest_nested_scopes():
+    def f(x):
+        return h.nest(h.nest(_layer, scope="inner"), scope="outer")(x)
+
+    assert_tree_allclose(h.reap(f, tag=T)(1.0), {"outer": {"inner": {"h": 2.0}}})
+    allclose(h.plant(f, tag=T)({"outer": {"inner": {"h": 5.0}}}, 1.0), 6.0)
+
+
+@pytest.mark.xfail(strict=True, reason="LEAD: a sow named like a nest scope silently "
+                   "overwrites the scope's reaps in _nest_dict (oryx: 'Variable has already "
+                   "been reaped: s')")
+def test_nest_scope_colliding_with_a_name_is_an_error():
+    def f(x):
+        return h.nest(_layer, scope="s")(x) + h.sow(x, tag=T, name="s")
+
+    raises(ValueError, "already been reaped: s", h.reap(f, tag=T), 1.0)
+
+
+def test_nest_under_jit_and_scan():
+    def f(xs):
+        def body(c, x):
+            return c + h.nest(lambda v: h.sow(v * c, tag=T, name="p", mode="append"),
+                              scope="s")(x), None
+        return jax.lax.scan(body, 1.0, xs)[0]
+
+    xs = jnp.array([1.0, 2.0, 3.0])
+    # c: 1 -> 1+1=2 -> 2+4=6 -> 6+18=24; p = [1, 4, 18]
+    out, reaps = jax.jit(h.call_and_reap(f, tag=T))(xs)
+    allclose(out, 24.0)
+    assert_tree_allclose(reaps, {"s": {"p": np.array([1.0, 4.0, 18.0])}})
+
+
+# ---- modes -------------------------------------------------------------------------
+
+def _twice(mode):
+    def f(x):
+        return h.sow(x, tag=T, name="x", mode=mode) + h.sow(x * 2, tag=T, name="x", mode=mode)
+    return f
+
+
+def test_strict_second_sow_raises_on_reap():
+    raises(ValueError, "^Variable has already been reaped: x$", h.reap(_twice("strict"), tag=T),
+           1.0)
+    raises(ValueError, "^Variable has already been reaped: x$",
+           h.harvest(_twice("strict"), tag=T), {}, 1.0)
+
+
+def test_strict_second_sow_raises_on_plant():
+    raises(ValueError, "^Variable has already been planted: x$",
+           h.plant(_twice("strict"), tag=T), {"x": 1.0}, 1.0)
+    raises(ValueError, "^Variable has already been planted: x$",
+           h.harvest(_twice("strict"), tag=T), {"x": 1.0}, 1.0)
+
+
+def test_plant_ignores_strictness_of_unplanted_names():
+    allclose(h.plant(_twice("strict"), tag=T)({}, 1.0), 3.0)
+    allclose(h.plant(_twice("strict"), tag=T)({"other": 1.0}, 1.0), 3.0)
+
+
+def test_strict_sows_in_different_scopes_are_fine():
+    def f(x):
+        return h.nest(_layer, scope="a")(x) + h.nest(_layer, scope="b")(x)
+
+    assert_tree_allclose(h.reap(f, tag=T)(1.0), {"a": {"h": 2.0}, "b": {"h": 2.0}})
+
+
+def test_strict_twice_in_jit_and_cond_branches():
+    g = jax.jit(lambda x: h.sow(x, tag=T, name="x"))
+    raises(ValueError, "^Variable has already been reaped: x$",
+           h.reap(lambda x: g(x) + g(x), tag=T), 1.0)
+    # one sow per branch is one sow
+    def f(p, x):
+        return jax.lax.cond(p, lambda x: h.sow(x, tag=T, name="x"),
+                            lambda x: h.sow(-x, tag=T, name="x"), x)
+    assert_tree_allclose(h.reap(f, tag=T)(False, 2.0), {"x": -2.0})
+
+
+def test_clobber_last_wins():
+    out, reaps = h.call_and_reap(_twice("clobber"), tag=T)(1.0)
+    allclose(out, 3.0)
+    assert_tree_allclose(reaps, {"x": 2.0})
+
+
+def test_clobber_plant_replaces_every_sow():
+    allclose(h.plant(_twice("clobber"), tag=T)({"x": 5.0}, 1.0), 10.0)
+
+
+def test_append_outside_loops_stacks():
+    x = jnp.array([1.0, 2.0])
+    assert_tree_allclose(h.reap(_twice("append"), tag=T)(x), {"x": np.array([[1, 2], [2, 4.0]])})
+    one = h.reap(lambda x: h.sow(x, tag=T, name="x", mode="append"), tag=T)(x)
+    assert_tree_allclose(one, {"x": np.array([[1.0, 2.0]])})
+
+
+def test_append_outside_loops_plant():
+    x = jnp.array([1.0, 2.0])
+    out = h.plant(_twice("append"), tag=T)({"x": jnp.array([[10.0, 20.0], [30.0, 40.0]])}, x)
+    allclose(out, [40.0, 60.0])
+
+
+def test_cond_clobber_keeps_last_true():
+    def f(x):
+        h.sow_cond(x, True, tag=T, name="c")
+        h.sow_cond(x * 2, x > 5, tag=T, name="c")
+        h.sow_cond(x * 3, x > 0, tag=T, name="c")
+        return h.sow_cond(x * 4, False, tag=T, name="c")
+
+    for x, want in [(1.0, 3.0), (10.0, 30.0), (-1.0, -1.0)]:
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        allclose(out, 4 * x)
+        assert_tree_allclose(reaps, {"c": want})
+
+
+def test_cond_clobber_zeros_if_never_true():
+    def f(x):
+        return h.sow_cond(x + 1, x > 100, tag=T, name="c")
+
+    assert_tree_allclose(h.reap(f, tag=T)(jnp.ones(3)), {"c": np.zeros(3)})
+    assert_tree_allclose(jax.jit(h.reap(f, tag=T))(jnp.full(3, 200.0)), {"c": np.full(3, 201.0)})
+
+
+def test_clobber_and_cond_clobber_mix():
+    def f(x):
+        h.sow(x, tag=T, name="m", mode="clobber")
+        h.sow_cond(x * 2, x > 5, tag=T, name="m")
+        return x
+
+    assert_tree_allclose(h.reap(f, tag=T)(1.0), {"m": 1.0})
+    assert_tree_allclose(h.reap(f, tag=T)(10.0), {"m": 20.0})
+
+
+def _append_in_wrapper(wrap):
+    def f(x):
+        inner = wrap(lambda x: h.sow(x, tag=T, name="a", mode="append") * 2)(x)
+        return inner + h.sow(x + 1, tag=T, name="a", mode="append")
+    return f
+
+
+@pytest.mark.parametrize("wrap", [jax.jit, jax.checkpoint], ids=["jit", "checkpoint"])
+def test_append_inside_jit_and_checkpoint_reap(wrap):
+    assert_tree_allclose(h.reap(_append_in_wrapper(wrap), tag=T)(1.0), {"a": np.array([1.0, 2.0])})
+    g = jax.jit(lambda x: h.sow(x, tag=T, name="a", mode="append"))
+    assert_tree_allclose(h.reap(lambda x: g(x) + g(x * 3), tag=T)(1.0),
+                         {"a": np.array([1.0, 3.0])})
+
+
+_KEY_BUG = ("LEAD: append plant keys collide: a fed key is ('plant', name, occurrence in its "
+            "own jaxpr) and jit/checkpoint pass it up unchanged (scan only appends 'scan'), so "
+            "sows in different sub-jaxprs (or one cached sub-jaxpr called twice) share one key; "
+            "Level.feed dedups it and they all get the same planted row")
+
+
+@pytest.mark.parametrize("wrap", [jax.jit, jax.checkpoint], ids=["jit", "checkpoint"])
+def test_append_inside_jit_and_checkpoint_plant(wrap):
+    # rows in program order: the wrapped sow gets 3, the direct one 5
+    allclose(h.plant(_append_in_wrapper(wrap), tag=T)({"a": jnp.array([3.0, 5.0])}, 1.0), 11.0)
+
+
+def test_append_plant_same_jit_called_twice():
+    g = jax.jit(lambda x: h.sow(x, tag=T, name="a", mode="append"))
+    allclose(h.plant(lambda x: g(x) + g(x) * 10, tag=T)({"a": jnp.array([1.0, 2.0])}, 1.0), 21.0)
+
+
+def _same_body_twice(x):
+    def body(c, _):
+        return c + h.sow(c, tag=T, name="a", mode="append"), None
+    x = jax.lax.scan(body, x, None, length=2)[0]
+    return jax.lax.scan(body, x * 10, None, length=2)[0]
+
+
+def test_append_reap_same_scan_body_twice():
+    out, reaps = h.call_and_reap(_same_body_twice, tag=T)(1.0)
+    allclose(out, 160.0)
+    assert_tree_allclose(reaps, {"a": np.array([1.0, 2.0, 40.0, 80.0])})
+
+
+def test_append_plant_same_scan_body_twice():
+    # first scan: 1 + 0 + 1 = 2; second: 20 + 2 + 3 = 25
+    allclose(h.plant(_same_body_twice, tag=T)({"a": jnp.array([0.0, 1.0, 2.0, 3.0])}, 1.0), 25.0)
+
+
+def test_cond_clobber_plant():
+    def f(x):
+        return h.sow_cond(x + 1, x > 0, tag=T, name="c") * 2
+
+    allclose(h.plant(f, tag=T)({"c": 7.0}, 1.0), 14.0)
+    allclose(h.plant(f, tag=T)({"c": 7.0}, -1.0), 14.0)
+
+
+# ---- scan --------------------------------------------------------------------------
+
+def _scan_fn(x, xs, reverse=False):
+    def body(c, xi):
+        y = h.sow(xi * c, tag=T, name="y", mode="append")
+        c = h.sow(c + 1, tag=T, name="c", mode="clobber")
+        return c, y
+    return jax.lax.scan(body, x, xs, reverse=reverse)
+
+
+def _scan_eager(x, xs, reverse=False):
+    c, ys = x, [None] * len(xs)
+    order = range(len(xs) - 1, -1, -1) if reverse else range(len(xs))
+    for i in order:
+        ys[i] = xs[i] * c
+        c = c + 1
+    return c, np.array(ys)
+
+
+def test_scan_append_and_clobber():
+    xs = np.array([1.0, 2.0, 3.0, 4.0])
+    (c, ys), reaps = h.call_and_reap(_scan_fn, tag=T)(2.0, xs)
+    c_ref, ys_ref = _scan_eager(2.0, xs)
+    allclose(c, c_ref)
+    allclose(ys, ys_ref)
+    assert_tree_allclose(reaps, {"c": c_ref, "y": ys_ref})
+
+
+def test_scan_reverse_aligns_with_xs():
+    xs = np.array([1.0, 2.0, 3.0, 4.0])
+    (c, ys), reaps = h.call_and_reap(functools.partial(_scan_fn, reverse=True), tag=T)(2.0, xs)
+    c_ref, ys_ref = _scan_eager(2.0, xs, reverse=True)
+    allclose(ys, ys_ref)
+    assert_tree_allclose(reaps, {"c": c_ref, "y": ys_ref})
+
+
+def test_nested_scans_stack_outer_inner():
+    def f(x):
+        def outer(c, i):
+            def inner(c2, j):
+                h.sow(c2 * 0 + 10 * i + j, tag=T, name="v", mode="append")
+                return c2 + 1, None
+            return jax.lax.scan(inner, c, jnp.arange(3.0))[0], None
+        return jax.lax.scan(outer, x, jnp.arange(2.0))[0]
+
+    out, reaps = h.call_and_reap(f, tag=T)(0.0)
+    allclose(out, 6.0)
+    assert reaps["v"].shape == (2, 3)
+    allclose(reaps["v"], [[0, 1, 2], [10, 11, 12]])
+
+
+def test_scan_append_with_multiple_sites_and_outside_sow():
+    def f(x):
+        h.sow(x, tag=T, name="v", mode="append")
+        def body(c, xi):
+            h.sow(c, tag=T, name="v", mode="append")
+            return c + xi, None
+        c = jax.lax.scan(body, x, jnp.array([1.0, 2.0]))[0]
+        h.sow(c, tag=T, name="v", mode="append")
+        return c
+
+    # one row per direct sow, one block per scan, in program order
+    assert_tree_allclose(h.reap(f, tag=T)(1.0), {"v": np.array([1.0, 1.0, 2.0, 4.0])})
+
+
+def test_scan_strict_raises():
+    def f(x):
+        return jax.lax.scan(lambda c, _: (h.sow(c, tag=T, name="x"), None), x, None, length=3)[0]
+
+    raises(ValueError, "^Cannot use strict mode for 'x' inside `scan`.$", h.reap(f, tag=T), 1.0)
+    raises(ValueError, "^Cannot use strict mode for 'x' inside `scan`.$", h.plant(f, tag=T),
+           {"x": 1.0}, 1.0)
+    # an unselected strict sow in a scan is fine
+    assert h.reap(f, tag="other")(1.0) == {}
+
+
+def test_zero_length_scan():
+    def f(x):
+        def body(c, xi):
+            return (h.sow(c * xi[0], tag=T, name="c", mode="clobber"),
+                    h.sow(xi, tag=T, name="y", mode="append"))
+        return jax.lax.scan(body, x, jnp.zeros((0, 2)))
+
+    (c, ys), reaps = h.call_and_reap(f, tag=T)(3.0)
+    allclose(c, 3.0)
+    assert ys.shape == (0, 2)
+    assert reaps["y"].shape == (0, 2) and reaps["y"].dtype == jnp.float32
+    allclose(reaps["c"], 0.0)
+
+
+def test_scan_cond_clobber():
+    def f(xs):
+        def body(c, x):
+            h.sow_cond(x * 10, x > 2, tag=T, name="last_big")
+            return c, None
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    assert_tree_allclose(h.reap(f, tag=T)(jnp.array([3.0, 1.0, 4.0, 1.0])), {"last_big": 40.0})
+    assert_tree_allclose(h.reap(f, tag=T)(jnp.array([1.0, 1.0])), {"last_big": 0.0})
+
+
+def test_scan_clobber_plant_every_iteration():
+    def f(x):
+        def body(c, xi):
+            return c + h.sow(xi, tag=T, name="v", mode="clobber"), None
+        return jax.lax.scan(body, x, jnp.arange(4.0))[0]
+
+    allclose(f(0.0), 6.0)
+    allclose(h.plant(f, tag=T)({"v": 10.0}, 0.0), 40.0)
+
+
+def test_fori_loop_and_unrolled_scan():
+    f = lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c + h.sow(c * i, tag=T, name="a",
+                                                                 mode="append"), x)
+    # c: 1 -> 1 + 0 = 1 -> 1 + 1 = 2 -> 2 + 4 = 6
+    out, reaps = h.call_and_reap(f, tag=T)(1.0)
+    allclose(out, 6.0)
+    assert_tree_allclose(reaps, {"a": np.array([0.0, 1.0, 4.0])})
+    g = lambda x, n: jax.lax.fori_loop(0, n, lambda i, c: c + h.sow(c * i, tag=T, name="a",
+                                                                    mode="clobber"), x)
+    assert_tree_allclose(h.reap(g, tag=T)(1.0, 3), {"a": 4.0})
+    u = lambda xs: jax.lax.scan(lambda c, x: (c + h.sow(x, tag=T, name="a", mode="append"),
+                                              None), 0.0, xs, unroll=2)[0]
+    assert_tree_allclose(h.reap(u, tag=T)(jnp.arange(5.0)), {"a": np.arange(5.0)})
+
+
+def test_reap_inside_scan_and_vmap():
+    def f(xs):
+        def body(c, x):
+            out, r = h.call_and_reap(lambda x: h.sow(x * 2, tag=T, name="a") + 1, tag=T)(x)
+            return c + r["a"], out
+        return jax.lax.scan(body, 0.0, xs)
+
+    c, ys = f(jnp.arange(3.0))
+    allclose(c, 6.0)
+    allclose(ys, [1.0, 3.0, 5.0])
+    r = jax.vmap(h.reap(lambda x: h.sow(x * 2, tag=T, name="a"), tag=T))(jnp.arange(3.0))
+    assert_tree_allclose(r, {"a": np.array([0.0, 2.0, 4.0])})
+
+
+def _deep(depth):
+    def f(x):
+        def level(d, x):
+            if d == 0:
+                return h.sow(x, tag=T, name="v", mode="append") + 1.0
+            def body(c, _):
+                return level(d - 1, c), None
+            return jax.lax.scan(body, x, None, length=2)[0]
+        return level(depth, x)
+    return f
+
+
+def test_depth8_nested_scans():
+    out, reaps = h.call_and_reap(_deep(8), tag=T)(0.0)
+    allclose(out, 256.0)
+    assert reaps["v"].shape == (2,) * 8
+    allclose(np.asarray(reaps["v"]).ravel(), np.arange(256.0))
+    check(jax.make_jaxpr(h.reap(_deep(8), tag=T))(0.0))
+
+
+# ---- while_loop ----------------------------------------------------------------------
+
+def _while(x, n, mode="clobber"):
+    def body(c):
+        i, v = c
+        return i + 1, h.sow(v * 2, tag=T, name="v", mode=mode)
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+
+
+def test_while_clobber():
+    out, reaps = h.call_and_reap(_while, tag=T)(1.0, 3)
+    allclose(out, 8.0)
+    assert_tree_allclose(reaps, {"v": 8.0})
+
+
+def test_while_never_runs_reaps_zeros():
+    out, reaps = h.call_and_reap(_while, tag=T)(jnp.full(2, 5.0), 0)
+    allclose(out, [5.0, 5.0])
+    assert_tree_allclose(reaps, {"v": np.zeros(2)})
+
+
+@pytest.mark.parametrize("mode", ["strict", "append"])
+def test_while_requires_clobber(mode):
+    f = functools.partial(_while, mode=mode)
+    msg = "^Must use clobber or cond_clobber mode for 'v' inside of a `while_loop`.$"
+    raises(ValueError, msg, h.reap(f, tag=T), 1.0, 3)
+    raises(ValueError, msg, h.plant(f, tag=T), {"v": 1.0}, 1.0, 3)
+
+
+def test_while_plant_every_iteration():
+    def f(x, n):
+        def body(c):
+            i, acc = c
+            return i + 1, acc + h.sow(x * i, tag=T, name="v", mode="clobber")
+        return jax.lax.while_loop(lambda c: c[0] < n, body, (0, 0.0))[1]
+
+    allclose(f(1.0, 4), 6.0)
+    allclose(h.plant(f, tag=T)({"v": 5.0}, 1.0, 4), 20.0)
+    out, reaps = h.harvest(f, tag=T)({}, 1.0, 4)
+    allclose(out, 6.0)
+    assert_tree_allclose(reaps, {"v": 3.0})
+
+
+def test_while_cond_clobber():
+    def f(x, n):
+        def body(c):
+            i, v = c
+            h.sow_cond(v + i, i % 2 == 1, tag=T, name="odd")
+            return i + 1, v
+        return jax.lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+
+    assert_tree_allclose(h.reap(f, tag=T)(10.0, 5), {"odd": 13.0})
+    assert_tree_allclose(h.reap(f, tag=T)(10.0, 1), {"odd": 0.0})
+
+
+def test_while_sow_in_cond_fn():
+    def f(n):
+        def cond(c):
+            return h.sow(c, tag=T, name="seen", mode="clobber") < n
+        return jax.lax.while_loop(cond, lambda c: c + 1, 0)
+
+    out, reaps = h.call_and_reap(f, tag=T)(3)
+    assert int(out) == 3 and int(reaps["seen"]) == 3
+
+
+def test_while_in_scan_clobber():
+    def f(xs):
+        def body(c, x):
+            v = jax.lax.while_loop(lambda v: v < x,
+                                   lambda v: h.sow(v + 1, tag=T, name="w", mode="clobber"), 0.0)
+            return c + v, h.sow(v, tag=T, name="a", mode="append")
+        return jax.lax.scan(body, 0.0, xs)
+
+    (c, ys), reaps = h.call_and_reap(f, tag=T)(jnp.array([2.0, 0.0, 3.0]))
+    allclose(c, 5.0)
+    assert_tree_allclose(reaps, {"w": 3.0, "a": np.array([2.0, 0.0, 3.0])})
+
+
+# ---- cond / switch -------------------------------------------------------------------
+
+def _switch(mk):
+    def f(p, x):
+        return jax.lax.switch(p, [functools.partial(mk, i) for i in range(3)], x)
+    return f
+
+
+def test_switch_reaps_taken_branch():
+    f = _switch(lambda i, x: h.sow(x * (i + 1), tag=T, name="a") + i)
+    for i in range(3):
+        out, reaps = h.call_and_reap(f, tag=T)(i, 2.0)
+        allclose(out, 2.0 * (i + 1) + i)
+        assert_tree_allclose(reaps, {"a": 2.0 * (i + 1)})
+
+
+def test_cond_plant_goes_into_every_branch():
+    f = _switch(lambda i, x: h.sow(x * (i + 1), tag=T, name="a") + i)
+    for i in range(3):
+        allclose(h.plant(f, tag=T)({"a": 7.0}, i, 2.0), 7.0 + i)
+    g = lambda p, x: jax.lax.cond(p, lambda x: h.sow(x, tag=T, name="a") * 2,
+                                  lambda x: h.sow(x + 1, tag=T, name="a") * 3, x)
+    allclose(h.plant(g, tag=T)({"a": 5.0}, True, 1.0), 10.0)
+    allclose(h.plant(g, tag=T)({"a": 5.0}, False, 1.0), 15.0)
+
+
+_OCC_BUG = ("LEAD: append sows in cond branches: _Sites.occurrence is keyed by id(level); "
+            "the first branch's Level is freed and its id reused by the next branch, so "
+            "branch 2 collects ('reap','a',1) vs ('reap','a',0) -> 'Mismatching number of "
+            "`sow`s between branches.'")
+
+
+def test_cond_append_reap():
+    f = _switch(lambda i, x: h.sow(x * (i + 1), tag=T, name="a", mode="append"))
+    for i in range(3):
+        assert_tree_allclose(h.reap(f, tag=T)(i, 2.0), {"a": np.array([2.0 * (i + 1)])})
+
+
+def test_cond_append_plant():
+    f = _switch(lambda i, x: h.sow(x * (i + 1), tag=T, name="a", mode="append") + i)
+    for i in range(3):
+        allclose(h.plant(f, tag=T)({"a": jnp.array([9.0])}, i, 2.0), 9.0 + i)
+
+
+def test_cond_clobber_in_cond_branches():
+    g = _switch(lambda i, x: h.sow_cond(x * (i + 1), i == 1, tag=T, name="c"))
+    for i in range(3):
+        assert_tree_allclose(h.reap(g, tag=T)(i, 2.0), {"c": 4.0 if i == 1 else 0.0})
+    k = _switch(lambda i, x: h.sow(x * (i + 1), tag=T, name="k", mode="clobber"))
+    for i in range(3):
+        assert_tree_allclose(h.reap(k, tag=T)(i, 2.0), {"k": 2.0 * (i + 1)})
+
+
+def _cond_in_scan(xs):
+    def body(c, x):
+        y = jax.lax.cond(x > 0, lambda x: h.sow(x, tag=T, name="y", mode="append"),
+                         lambda x: h.sow(-x * 10, tag=T, name="y", mode="append"), x)
+        return c + y, None
+    return jax.lax.scan(body, 0.0, xs)[0]
+
+
+def test_cond_inside_scan_reap():
+    xs = jnp.array([1.0, -2.0, 3.0])
+    out, reaps = h.call_and_reap(_cond_in_scan, tag=T)(xs)
+    allclose(out, 24.0)
+    assert_tree_allclose(reaps, {"y": np.array([1.0, 20.0, 3.0])})
+
+
+def test_cond_inside_scan_plant():
+    xs = jnp.array([1.0, -2.0, 3.0])
+    allclose(_cond_in_scan(xs), 24.0)
+    allclose(h.plant(_cond_in_scan, tag=T)({"y": jnp.array([1.0, 2.0, 4.0])}, xs), 7.0)
+
+
+def test_cond_missing_sow():
+    f = _switch(lambda i, x: h.sow(x, tag=T, name="a" if i != 1 else "b"))
+    raises(ValueError, "^Missing sow in branch: 'a'.$", h.reap(f, tag=T), 0, 2.0)
+
+
+def test_cond_mismatching_number():
+    f = _switch(lambda i, x: h.sow(x, tag=T, name="a") + (
+        h.sow(x, tag=T, name="b") if i == 1 else 0.0))
+    raises(ValueError, r"^Mismatching number of `sow`s between branches.$", h.reap(f, tag=T),
+           0, 2.0)
+    g = _switch(lambda i, x: h.sow(x, tag=T, name="a") if i != 2 else x)
+    raises(ValueError, r"^Mismatching number of `sow`s between branches.$", h.reap(g, tag=T),
+           0, 2.0)
+
+
+def test_cond_mismatched_shape():
+    f = _switch(lambda i, x: x + h.sow(x if i != 1 else x[0], tag=T, name="a"))
+    raises(ValueError, "^Mismatched shape between branches: 'a'.$", h.reap(f, tag=T), 0,
+           jnp.ones(2))
+
+
+def test_cond_mismatched_dtype():
+    f = _switch(lambda i, x: x + h.sow(x if i != 1 else x.astype(jnp.int32), tag=T, name="a"))
+    raises(ValueError, "^Mismatched dtype between branches: 'a'.$", h.reap(f, tag=T), 0,
+           jnp.ones(2))
+
+
+def test_cond_checks_ignore_unselected_names():
+    f = _switch(lambda i, x: h.sow(x, tag=T, name="a") + (
+        h.sow(x, tag=T, name="b") if i == 1 else 0.0))
+    assert_tree_allclose(h.reap(f, tag=T, blocklist=["b"])(1, 2.0), {"a": 2.0})
+    assert_tree_allclose(h.reap(f, tag="other")(1, 2.0), {})
+
+
+# ---- jit -----------------------------------------------------------------------------
+
+def _jit_nested(x):
+    @jax.jit
+    def inner(x):
+        return h.sow(jnp.sin(x), tag=T, name="s") * 2
+
+    @jax.jit
+    def outer(x):
+        return inner(x) + h.sow(x * 3, tag=T, name="t")
+
+    return outer(x)
+
+
+def test_reap_through_nested_jit_keeps_jit():
+    out, reaps = h.call_and_reap(_jit_nested, tag=T)(0.5)
+    allclose(out, 2 * np.sin(0.5) + 1.5, rtol=1e-6)
+    assert_tree_allclose(reaps, {"s": np.sin(0.5), "t": 1.5})
+    closed = checked_jaxpr(h.reap(_jit_nested, tag=T), 0.5)
+    assert set(top_prims(closed)) & {"jit", "pjit"}
+    assert all_prims(closed).count("jit") + all_prims(closed).count("pjit") == 2
+
+
+def test_plant_through_nested_jit():
+    allclose(h.plant(_jit_nested, tag=T)({"s": 10.0}, 0.5), 21.5)
+    allclose(h.plant(_jit_nested, tag=T)({"t": 10.0}, 0.5), 2 * np.sin(0.5) + 10, rtol=1e-6)
+
+
+def test_jit_of_reap_plant_harvest():
+    x = jnp.arange(3.0)
+    xs = np.arange(3.0)
+    allclose(jax.jit(h.reap(_scan_fn, tag=T))(2.0, x)["y"], _scan_eager(2.0, xs)[1])
+    allclose(jax.jit(h.plant(_basic, tag=T))({"a": 10.0}, 3.0), 110.0)
+    out, reaps = jax.jit(h.harvest(_basic, tag=T))({"a": 10.0}, 3.0)
+    allclose(out, 110.0)
+    assert_tree_allclose(reaps, {"b": 11.0})
+    out = jax.jit(h.plant(_scan_fn, tag=T))({"y": jnp.array([7.0, 8.0, 9.0])}, 2.0, x)
+    allclose(out[1], [7.0, 8.0, 9.0])
+
+
+def test_check_jaxpr_of_transforms():
+    x = jnp.arange(3.0)
+    checked_jaxpr(h.reap(_basic, tag=T), 1.0)
+    checked_jaxpr(h.reap(_scan_fn, tag=T), 2.0, x)
+    checked_jaxpr(functools.partial(h.plant(_scan_fn, tag=T), {"y": x, "c": 1.0}), 2.0, x)
+    checked_jaxpr(h.reap(_while, tag=T), 1.0, 3)
+    checked_jaxpr(h.reap(_switch(lambda i, x: h.sow(x * i, tag=T, name="a")), tag=T), 1, 2.0)
+    checked_jaxpr(h.reap(jax.checkpoint(_basic), tag=T), 1.0)
+
+
+# ---- vmap ----------------------------------------------------------------------------
+
+def _vg(x):
+    a = h.sow(x ** 2, tag=T, name="a")
+    def body(c, xi):
+        return c + xi, h.sow(c * x, tag=T, name="b", mode="append")
+    c, _ = jax.lax.scan(body, 0.0, jnp.arange(3.0))
+    return h.sow_cond(a + c, x > 1, tag=T, name="c")
+
+
+def test_reap_of_vmap_equals_vmap_of_reap():
+    xs = jnp.array([0.5, 1.5, 2.5, -3.0])
+    xn = np.asarray(xs)
+    got = h.reap(jax.vmap(_vg), tag=T, blocklist=["b"])(xs)
+    want = jax.vmap(h.reap(_vg, tag=T, blocklist=["b"]))(xs)
+    assert_tree_allclose(got, want)
+    # a = x^2; the c-sow only when x > 1 (a + c with c = 0 + 0 + 1 + 2 = 3)
+    assert_tree_allclose(got, {"a": xn ** 2, "c": np.where(xn > 1, xn ** 2 + 3, 0.0)})
+    assert_tree_allclose(jax.jit(h.reap(jax.vmap(_vg), tag=T, blocklist=["b"]))(xs), want)
+
+
+def test_reap_of_vmap_append_layout():
+    """append under vmap: reap(vmap(g)) stacks the per-sow batched values, so the
+    stack axis comes first and the batch axis second (as in oryx); vmap(reap(g))
+    has the batch axis first."""
+    xs = jnp.array([0.5, 1.5, 2.5, -3.0])
+    xn = np.asarray(xs)
+    got = h.reap(jax.vmap(_vg), tag=T, allowlist=["b"])(xs)["b"]
+    want = jax.vmap(h.reap(_vg, tag=T, allowlist=["b"]))(xs)["b"]
+    # b_i = c_i * x with c = 0, 0, 1
+    allclose(want, np.outer(xn, [0.0, 0.0, 1.0]))
+    allclose(got, np.asarray(want).T)
+
+
+def test_vmap_of_plant():
+    xs = jnp.array([0.5, 1.5])
+    out = jax.vmap(lambda x, a: h.plant(_vg, tag=T)({"a": a}, x))(xs, jnp.array([10.0, 20.0]))
+    allclose(out, [13.0, 23.0])
+
+
+# ---- grad ----------------------------------------------------------------------------
+
+def test_int_sow_under_grad():
+    def f(x):
+        i = h.sow(jnp.int32(3) + jnp.floor(x).astype(jnp.int32), tag=T, name="i")
+        return x * i
+
+    out, reaps = h.call_and_reap(jax.grad(f), tag=T)(2.5)
+    allclose(out, 5.0)
+    assert reaps["i"].dtype == jnp.int32 and int(reaps["i"]) == 5
+    allclose(jax.grad(lambda x: h.call_and_reap(f, tag=T)(x)[0])(2.5), 5.0)
+    allclose(jax.grad(lambda x: h.plant(f, tag=T)({"i": jnp.int32(7)}, x))(2.5), 7.0)
+
+
+def test_reap_of_function_calling_grad_reaps_primal():
+    def f(x):
+        return jax.grad(lambda y: h.sow(y ** 2, tag=T, name="a") * 3)(x)
+
+    out, reaps = h.call_and_reap(f, tag=T)(2.0)
+    allclose(out, 12.0)
+    assert_tree_allclose(reaps, {"a": 4.0})
+
+
+def test_reap_of_grad_of_scan():
+    def f(x):
+        def loss(x):
+            def body(c, xi):
+                return c * h.sow(x + xi, tag=T, name="v", mode="append"), None
+            return jax.lax.scan(body, 1.0, jnp.arange(3.0))[0]
+        return jax.grad(loss)(x)
+
+    # loss = x (x+1) (x+2), d/dx = 3x^2 + 6x + 2
+    out, reaps = h.call_and_reap(f, tag=T)(2.0)
+    allclose(out, 26.0)
+    assert_tree_allclose(reaps, {"v": np.array([2.0, 3.0, 4.0])})
+
+
+def test_grad_of_reaped_value():
+    def f(x):
+        return h.sow(jnp.sin(x) * x, tag=T, name="a") + 1
+
+    g = jax.grad(lambda x: h.reap(f, tag=T)(x)["a"])(0.7)
+    allclose(g, np.cos(0.7) * 0.7 + np.sin(0.7), rtol=1e-6)
+    gs = jax.grad(lambda x: h.reap(_scan_fn, tag=T)(x, jnp.arange(3.0))["y"].sum())(2.0)
+    allclose(gs, 0 + 1 + 2)
+
+
+def test_grad_of_plant_wrt_plants():
+    def f(x):
+        a = h.sow(x * 2, tag=T, name="a")
+        return a ** 2 + jnp.sin(h.sow(a * x, tag=T, name="b", mode="clobber"))
+
+    g = jax.grad(lambda p: h.plant(f, tag=T)({"a": p}, 1.5))(3.0)
+    allclose(g, 2 * 3.0 + np.cos(3.0 * 1.5) * 1.5, rtol=1e-6)
+    gb = jax.grad(lambda p: h.plant(f, tag=T)({"b": p}, 1.5))(0.3)
+    allclose(gb, np.cos(0.3), rtol=1e-6)
+    # and w.r.t. x: the planted value is a constant
+    gx = jax.grad(lambda x: h.plant(f, tag=T)({"a": 3.0}, x))(1.5)
+    allclose(gx, np.cos(3.0 * 1.5) * 3.0, rtol=1e-6)
+
+
+def test_grad_of_plant_append_in_scan():
+    def f(x, xs):
+        def body(c, xi):
+            return c + h.sow(xi * x, tag=T, name="v", mode="append") ** 2, None
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    p = jnp.array([1.0, 2.0, 3.0])
+    g = jax.grad(lambda p: h.plant(f, tag=T)({"v": p}, 2.0, jnp.ones(3)))(p)
+    allclose(g, 2 * np.array([1.0, 2.0, 3.0]))
+
+
+# ---- custom_jvp / custom_vjp ----------------------------------------------------------
+
+@jax.custom_jvp
+def _cjvp(x):
+    return h.sow(jnp.sin(x), tag=T, name="s") * 2
+
+
+@_cjvp.defjvp
+def _cjvp_rule(primals, tangents):
+    (x,), (t,) = primals, tangents
+    h.sow(t * 3, tag=T, name="jvp_t")  # a tangent: linear, gone under grad (as in oryx)
+    h.sow(jnp.cos(x), tag=T, name="jvp_x")  # a primal value
+    return _cjvp(x), 10.0 * t  # deliberately not the true derivative
+
+
+@jax.custom_vjp
+def _cvjp(x):
+    return h.sow(jnp.sin(x), tag=T, name="s") * 2
+
+
+def _cvjp_fwd(x):
+    return h.sow(jnp.sin(x) * 2, tag=T, name="fwd"), x
+
+
+def _cvjp_bwd(x, g):
+    return (h.sow(7.0 * g, tag=T, name="bwd"),)
+
+
+_cvjp.defvjp(_cvjp_fwd, _cvjp_bwd)
+
+
+@pytest.mark.parametrize("fn", [_cjvp, _cvjp], ids=["custom_jvp", "custom_vjp"])
+def test_custom_rule_reap_and_rule_kept(fn):
+    user_grad = 10.0 if fn is _cjvp else 7.0
+    out, reaps = h.call_and_reap(fn, tag=T)(0.5)
+    allclose(out, 2 * np.sin(0.5), rtol=1e-6)
+    assert_tree_allclose(reaps, {"s": np.sin(0.5)})
+    # user rule kept: the derivative of the reaped function's output
+    allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[0])(0.5), user_grad)
+    allclose(jax.jit(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[0]))(0.5), user_grad)
+    # plant: output is the planted value times 2; the rule still gives the gradient in x
+    allclose(h.plant(fn, tag=T)({"s": 4.0}, 0.5), 8.0)
+    allclose(jax.grad(lambda x: h.plant(fn, tag=T)({"s": 4.0}, x))(0.5), user_grad)
+    # ... and the derivative w.r.t. the plant flows through the function body
+    allclose(jax.grad(lambda p: h.plant(fn, tag=T)({"s": p}, 0.5))(4.0), 2.0)
+    check(jax.make_jaxpr(h.reap(fn, tag=T))(0.5))
+
+
+def test_custom_jvp_sows_in_jvp_rule_reaped():
+    out, reaps = h.call_and_reap(lambda x: jax.jvp(_cjvp, (x,), (2.0,)), tag=T)(0.5)
+    allclose(out[0], 2 * np.sin(0.5), rtol=1e-6)
+    allclose(out[1], 20.0)
+    assert_tree_allclose(reaps, {"jvp_t": 6.0, "jvp_x": np.cos(0.5), "s": np.sin(0.5)})
+    out, reaps = h.call_and_reap(jax.grad(_cjvp), tag=T)(0.5)
+    allclose(out, 10.0)
+    # under grad the tangent sow is transposed away (oryx drops it too)
+    assert_tree_allclose(reaps, {"jvp_x": np.cos(0.5), "s": np.sin(0.5)})
+
+
+def test_custom_vjp_sows_in_fwd_and_bwd_reaped():
+    out, reaps = h.call_and_reap(jax.grad(_cvjp), tag=T)(0.5)
+    allclose(out, 7.0)
+    assert_tree_allclose(reaps, {"fwd": 2 * np.sin(0.5), "bwd": 7.0})
+    # through jax.vjp too
+    def f(x):
+        y, vjp = jax.vjp(_cvjp, x)
+        return y, vjp(3.0)[0]
+    (y, g), reaps = h.call_and_reap(f, tag=T)(0.5)
+    allclose(g, 21.0)
+    assert_tree_allclose(reaps, {"fwd": 2 * np.sin(0.5), "bwd": 21.0})
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_append_sow_in_custom_rule_function(kind):
+    body = lambda x: h.sow(x * 2, tag=T, name="a", mode="append") + 1
+    if kind == "custom_jvp":
+        fn = jax.custom_jvp(body)
+        fn.defjvp(lambda p, t: (fn(p[0]), t[0]))
+    else:
+        fn = jax.custom_vjp(body)
+        fn.defvjp(lambda x: (fn(x), None), lambda _, g: (g,))
+    try:
+        reaps = h.reap(fn, tag=T)(1.0)
+    except ValueError as e:
+        assert kind in str(e) and "while_loop" not in str(e), str(e)
+        jax_still_works()
+    else:
+        assert_tree_allclose(reaps, {"a": np.array([2.0])})
+
+
+def test_custom_vjp_in_scan_reap():
+    def f(xs):
+        def body(c, x):
+            return c + _cvjp(x), None
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    xs = jnp.array([0.1, 0.2])
+    with pytest.raises(ValueError, match="Cannot use strict mode for 's' inside `scan`."):
+        h.reap(f, tag=T)(xs)
+    jax_still_works()
+
+
+# ---- checkpoint ----------------------------------------------------------------------
+
+def _ckpt(x):
+    return jax.checkpoint(lambda x: jnp.sin(h.sow(x * x, tag=T, name="sq")) * 2)(x)
+
+
+def test_checkpoint_reap_and_plant():
+    out, reaps = h.call_and_reap(_ckpt, tag=T)(1.5)
+    allclose(out, 2 * np.sin(2.25), rtol=1e-6)
+    assert_tree_allclose(reaps, {"sq": 2.25})
+    allclose(h.plant(_ckpt, tag=T)({"sq": 0.5}, 1.5), 2 * np.sin(0.5), rtol=1e-6)
+
+
+def test_checkpoint_under_grad():
+    # reap of a function that differentiates through checkpoint
+    out, reaps = h.call_and_reap(jax.grad(_ckpt), tag=T)(1.5)
+    allclose(out, 2 * np.cos(2.25) * 3.0, rtol=1e-6)
+    assert_tree_allclose(reaps, {"sq": 2.25})
+    # grad of the reaped output / of the plant
+    allclose(jax.grad(lambda x: h.call_and_reap(_ckpt, tag=T)(x)[0])(1.5),
+             2 * np.cos(2.25) * 3.0, rtol=1e-6)
+    allclose(jax.grad(lambda x: h.reap(_ckpt, tag=T)(x)["sq"])(1.5), 3.0)
+    allclose(jax.grad(lambda p: h.plant(_ckpt, tag=T)({"sq": p}, 1.5))(0.5), 2 * np.cos(0.5),
+             rtol=1e-6)
+
+
+def test_nested_checkpoint_in_scan():
+    def f(xs):
+        def body(c, x):
+            inner = jax.checkpoint(lambda c, x: c + h.sow(jnp.sin(x) * c, tag=T, name="v",
+                                                        mode="append"))
+            return jax.checkpoint(inner)(c, x), None
+        return jax.lax.scan(body, 1.0, xs)[0]
+
+    xs = jnp.array([0.1, 0.2, 0.3])
+    c, vs = 1.0, []
+    for x in np.asarray(xs):
+        vs.append(np.sin(x) * c)
+        c = c + vs[-1]
+    out, reaps = h.call_and_reap(f, tag=T)(xs)
+    allclose(out, c, rtol=1e-6)
+    assert_tree_allclose(reaps, {"v": np.array(vs)})
+    gr = jax.grad(lambda xs: h.reap(f, tag=T)(xs)["v"].sum())(xs)
+    allclose(gr, jax.grad(f)(xs), rtol=1e-6)  # sum(v) = out - 1
+    p = jnp.array([1.0, 2.0, 3.0])
+    allclose(h.plant(f, tag=T)({"v": p}, xs), 7.0)
+    gp = jax.grad(lambda p: h.plant(f, tag=T)({"v": p}, xs))(p)
+    allclose(gp, np.ones(3))
+    check(jax.make_jaxpr(h.reap(f, tag=T))(xs))
+    check(jax.make_jaxpr(jax.grad(lambda xs: h.reap(f, tag=T)(xs)["v"].sum()))(xs))
+
+
+# ---- better than oryx ----------------------------------------------------------------
+
+def test_plant_shape_checked():
+    raises(ValueError, "'a'", h.plant(_basic, tag=T), {"a": jnp.ones(3)}, 3.0)
+    raises(ValueError, "'a'", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
+           {"a": jnp.ones((2, 2))}, jnp.ones(2))
+
+
+def test_plant_dtype_checked():
+    raises(ValueError, "'i'", h.plant(lambda x: h.sow(x, tag=T, name="i") + 1, tag=T),
+           {"i": jnp.float32(1.0)}, jnp.int32(1))
+    raises(ValueError, "'a'", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
+           {"a": jnp.int32(3)}, jnp.float32(1))
+
+
+def test_plant_python_scalars_accepted():
+    allclose(h.plant(lambda x: h.sow(x * 2, tag=T, name="a") + 1, tag=T)({"a": 5.0},
+                                                                          jnp.float32(1)), 6.0)
+    allclose(h.plant(lambda x: h.sow(x * 2, tag=T, name="a") + 1, tag=T)({"a": 5},
+                                                                          jnp.int32(1)), 6)
+
+
+def test_plant_append_shape_checked():
+    f = lambda x: jax.lax.scan(lambda c, xi: (c + h.sow(xi, tag=T, name="v", mode="append"),
+                                               None), x, jnp.arange(3.0))[0]
+    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones(2)}, 0.0)
+    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones((3, 2))}, 0.0)
+    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones(3, jnp.int32)}, 0.0)
+
+
+def test_plant_append_leading_size_checked():
+    f = lambda x: jax.lax.scan(lambda c, xi: (c + h.sow(xi, tag=T, name="v", mode="append"),
+                                               None), x, jnp.arange(3.0))[0]
+    with pytest.raises(ValueError, match="'v'"):
+        h.plant(f, tag=T)({"v": jnp.ones(4)}, 0.0)
+    g = _twice("append")
+    with pytest.raises(ValueError, match="'x'"):
+        h.plant(g, tag=T)({"x": jnp.ones((1, 2))}, jnp.ones(2))
+    with pytest.raises(ValueError, match="'x'"):
+        h.plant(g, tag=T)({"x": jnp.ones((3, 2))}, jnp.ones(2))
+
+
+def test_plant_append_inside_scan():
+    xs = jnp.arange(4.0)
+    (c, ys) = h.plant(_scan_fn, tag=T)({"y": jnp.array([10.0, 20.0, 30.0, 40.0])}, 2.0, xs)
+    allclose(ys, [10.0, 20.0, 30.0, 40.0])
+    allclose(c, 6.0)
+    # with reverse: the plant is aligned with xs too
+    (c, ys) = h.plant(functools.partial(_scan_fn, reverse=True), tag=T)(
+        {"y": jnp.array([10.0, 20.0, 30.0, 40.0])}, 2.0, xs)
+    allclose(ys, [10.0, 20.0, 30.0, 40.0])
+    # per-iteration values feed the carry
+    def g(x):
+        def body(c, xi):
+            return c + h.sow(c * xi, tag=T, name="v", mode="append"), None
+        return jax.lax.scan(body, x, jnp.ones(3))[0]
+    allclose(h.plant(g, tag=T)({"v": jnp.array([1.0, 2.0, 4.0])}, 5.0), 12.0)
+
+
+def test_plant_append_nested_scans():
+    def f(x):
+        def outer(c, _):
+            def inner(c2, _):
+                return c2 + h.sow(c2, tag=T, name="v", mode="append"), None
+            return jax.lax.scan(inner, c, None, length=3)[0], None
+        return jax.lax.scan(outer, x, None, length=2)[0]
+
+    p = jnp.arange(6.0).reshape(2, 3)
+    allclose(h.plant(f, tag=T)({"v": p}, 1.0), 1.0 + 15.0)
+    out, reaps = h.harvest(f, tag=T)({}, 1.0)
+    allclose(out, 64.0)
+    allclose(reaps["v"], [[1, 2, 4], [8, 16, 32.0]])
+
+
+def _sm_mesh():
+    return Mesh(np.array(jax.devices()[:4]), ("x",))
+
+
+def test_shard_map_replicated_sow():
+    def body(x):
+        total = h.sow(jax.lax.psum(jnp.sum(x), "x"), tag=T, name="total")
+        return x * 2 + total
+
+    f = shard_map()(body, mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    x = jnp.arange(8.0)
+    out, reaps = h.call_and_reap(f, tag=T)(x)
+    allclose(out, np.arange(8.0) * 2 + 28.0)
+    assert_tree_allclose(reaps, {"total": 28.0})
+    out, reaps = jax.jit(h.call_and_reap(f, tag=T))(x)
+    assert_tree_allclose(reaps, {"total": 28.0})
+    allclose(h.plant(f, tag=T)({"total": 100.0}, x), np.arange(8.0) * 2 + 100.0)
+    check(jax.make_jaxpr(h.reap(f, tag=T))(x))
+
+
+def test_shard_map_with_scan_inside_and_outside():
+    def body(x):
+        def sb(c, xi):
+            return c + h.sow(jax.lax.psum(xi, "x"), tag=T, name="s", mode="clobber"), None
+        return x + jax.lax.scan(sb, 0.0, x)[0]
+
+    f = shard_map()(body, mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    # shard k holds [2k, 2k+1]: the psums are 0+2+4+6 = 12 then 1+3+5+7 = 16
+    out, reaps = h.call_and_reap(f, tag=T)(jnp.arange(8.0))
+    allclose(out, np.arange(8.0) + 28.0)
+    assert_tree_allclose(reaps, {"s": 16.0})
+
+    def outer(xs):
+        g = shard_map()(lambda v: v + h.sow(jax.lax.psum(jnp.sum(v), "x"), tag=T, name="s",
+                                            mode="clobber"),
+                        mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+        return jax.lax.scan(lambda c, x: (c + g(x).sum(), None), 0.0, xs)[0]
+
+    xs = jnp.stack([jnp.ones(8), 2 * jnp.ones(8)])
+    out, reaps = h.call_and_reap(outer, tag=T)(xs)
+    allclose(out, 8 * (1 + 8) + 8 * (2 + 16))
+    assert_tree_allclose(reaps, {"s": 16.0})
+
+
+def test_shard_map_grad_of_reaped_value():
+    f = shard_map()(lambda x: x * 2 + h.sow(jax.lax.psum(jnp.sum(x ** 2), "x"), tag=T, name="s"),
+                    mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    g = jax.grad(lambda x: h.reap(f, tag=T)(x)["s"])(jnp.arange(8.0))
+    allclose(g, 2 * np.arange(8.0))
+
+
+@pytest.mark.xfail(strict=True, reason="LEAD: plant into a sow whose value varies across "
+                   "shard_map shards: the replicated planted value is not pvary'd to the sow's "
+                   "type, JAX fails with 'Primitive add requires varying manual axes to match' "
+                   "(an internal-looking error, not a taxpr one)")
+def test_shard_map_plant_into_varying_sow():
+    f = shard_map()(lambda x: x + h.sow(jnp.sum(x), tag=T, name="s"), mesh=_sm_mesh(),
+                    in_specs=P("x"), out_specs=P("x"))
+    try:
+        out = h.plant(f, tag=T)({"s": 5.0}, jnp.arange(8.0))
+    except ValueError as e:
+        assert "'s'" in str(e) and "shard_map" in str(e), str(e)
+        jax_still_works()
+    else:
+        allclose(out, np.arange(8.0) + 5.0)
+
+
+def test_shard_map_varying_sow_is_clear_error():
+    f = shard_map()(lambda x: x + h.sow(jnp.sum(x), tag=T, name="s"), mesh=_sm_mesh(),
+                    in_specs=P("x"), out_specs=P("x"))
+    raises(ValueError, "'s'.*shard_map", h.reap(f, tag=T), jnp.arange(8.0))
+
+
+def test_shard_map_append_sow_error_names_shard_map():
+    f = shard_map()(lambda x: x + h.sow(jax.lax.psum(jnp.sum(x), "x"), tag=T, name="s",
+                                        mode="append"),
+                    mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    raises(ValueError, "'s'.*shard_map", h.reap(f, tag=T), jnp.arange(8.0))
+
+
+def test_shard_map_sow_never_silently_ignored():
+    f = shard_map()(lambda x: x + h.sow(jax.lax.psum(jnp.sum(x), "x"), tag=T, name="s",
+                                        mode="append"),
+                    mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    try:
+        reaps = h.reap(f, tag=T)(jnp.arange(8.0))
+    except ValueError:
+        jax_still_works()
+    else:
+        assert_tree_allclose(reaps, {"s": np.array([28.0])})
+
+
+def test_errors_leave_jax_working_after_each_error():
+    bad = [
+        (h.reap(_twice("strict"), tag=T), (1.0,)),
+        (h.reap(functools.partial(_while, mode="append"), tag=T), (1.0, 3)),
+        (h.reap(_switch(lambda i, x: h.sow(x, tag=T, name=str(i))), tag=T), (0, 1.0)),
+        (h.plant(_basic, tag=T), ({"a": jnp.ones(2)}, 1.0)),
+    ]
+    for fn, args in bad:
+        with pytest.raises(ValueError):
+            fn(*args)
+        with pytest.raises(ValueError):
+            jax.jit(fn)(*args)
+        jax_still_works()
+        # harvest itself still works too
+        assert_tree_allclose(h.reap(_basic, tag=T)(3.0), {"a": 6.0, "b": 7.0})
+
+
+# ---- cost: linear in nesting depth (no timing: just that it is quick) --------------------
+
+def test_deep_nesting_jaxpr_size_linear():
+    sizes = [len(all_prims(jax.make_jaxpr(h.reap(_deep(d), tag=T))(0.0))) for d in (4, 8)]
+    assert sizes[1] <= 2.5 * sizes[0], sizes
