@@ -162,6 +162,29 @@ class _InjectSites:
         return list(new_ctx)
 
 
+def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
+                  rebuild: Callable | None = None) -> tuple[Any, Any]:
+    """Trace ``fn(*args, **kwargs)`` (``(args, kwargs)`` flattened to
+    ``in_tree`` / ``in_avals``; ``rebuild`` re-inserts static leaves) with kept
+    tags, as every taxpr transformation does.
+
+    Returns:
+        ``(closed_jaxpr, out_tree)``.
+    """
+    out_tree = []
+
+    def flat(*leaves):
+        tree = jax.tree_util.tree_unflatten(in_tree, leaves)
+        args, kwargs = rebuild(tree) if rebuild else tree
+        out, t = jax.tree_util.tree_flatten(fn(*args, **kwargs))
+        out_tree.append(t)
+        return out
+
+    with keep_tags():
+        closed = _compat.trace_flat(flat, in_avals, name)
+    return closed, out_tree[0]
+
+
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
            predicate: Predicate | None = None) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
@@ -219,18 +242,9 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
         key = (ctx_tree, ctx_avals, arg_tree, arg_avals)
         hit = cache.get(key)
         if hit is None:
-            out_tree = []
-
-            def flat(*leaves):
-                a, k = jax.tree_util.tree_unflatten(arg_tree, leaves)
-                out_leaves, tree = jax.tree_util.tree_flatten(fn(*a, **k))
-                out_tree.append(tree)
-                return out_leaves
-
-            with keep_tags():
-                closed = _compat.trace_flat(flat, arg_avals)
+            closed, out_tree = trace_program(fn, arg_tree, arg_avals)
             spec = jax.tree_util.tree_unflatten(ctx_tree, ctx_avals)
-            hit = (inject(closed, injector, spec, predicate), out_tree[0])
+            hit = (inject(closed, injector, spec, predicate), out_tree)
             cache[key] = hit
         new, out_tree = hit
         outs = _compat.jaxpr_as_fun(new)(*ctx_leaves, *arg_leaves)

@@ -24,7 +24,7 @@ import numpy as np
 from . import _compat
 from ._engine import format_path
 from ._find import find_tags
-from ._inject import inject
+from ._inject import inject, trace_program
 from . import _traverse
 from .primitives._tag import BATCHED, keep_tags, tag, tag_p
 
@@ -207,22 +207,14 @@ class _Traced:
     """One traced signature of ``uncurry``'s function."""
 
     def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
-        out_tree = []
-
-        def flat(*leaves):
-            a, k = eqx.combine(jax.tree_util.tree_unflatten(dyn_tree, leaves), static)
-            out_leaves, tree = jax.tree_util.tree_flatten(fn(*a, **k))
-            out_tree.append(tree)
-            return out_leaves
-
         _INITS.seen = {}
         try:
-            with keep_tags():
-                self.closed = _compat.trace_flat(flat, dyn_avals, getattr(fn, "__name__", "fn"))
+            self.closed, self.out_tree = trace_program(
+                fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
+                rebuild=lambda dyn: eqx.combine(dyn, static))
             self.inits = _INITS.seen
         finally:
             _INITS.seen = None
-        self.out_tree = out_tree[0]
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 

@@ -28,8 +28,9 @@ from jax._src import core
 
 from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
-from ._find import dissolve_tags, tag_shape
-from .primitives._tag import TREE, keep_tags, tag, tag_p, user_params
+from ._find import dissolve_tags
+from ._inject import trace_program
+from .primitives._tag import TREE, tag, tag_p
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "sow_p"]
 
@@ -342,18 +343,8 @@ def _replicated_check(name, path) -> Callable:
 
 def _flat_trace(fn: Callable, args, kwargs):
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    avals = [_compat.abstractify(x) for x in leaves]
-    out_tree = []
-
-    def flat(*xs):
-        a, k = jax.tree_util.tree_unflatten(tree, xs)
-        out, t = jax.tree_util.tree_flatten(fn(*a, **k))
-        out_tree.append(t)
-        return out
-
-    with keep_tags():
-        closed = _compat.trace_flat(flat, avals)
-    return closed, out_tree[0], leaves
+    closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves])
+    return closed, out_tree, leaves
 
 
 def _nest_dict(flat: dict) -> dict:
