@@ -6,12 +6,16 @@ Design (see README "How tags stay alive"):
   unused tags under make_jaxpr, jit, vmap, scan, cond, while and
   ``pe.dce_jaxpr`` while a jitted function keeps JAX's fast C++ dispatch
   path (an effect would disable it).
-* Differentiation is where partial evaluation drops or duplicates
-  effect-free equations (``grad`` of ``scan`` / ``checkpoint``). The JVP rule
-  therefore re-binds the primal tag as *kept* (with ``TagEffect``, which
-  every control-flow primitive and partial evaluation preserve), and routes
-  the tangent through ``tag_tangent_p`` so that ``inject`` can give the
-  tangent the derivative of the injected program.
+* A *kept* tag (hidden param ``_taxpr_kept``) carries ``TagEffect``, which
+  every control-flow primitive and partial evaluation preserve. Tags become
+  kept when differentiated (the JVP and linearization rules re-bind them)
+  and, under ``keep_tags()`` (which every taxpr transformation traces user
+  code with), always: then partial evaluation never drops, duplicates
+  (``grad`` of ``checkpoint``) or hoists (``grad`` of ``scan``) them, also
+  when their inputs are not differentiated.
+* The tangent goes through ``tag_tangent_p`` (and the cotangent through
+  ``tag_cotangent_p``) so that ``inject`` can give it the derivative of the
+  injected program.
 """
 
 from __future__ import annotations
