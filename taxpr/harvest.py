@@ -322,8 +322,11 @@ def _select(pred, vc):
 
 
 def _casts(got, want) -> Callable:
+    """Give planted values the sow's exact type (weak type; inside shard_map
+    the sow's varying axes: a replicated plant is the same on every shard)."""
     def fn(*xs):
-        return [_compat.cast_weak_type(x, w) for x, w in zip(xs, want)]
+        return [_compat.match_varying(_compat.cast_weak_type(x, w), _compat.varying_axes(w))
+                for x, w in zip(xs, want)]
     return fn
 
 
@@ -394,6 +397,10 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
                 tree = jax.tree_util.tree_structure(
                     jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)[0])
             sites.setdefault(eqn.params["name"], _Site(mode, _site_aval(eqn), path, tree))
+    for name in sites:  # oryx: a nest scope and a sow may not share a name
+        if isinstance(name, tuple) and name[0] in sites:
+            verb = "planted" if _lookup_plant(plants, name[0]) is not _MISSING else "reaped"
+            raise ValueError(f"Variable has already been {verb}: {_disp(name[0])}")
     plants = {n: v for n in sites if (v := _lookup_plant(plants, n)) is not _MISSING}
     planted = {n: sites[n].mode for n in plants}
     reaped = {n: s.mode for n, s in sites.items() if n not in plants} if want_reaps else {}

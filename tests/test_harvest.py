@@ -318,9 +318,6 @@ def test_nest_nested_scopes():
     allclose(h.plant(f, tag=T)({"outer": {"inner": {"h": 5.0}}}, 1.0), 6.0)
 
 
-@pytest.mark.xfail(strict=True, reason="LEAD: a sow named like a nest scope silently "
-                   "overwrites the scope's reaps in _nest_dict (oryx: 'Variable has already "
-                   "been reaped: s')")
 def test_nest_scope_colliding_with_a_name_is_an_error():
     def f(x):
         return h.nest(_layer, scope="s")(x) + h.sow(x, tag=T, name="s")
@@ -1286,10 +1283,6 @@ def test_shard_map_grad_of_reaped_value():
     allclose(g, 2 * np.arange(8.0))
 
 
-@pytest.mark.xfail(strict=True, reason="LEAD: plant into a sow whose value varies across "
-                   "shard_map shards: the replicated planted value is not pvary'd to the sow's "
-                   "type, JAX fails with 'Primitive add requires varying manual axes to match' "
-                   "(an internal-looking error, not a taxpr one)")
 def test_shard_map_plant_into_varying_sow():
     f = shard_map()(lambda x: x + h.sow(jnp.sum(x), tag=T, name="s"), mesh=_sm_mesh(),
                     in_specs=P("x"), out_specs=P("x"))
