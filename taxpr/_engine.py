@@ -473,10 +473,10 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
         new = _compat.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
                                       effects, dbg)
         hoisted = [level.const_var(c) for c in consts]
-        updates = extra_in_params(eqn, len(hoisted), len(ctx)) if extra_in_params else {}
         ctx_out = engine.fresh_ctx()
-        feeds, collects = engine.pass_channels(
-            level, threaded, where=None if extra_in_params is None else eqn.primitive.name)
+        feeds, collects = engine.pass_channels(level, threaded)
+        updates = (extra_in_params(eqn, len(hoisted), len(ctx), len(feeds), len(collects))
+                   if extra_in_params else {})
         _emit_rebuilt(level, eqn, {(key, None): new}, [*hoisted, *ctx, *eqn.invars, *feeds],
                       [*eqn.outvars, *ctx_out, *collects], **updates)
         return ctx_out
@@ -497,13 +497,14 @@ class ShardMapBody:
         return _compat.shard_map_body_context(self.params)
 
 
-def _shard_map_specs(eqn, n_hoisted: int, n_ctx: int) -> dict:
-    """ctx (and hoisted consts) enter replicated and ctx leaves replicated."""
+def _shard_map_specs(eqn, n_hoisted: int, n_ctx: int, n_feeds: int, n_collects: int) -> dict:
+    """ctx, hoisted consts and channels enter and leave replicated (site
+    rules make sure what they store is the same on every shard)."""
     from jax.sharding import PartitionSpec
     p = eqn.params
     rep = PartitionSpec()
-    return dict(in_specs=(rep,) * (n_hoisted + n_ctx) + tuple(p["in_specs"]),
-                out_specs=tuple(p["out_specs"]) + (rep,) * n_ctx)
+    return dict(in_specs=(rep,) * (n_hoisted + n_ctx) + tuple(p["in_specs"]) + (rep,) * n_feeds,
+                out_specs=tuple(p["out_specs"]) + (rep,) * (n_ctx + n_collects))
 
 
 THREAD_RULES["shard_map"] = _open_call_rule("jaxpr", _shard_map_specs,
@@ -514,24 +515,26 @@ THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]
 def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     """custom_jvp: ctx enters first as an ordinary input. The new JVP takes
     the outputs' tangents w.r.t. the original inputs from the user's rule,
-    and everything that flows through ctx (ctx_out, and outputs' dependence
-    on ctx_in) from the derivative of the threaded function."""
+    and everything that flows through ctx and the channels (ctx_out,
+    collected values, and the outputs' dependence on ctx_in and fed values)
+    from the derivative of the threaded function."""
     p = eqn.params
-    n, nc, n_out = len(ctx), p["num_consts"], len(eqn.outvars)
+    n, nc, n_out, n_all = len(ctx), p["num_consts"], len(eqn.outvars), len(eqn.invars)
     call = p["call_jaxpr"]
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
                                    level.context)
-    engine.pass_channels(level, threaded, where="custom_jvp")
+    feeds, collects = engine.pass_channels(level, threaded)
     threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
-    in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars)]
+    in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
+    user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
     cache: dict = {}
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
         if zeros in cache:
             return cache[zeros]
-        jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[n + nc:])
+        jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
 
@@ -539,24 +542,26 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             primals, tangents = args[:k], iter(args[k:])
             per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
                          for a, z in zip(in_avals, zeros)]
-            user_t = [t for t, z in zip(per_input[n + nc:], zeros[n + nc:]) if not z]
-            res = core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[n + nc:], *user_t)
-            ctx_t, in_t = per_input[:n], per_input[n:]
-            in_zero_t = [_zeros(a.to_tangent_aval()) for a in in_avals[n:]]
-            outs, (outs_t_ctx, _) = _jvp_split(threaded_fn, primals, [*ctx_t, *in_zero_t], n_out)
-            _, (_, ctx_out_t) = _jvp_split(threaded_fn, primals, [*ctx_t, *in_t], n_out)
+            user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
+            res = core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[user], *user_t)
+            # Tangents through ctx / fed values only (original inputs held).
+            through = [_zeros(a.to_tangent_aval()) if n <= i < n + n_all else t
+                       for i, (t, a) in enumerate(zip(per_input, in_avals))]
+            outs, (outs_t_ctx, _) = _jvp_split(threaded_fn, primals, through, n_out)
+            _, (_, rest_t) = _jvp_split(threaded_fn, primals, per_input, n_out)
             user_out_t = iter(res[len(out_zeros):])
             out_t = [t if z else next(user_out_t) + t for t, z in zip(outs_t_ctx, out_zeros)]
-            return [*outs, *out_t, *ctx_out_t]
+            return [*outs, *out_t, *rest_t]
 
         closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
-        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n))
+        n_rest = len(_compat.jaxpr_parts(threaded)[4]) - n_out
+        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n_rest))
         cache[zeros] = result
         return result
 
     ctx_out = engine.fresh_ctx()
-    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars],
-                  [*eqn.outvars, *ctx_out], num_consts=0,
+    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars, *feeds],
+                  [*eqn.outvars, *ctx_out, *collects], num_consts=0,
                   jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
     return ctx_out
 
@@ -583,10 +588,13 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     call = p["call_jaxpr"]
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), n_all, n_out,
                                    level.context)
-    engine.pass_channels(level, threaded, where="custom_vjp")
+    feeds, collects = engine.pass_channels(level, threaded)
+    # Extra inputs (ctx, fed values) and outputs (ctx, collected values).
+    n_x, n_y = n + len(feeds), n + len(collects)
+    rest_avals = [*engine.ctx_avals, *(v.aval for v in collects)]
     threaded_fn = _compat.jaxpr_as_fun(threaded)
     user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
-    in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals]
+    in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals, *(v.aval for v in feeds)]
     n_prims = n_all - nc
     fwd_cache: dict = {}
 
@@ -595,9 +603,9 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         ones = lambda k: [0] * k
         res = jax.tree_util.tree_unflatten(res_tree, ones(res_tree.num_leaves))
         outs = jax.tree_util.tree_unflatten(out_tree, ones(out_tree.num_leaves))
-        return (jax.tree_util.tree_structure((outs, ones(n))),
-                jax.tree_util.tree_structure((res, ones(n_all + n))),
-                [*fwds, *range(n_all + n)])
+        return (jax.tree_util.tree_structure((outs, ones(n_y))),
+                jax.tree_util.tree_structure((res, ones(n_all + n_x))),
+                [*fwds, *range(n_all + n_x)])
 
     def fwd_jaxpr_thunk(*nonzeros):
         nonzeros = tuple(nonzeros)
@@ -614,22 +622,22 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         return result
 
     def bwd(*args):
-        n_res = len(args) - n_out - n
-        user_res, primals = args[:n_res - n_all - n], args[n_res - n_all - n:n_res]
-        ct_outs, ct_ctx = args[n_res:n_res + n_out], args[n_res + n_out:]
+        n_res = len(args) - n_out - n_y
+        user_res, primals = args[:n_res - n_all - n_x], args[n_res - n_all - n_x:n_res]
+        ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
         user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         out_avals = [v.aval for v in eqn.outvars]
-        via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_ctx, engine.ctx_avals)])
-        via_outs = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_zeros_like_ct, engine.ctx_avals)])
+        via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
+        via_outs = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_zeros_like_ct, rest_avals)])
         cts = [*via_ctx[:nc],
                *(_add_ct(u, c) for u, c in zip(user_cts, via_ctx[nc:n_all])),
                *(_add_ct(a, b) for a, b in zip(via_ctx[n_all:], via_outs[n_all:]))]
         return _compat.custom_vjp_bwd_result(cts, logs)
 
     ctx_out = engine.fresh_ctx()
-    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx],
-                  [*eqn.outvars, *ctx_out], num_consts=0, out_trees=out_trees,
+    _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx, *feeds],
+                  [*eqn.outvars, *ctx_out, *collects], num_consts=0, out_trees=out_trees,
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
     return ctx_out

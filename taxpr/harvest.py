@@ -291,6 +291,9 @@ class _Sites:
                                                        [v.aval for v in eqn.outvars]), value)
         elif name in self.reaped:
             if mode == "append":
+                if level.context is not None:
+                    value = self._apply(level, "replicated",
+                                        _replicated_check(name, level.path), value)
                 level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
                               value)
             else:

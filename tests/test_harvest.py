@@ -1301,11 +1301,15 @@ def test_shard_map_varying_sow_is_clear_error():
     raises(ValueError, "'s'.*shard_map", h.reap(f, tag=T), jnp.arange(8.0))
 
 
-def test_shard_map_append_sow_error_names_shard_map():
+def test_shard_map_append_sow_of_replicated_value_works_varying_is_an_error():
     f = shard_map()(lambda x: x + h.sow(jax.lax.psum(jnp.sum(x), "x"), tag=T, name="s",
                                         mode="append"),
                     mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
-    raises(ValueError, "'s'.*shard_map", h.reap(f, tag=T), jnp.arange(8.0))
+    assert_tree_allclose(h.reap(f, tag=T)(jnp.arange(8.0)), {"s": np.array([28.0])})
+    allclose(h.plant(f, tag=T)({"s": jnp.array([1.0])}, jnp.arange(8.0)), np.arange(8.0) + 1)
+    g = shard_map()(lambda x: x + h.sow(jnp.sum(x), tag=T, name="s", mode="append"),
+                    mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
+    raises(ValueError, "'s'.*shard_map", h.reap(g, tag=T), jnp.arange(8.0))
 
 
 def test_shard_map_sow_never_silently_ignored():
@@ -1342,3 +1346,20 @@ def test_errors_leave_jax_working_after_each_error():
 def test_deep_nesting_jaxpr_size_linear():
     sizes = [len(all_prims(jax.make_jaxpr(h.reap(_deep(d), tag=T))(0.0))) for d in (4, 8)]
     assert sizes[1] <= 2.5 * sizes[0], sizes
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_append_sow_in_custom_rule_function_reap_plant_and_grads(kind):
+    body = lambda x: h.sow(x * 2, tag=T, name="a", mode="append") + 1
+    if kind == "custom_jvp":
+        fn = jax.custom_jvp(body)
+        fn.defjvp(lambda p, t: (fn(p[0]), t[0] * 7))
+    else:
+        fn = jax.custom_vjp(body)
+        fn.defvjp(lambda x: (fn(x), None), lambda _, g: (g * 7,))
+    assert_tree_allclose(h.reap(fn, tag=T)(1.0), {"a": np.array([2.0])})
+    allclose(h.plant(fn, tag=T)({"a": jnp.array([5.0])}, 1.0), 6.0)
+    # the output keeps the user's rule; the reaped value has its own derivative
+    allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[0])(1.0), 7.0)
+    allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[1]["a"].sum())(1.0), 2.0)
+    allclose(jax.grad(lambda p: h.plant(fn, tag=T)({"a": p}, 1.0))(jnp.array([5.0])), [1.0])
