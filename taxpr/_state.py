@@ -23,10 +23,10 @@ import numpy as np
 
 from . import _compat
 from ._engine import format_path
-from ._find import find_tags
+from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
-from .primitives._tag import BATCHED, keep_tags, tag, tag_p
+from .primitives._tag import BATCHED, keep_tags, tag, tag_p, user_params
 
 
 class StateOp:
@@ -120,9 +120,11 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         StateError: two accesses of a state disagree (names the state, both
             places, and says when a value looks batched by ``vmap``).
     """
-    for eqn, path in _traverse.iter_eqns(closed):
+    sites = [(eqn, path) for eqn, path in _traverse.iter_eqns(closed)
+             if eqn.primitive is tag_p and _is_state(eqn.params)]
+    for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
-        if eqn.primitive is tag_p and p.get("op") is SET and p.get(BATCHED):
+        if p["op"] is SET and p.get(BATCHED):
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
@@ -130,9 +132,8 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
                 f"a batch of states)")
     states: dict[str, StateInfo] = {}
     first: dict[str, Any] = {}
-    for site in find_tags(closed):
-        if not _is_state(site.params):
-            continue
+    for eqn, path in sites:
+        site = TagSite(user_params(eqn.params), tag_shape(eqn), path)
         name, op, aval = site.params["name"], site.params["op"], site.shape
         if name not in states:
             states[name] = StateInfo(name, tuple(aval.shape), np.dtype(aval.dtype),
