@@ -46,6 +46,8 @@ from jax import lax
 
 from taxpr import harvest as h
 
+from _common import nested_scans, timed  # noqa: E402
+
 TAG = "t"
 SOWS_PER_LEVEL = 10
 LENGTH = 2
@@ -58,18 +60,7 @@ FIGURE_KINDS = {
 }
 
 
-def _timed(fn, *args):
-    """Seconds for one call of ``fn(*args)``, GC collected first and off."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        return time.perf_counter() - t0, out
-    finally:
-        if was_enabled:
-            gc.enable()
+
 
 
 def sow_name(d: int, i: int) -> str:
@@ -84,19 +75,12 @@ def sow_mode(i: int) -> str:
 def nested_sow_fn(depth: int, length: int = LENGTH, per_level: int = SOWS_PER_LEVEL):
     """A fresh function (so no trace cache ever hits): ``depth`` nested scans
     of ``length`` steps with ``per_level`` sows at every level."""
-    def level(d, x):
+    def step(d, x):
         for i in range(per_level):
             x = x * 1.0001 + h.sow(x, tag=TAG, name=sow_name(d, i), mode=sow_mode(i))
-        if d == depth:
-            return x
-
-        def body(c, _):
-            return level(d + 1, c), None
-
-        x, _ = lax.scan(body, x, None, length=length)
         return x
 
-    return lambda x: level(0, x)
+    return nested_scans(depth, length, step)
 
 
 def _operations(depth: int, x, plants) -> dict:
@@ -132,7 +116,7 @@ def bench_nested(max_depth: int, reps: int) -> dict:
         kinds = KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]
         for d in (depths if r % 2 == 0 else depths[::-1]):
             for k in kinds:
-                dt, _ = _timed(ops[d][k])
+                dt, _ = timed(ops[d][k])
                 times[k][d].append(dt)
     top, half = max_depth, max_depth // 2
     out = {"length": LENGTH, "sows_per_level": SOWS_PER_LEVEL, "reps": reps,

@@ -35,36 +35,15 @@ from jax import lax
 
 import taxpr as tx
 
-OPS = ("scale", "acc", "id")
+from _common import CTX, OPS, injector, nested_scans, timed  # noqa: E402
+
 STRAIGHT_TARGET = 0.25
 DEPTH_TARGET = 2.5
 
 
-def injector(ctx, token, params):
-    """``scale`` doubles the token, ``acc`` adds it into ctx, ``id`` passes."""
-    op = params["op"]
-    if op == "scale":
-        return token * 2.0, ctx
-    if op == "acc":
-        return token, {"acc": ctx["acc"] + jnp.sum(token)}
-    return token, ctx
 
 
-CTX = {"acc": jax.ShapeDtypeStruct((), jnp.float32)}
 
-
-def _timed(fn, *args):
-    """Seconds for one call of ``fn(*args)``, GC collected first and off."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        return time.perf_counter() - t0, out
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def straight_fn(n: int):
@@ -88,7 +67,7 @@ def bench_straight(n: int, reps: int) -> dict:
         if r % 2:
             steps.reverse()
         for name, step in steps:
-            dt, out = _timed(step)
+            dt, out = timed(step)
             if name == "make":
                 t_make.append(dt)
                 closed = out  # inject the jaxpr of this repetition's function
@@ -106,19 +85,12 @@ def nested_scan_fn(depth: int, length: int, per_level: int = TAGS_PER_LEVEL):
     """``depth`` nested scans of ``length`` steps with ``per_level`` tags at
     every level (outside the outermost scan and inside each body). Several
     tags per level make the walk, not the three injector traces, dominate."""
-    def level(d, x):
+    def step(d, x):
         for i in range(per_level):
             x = x * 1.0001 + tx.tag(x, op=OPS[(d + i) % len(OPS)])
-        if d == depth:
-            return x
-
-        def body(c, _):
-            return level(d + 1, c), None
-
-        x, _ = lax.scan(body, x, None, length=length)
         return x
 
-    return lambda x: level(0, x)
+    return nested_scans(depth, length, step)
 
 
 def bench_nested(max_depth: int, length: int, reps: int) -> dict:
@@ -131,7 +103,7 @@ def bench_nested(max_depth: int, length: int, reps: int) -> dict:
     for r in range(reps):
         order = list(jaxprs) if r % 2 == 0 else list(reversed(jaxprs))
         for d in order:
-            dt, _ = _timed(tx.inject, jaxprs[d], injector, CTX)
+            dt, _ = timed(tx.inject, jaxprs[d], injector, CTX)
             times[d].append(dt)
     med = {d: statistics.median(ts) for d, ts in times.items()}
     out = {"length": length, "tags_per_level": TAGS_PER_LEVEL, "inject_s": {str(d): med[d] for d in med}}

@@ -40,22 +40,12 @@ import jax.numpy as jnp
 
 import taxpr as tx
 
-OPS = ("scale", "acc", "id")
+from _common import CTX, OPS, injector  # noqa: E402
+
 EQNS_PER_STEP = 5
 MEMORY_TARGET = 2.0
 
 
-def injector(ctx, token, params):
-    """``scale`` doubles the token, ``acc`` adds it into ctx, ``id`` passes."""
-    op = params["op"]
-    if op == "scale":
-        return token * 2.0, ctx
-    if op == "acc":
-        return token, {"acc": ctx["acc"] + jnp.sum(token)}
-    return token, ctx
-
-
-CTX = {"acc": jax.ShapeDtypeStruct((), jnp.float32)}
 
 
 def straight_fn(steps: int):

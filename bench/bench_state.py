@@ -56,6 +56,8 @@ from jax import lax
 
 import taxpr as tx
 
+from _common import nested_scans, timed  # noqa: E402
+
 HLO_TARGET = 1.0
 RUN_TARGET = 1.03
 COMPILE_TARGET = 1.1
@@ -64,18 +66,7 @@ DEPTH_TARGET = 2.5
 
 # -- helpers ---------------------------------------------------------------------
 
-def _timed(fn, *args):
-    """Seconds for one call of ``fn(*args)``, GC collected first and off."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        return time.perf_counter() - t0, out
-    finally:
-        if was_enabled:
-            gc.enable()
+
 
 
 _INSTR = re.compile(r"^\s+(?:ROOT\s+)?[%\w.\-]+\s*=\s*(.*)$")
@@ -141,7 +132,7 @@ def compare_runtime(fn_tx, fn_ref, args, reps: int, calls: int) -> dict:
     for r in range(reps):
         order = list(jitted) if r % 2 == 0 else list(reversed(jitted))
         for k in order:
-            dt, _ = _timed(many, jitted[k])
+            dt, _ = timed(many, jitted[k])
             times[k].append(dt / calls)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"taxpr_s": med["taxpr"], "reference_s": med["reference"],
@@ -160,7 +151,7 @@ def compare_compile(make_tx, make_ref, args, reps: int) -> dict:
     for r in range(reps):
         order = list(makers) if r % 2 == 0 else list(reversed(makers))
         for k in order:
-            dt, _ = _timed(compile_fresh, makers[k])
+            dt, _ = timed(compile_fresh, makers[k])
             times[k].append(dt)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"taxpr_s": med["taxpr"], "reference_s": med["reference"],
@@ -211,7 +202,7 @@ def bench_rnn(steps: int, reps: int, calls: int, compile_reps: int) -> dict:
     kp, kx = jax.random.split(jax.random.key(0))
     params = rnn_params(kp)
     xs = jax.random.normal(kx, (steps, RNN_BATCH, RNN_IN))
-    t_uncurry, (pure, state0) = _timed(tx.uncurry, rnn_stateful, params, xs)
+    t_uncurry, (pure, state0) = timed(tx.uncurry, rnn_stateful, params, xs)
     ref = make_rnn_reference()
     args = (state0, params, xs)
     assert _close(jax.jit(pure)(*args), jax.jit(ref)(*args), 1e-4), "RNN results differ"
@@ -287,7 +278,7 @@ def bench_mlp(reps: int, calls: int, compile_reps: int) -> dict:
     model = MLP(km)
     x = jax.random.normal(kx, (MLP_BATCH, MLP_SIZES[0]))
     y = jnp.sin(x[:, 0]) + x[:, 1] * x[:, 2]
-    t_uncurry, (pure, state0) = _timed(tx.uncurry, mlp_stateful, model, x)
+    t_uncurry, (pure, state0) = timed(tx.uncurry, mlp_stateful, model, x)
     step_tx, step_ref = make_sgd_step(pure), make_sgd_step(mlp_reference)
     args = (model, state0, x, y)
     assert _close(jax.jit(step_tx)(*args), jax.jit(step_ref)(*args), 1e-4), "MLP results differ"
@@ -305,22 +296,14 @@ def bench_mlp(reps: int, calls: int, compile_reps: int) -> dict:
 def nested_scan_fn(depth: int, length: int):
     """``depth`` nested scans; each level (and the top) reads and writes its
     own state and a shared counter."""
-    def level(d, x):
+    def step(d, x):
         s = tx.get_state(f"s{d}", jnp.zeros((3,), jnp.float32))
         tx.set_state(f"s{d}", s * 0.5 + x)
         n = tx.get_state("count", jnp.zeros((), jnp.int32))
         tx.set_state("count", n + 1)
-        x = x * 1.0001 + s
-        if d == depth:
-            return x
+        return x * 1.0001 + s
 
-        def body(c, _):
-            return level(d + 1, c), None
-
-        x, _ = lax.scan(body, x, None, length=length)
-        return x
-
-    return lambda x: level(0, x)
+    return nested_scans(depth, length, step)
 
 
 def bench_nested(max_depth: int, length: int, reps: int) -> dict:
@@ -336,9 +319,9 @@ def bench_nested(max_depth: int, length: int, reps: int) -> dict:
     for r in range(reps):
         for d in (depths if r % 2 == 0 else depths[::-1]):
             # Fresh functions: no trace cache hits.
-            dt, _ = _timed(tx.uncurry, nested_scan_fn(d, length), x)
+            dt, _ = timed(tx.uncurry, nested_scan_fn(d, length), x)
             times["uncurry"][d].append(dt)
-            dt, _ = _timed(tx.make_jaxpr(nested_scan_fn(d, length)), x)
+            dt, _ = timed(tx.make_jaxpr(nested_scan_fn(d, length)), x)
             times["make_jaxpr"][d].append(dt)
     # Check the counter once: 1 + L + L^2 + ... + L^depth accesses.
     pure, s0 = tx.uncurry(nested_scan_fn(max_depth, length), x)
