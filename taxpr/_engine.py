@@ -431,11 +431,12 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     new = {("branches", i): _with_feeds(engine, t, c.feeds, feed_sig)
            for i, (t, c) in enumerate(zip(threaded, chans))}
     ctx_out = engine.fresh_ctx()
-    feeds = [a for k, avals in feed_sig.items() for a in level.feed(k, avals)]
+    rekey = lambda k: engine.hooks.rekey(k, level, False)  # noqa: E731
+    feeds = [a for k, avals in feed_sig.items() for a in level.feed(rekey(k), avals)]
     collects = []
     for k, avals in chans[0].collects:
         vs = [_compat.new_var(a) for a in avals]
-        level.collect(k, vs)
+        level.collect(rekey(k), vs)
         collects.extend(vs)
     _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:], *feeds],
                   [*eqn.outvars, *ctx_out, *collects])
