@@ -1,0 +1,1599 @@
+"""Differential fuzzing of state and harvest (SPEC H).
+
+Hypothesis generates small random programs as an AST (``Program``): scalar
+float32 variables ``f0 f1 f2`` and a float32[3] ``v``, integer loop indices,
+``get_state`` / ``set_state`` of three states (plus an int32 counter state),
+``sow`` / ``sow_cond`` in every mode (and sows of another tag), and
+``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
+bounds, ``while_loop`` whose cond reads state (and may sow), ``cond``,
+``switch``, ``jax.jit`` and ``jax.checkpoint`` (each called once or twice)
+nested up to depth 4. Every op keeps values in [-2, 2] and is 1-Lipschitz.
+
+Each program has two interpreters:
+
+* ``to_source(program)`` renders it as Python source using raw JAX control
+  flow, ``tx.get_state`` / ``tx.set_state`` and ``h.sow``; the JAX side
+  ``exec``s exactly that source, so a failing (shrunk) program prints as the
+  code that failed (in the exception's note and as hypothesis' "Draw 1");
+* ``Reference`` runs the AST eagerly in float64 NumPy with Python control
+  flow, a dict for states (a state's initial value is its ``init`` at first
+  use; one first set starts at zeros; one never reached starts at its first
+  traced ``init``) and per-site records for sows (``append``: one row per
+  direct sow and one block per scan site, in trace order, stacked along the
+  scan axes, reverse scans aligned with xs; ``clobber``: last value wins,
+  zeros if never run; ``cond_clobber``: last value whose predicate held;
+  plants replace values, append plants split row by row the same way).
+  A float predicate within 1e-3 of its threshold discards the example.
+
+The checks (one test each; ``_long`` variants for the long profile):
+``uncurry`` (state0; ``pure(state0)`` not jitted, with ``check_jaxpr`` of the
+rewritten jaxprs; ``pure(other state)`` jitted or not), ``reap`` (of the pure
+function, or ``uncurry`` of a reaping function; with allow/blocklists),
+``harvest``/``plant`` (random plants of every mode), ``vmap`` of ``pure`` and
+of its reap over two states/argument sets, derivatives (``jvp``, and ``grad``
+without while loops, of pure / reap / plant against finite differences of the
+reference), ``reap`` of the raw stateful function, and static-rule violations.
+
+The generator respects harvest's static rules (strict only outside loops,
+branches and functions called twice, once per name; only clobber modes inside
+``while`` / traced ``fori``; every cond branch sows the same names: appends
+and strict sows only as identical "tails" of every branch, missing clobber
+names padded in; an append name encodes its inner scan lengths so that its
+sows stack). ``test_static_rule_violations_raise`` breaks one rule on purpose.
+
+Profiles: CI runs 500 programs (+60 rule violations), about a minute;
+``TAXPR_FUZZ_LONG=1`` or ``pytest -m long`` runs 20,000 (derandomized);
+``TAXPR_FUZZ_EXAMPLES=N`` sets that count and ``TAXPR_FUZZ_SEED=S`` seeds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
+from jax import lax
+
+import taxpr as tx
+from taxpr import harvest as h
+
+from helpers import check
+
+T = "fuzz"
+OTHER = "other"
+ENV = ("f0", "f1", "f2", "v")
+SVARS = ("f0", "f1", "f2")
+MAX_DEPTH = 4
+
+
+# ---------------------------------------------------------------------------------
+# The AST
+# ---------------------------------------------------------------------------------
+# Expressions (kind "S": float32 scalar, "V": float32[3]); every op keeps values
+# in [-2, 2] and is 1-Lipschitz, so float32 and the float64 reference agree.
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class VConst:
+    values: tuple
+
+
+@dataclass(frozen=True)
+class Un:
+    op: str  # sin | tanh
+    a: Any
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str  # avg: (a + b) * 0.5 | mul: a * b * 0.25
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class AddC:  # (a + c) * 0.5
+    a: Any
+    c: float
+
+
+@dataclass(frozen=True)
+class MulC:  # a * c, |c| <= 1
+    a: Any
+    c: float
+
+
+@dataclass(frozen=True)
+class Mean:  # V -> S
+    a: Any
+
+
+@dataclass(frozen=True)
+class IdxF:  # int var -> float: float32(i % 3) * 0.5
+    ivar: str
+
+
+# Predicates / switch indices.
+@dataclass(frozen=True)
+class IPred:  # (ivar + c) % m == 0
+    ivar: str
+    c: int
+    m: int
+
+
+@dataclass(frozen=True)
+class FPred:  # e > t
+    e: Any
+    t: float
+
+
+@dataclass(frozen=True)
+class SIdx:  # (ivar + c) % m, clamped by lax.switch
+    ivar: str
+    c: int
+    m: int
+
+
+# Statements. ``uid`` numbers nodes (unique per program).
+@dataclass(frozen=True)
+class Assign:
+    target: str
+    e: Any
+
+
+@dataclass(frozen=True)
+class Get:
+    target: str
+    state: str
+    init: Any  # float or tuple of 3 floats
+
+
+@dataclass(frozen=True)
+class Set:
+    state: str
+    e: Any
+
+
+@dataclass(frozen=True)
+class Sow:
+    uid: int
+    target: Optional[str]  # None: the sow's result is unused
+    e: Any
+    name: str
+    mode: str  # strict | clobber | append | cond_clobber
+    tag: str = T
+    pred: Any = None  # cond_clobber
+    slot: Optional[tuple] = None  # append in a cond branch: (cond uid, k)
+
+
+@dataclass(frozen=True)
+class Scan:
+    uid: int
+    body: tuple
+    length: int
+    reverse: bool
+    coefs: tuple  # xs = coefs * xsrc (float) and arange(length) (int)
+    xsrc: Any
+    yvar: str
+    out: str
+
+
+@dataclass(frozen=True)
+class Fori:
+    uid: int
+    body: tuple
+    ivar: str  # bounds: clip(ivar + lo, 0, 2), clip(ivar + hi, 0, 3)
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class While:
+    uid: int
+    body: tuple
+    kind: str  # "carry": counter in the carry | "state": counter state "cnt"
+    bound: int
+    spred: Optional[tuple] = None  # (state, init, threshold): & get_state(state) > t
+    csow: Optional[tuple] = None  # (var, name): clobber sow in the cond
+
+
+@dataclass(frozen=True)
+class Cond:
+    uid: int
+    pred: Any
+    branches: tuple  # (true_body, false_body)
+
+
+@dataclass(frozen=True)
+class Switch:
+    uid: int
+    idx: Any
+    branches: tuple
+
+
+@dataclass(frozen=True)
+class Jit:
+    uid: int
+    body: tuple
+    calls: int = 1  # 2: the same jitted function is called twice (one cached jaxpr)
+
+
+@dataclass(frozen=True)
+class Ckpt:
+    uid: int
+    body: tuple
+    calls: int = 1
+
+
+@dataclass(frozen=True, repr=False)
+class Program:
+    body: tuple
+
+    def __repr__(self):
+        return "\n" + to_source(self, header=False)
+
+    def _repr_pretty_(self, p, cycle):  # hypothesis prints the failing draw as source
+        p.text(repr(self))
+
+
+STATES = {"s0": "S", "s1": "S", "sv": "V"}
+CLOBBER_NAMES = {"c0": "S", "c1": "S", "cv": "V"}
+STRICT_NAMES = {"t0": "S", "t1": "S"}
+
+
+def var_kind(name: str) -> str:
+    return "V" if name == "v" else "S"
+
+
+def sow_kind(name: str) -> str:
+    return "V" if name.endswith("v") else "S"
+
+
+def append_name(base: str, scan_lens: tuple, kind: str) -> str:
+    """Append sows of one name must stack to one shape: a direct sow gives a
+    row, a scan a block of rows, so the inner scan lengths are in the name."""
+    return base + "".join(f"_{n}" for n in scan_lens[1:]) + ("v" if kind == "V" else "")
+
+
+# ---------------------------------------------------------------------------------
+# Rendering as Python source (the JAX interpreter execs exactly this)
+# ---------------------------------------------------------------------------------
+
+HEADER = """\
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+import taxpr as tx
+from taxpr import harvest as h
+T, OTHER = "fuzz", "other"
+"""
+
+
+def _f(x: float) -> str:
+    return repr(float(x))
+
+
+def _vec(vals) -> str:
+    return f"jnp.array([{', '.join(_f(x) for x in vals)}], jnp.float32)"
+
+
+def _npinit(init) -> str:
+    if isinstance(init, tuple):
+        return f"np.array([{', '.join(_f(x) for x in init)}], np.float32)"
+    return f"np.float32({_f(init)})"
+
+
+def rexpr(e, top: bool = True) -> str:
+    def wrap(s):
+        return s if top else f"({s})"
+
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        return f"jnp.float32({_f(e.value)})"
+    if isinstance(e, VConst):
+        return _vec(e.values)
+    if isinstance(e, Un):
+        return f"jnp.{e.op}({rexpr(e.a)})"
+    if isinstance(e, Bin):
+        if e.op == "avg":
+            return wrap(f"({rexpr(e.a, False)} + {rexpr(e.b, False)}) * 0.5")
+        return wrap(f"{rexpr(e.a, False)} * {rexpr(e.b, False)} * 0.25")
+    if isinstance(e, AddC):
+        return wrap(f"({rexpr(e.a, False)} + {_f(e.c)}) * 0.5")
+    if isinstance(e, MulC):
+        return wrap(f"{rexpr(e.a, False)} * {_f(e.c)}")
+    if isinstance(e, Mean):
+        return f"jnp.mean({rexpr(e.a)})"
+    if isinstance(e, IdxF):
+        return wrap(f"jnp.float32({e.ivar} % 3) * 0.5")
+    if isinstance(e, IPred):
+        return f"({e.ivar} + {e.c}) % {e.m} == 0"
+    if isinstance(e, FPred):
+        return f"{rexpr(e.e, False)} > {_f(e.t)}"
+    if isinstance(e, SIdx):
+        return f"({e.ivar} + {e.c}) % {e.m}"
+    raise TypeError(e)
+
+
+def _state_get(state: str, init) -> str:
+    return f'tx.get_state("{state}", {_npinit(init)})'
+
+
+CNT_GET = 'tx.get_state("cnt", np.int32(0))'
+ENV_S = ", ".join(ENV)
+
+
+def rblock(stmts, ind: str, out: list) -> None:
+    for s in stmts:
+        rstmt(s, ind, out)
+
+
+def rstmt(s, ind: str, out: list) -> None:
+    w = lambda line: out.append(ind + line)  # noqa: E731
+    i2 = ind + "    "
+    if isinstance(s, Assign):
+        w(f"{s.target} = {rexpr(s.e)}")
+    elif isinstance(s, Get):
+        w(f"{s.target} = {_state_get(s.state, s.init)}")
+    elif isinstance(s, Set):
+        w(f'tx.set_state("{s.state}", {rexpr(s.e)})')
+    elif isinstance(s, Sow):
+        tag = "T" if s.tag == T else "OTHER"
+        if s.mode == "cond_clobber":
+            call = f'h.sow_cond({rexpr(s.e)}, {rexpr(s.pred)}, tag={tag}, name="{s.name}")'
+        else:
+            call = f'h.sow({rexpr(s.e)}, tag={tag}, name="{s.name}", mode="{s.mode}")'
+        w(f"{s.target} = {call}" if s.target else call)
+    elif isinstance(s, Scan):
+        u = s.uid
+        w(f"def scan{u}(carry, xi):")
+        out.append(f"{i2}{ENV_S} = carry")
+        out.append(f"{i2}x{u}, i{u} = xi")
+        rblock(s.body, i2, out)
+        out.append(f"{i2}return ({ENV_S}), {s.yvar}")
+        coefs = _vec(s.coefs) if s.length else "jnp.zeros((0,), jnp.float32)"
+        rev = ", reverse=True" if s.reverse else ""
+        w(f"({ENV_S}), ys{u} = lax.scan(scan{u}, ({ENV_S}), ({coefs} * {rexpr(s.xsrc, False)}, "
+          f"jnp.arange({s.length}, dtype=jnp.int32)){rev})")
+        w(f"{s.out} = jnp.tanh(jnp.sum(ys{u}, axis=0))")
+    elif isinstance(s, Fori):
+        u = s.uid
+        w(f"def fori{u}(i{u}, carry):")
+        out.append(f"{i2}{ENV_S} = carry")
+        rblock(s.body, i2, out)
+        out.append(f"{i2}return {ENV_S}")
+        w(f"{ENV_S} = lax.fori_loop(jnp.clip({s.ivar} + {s.lo}, 0, 2), "
+          f"jnp.clip({s.ivar} + {s.hi}, 0, 3), fori{u}, ({ENV_S}))")
+    elif isinstance(s, While):
+        u = s.uid
+        carry = f"k{u}, ({ENV_S})" if s.kind == "carry" else ENV_S
+        if s.kind == "state":
+            w(f"lim{u} = {CNT_GET} + {s.bound}")
+        w(f"def wcond{u}(carry):")
+        out.append(f"{i2}{carry} = carry")
+        if s.csow:
+            out.append(f'{i2}h.sow({s.csow[0]}, tag=T, name="{s.csow[1]}", mode="clobber")')
+        pred = f"k{u} < {s.bound}" if s.kind == "carry" else f"{CNT_GET} < lim{u}"
+        if s.spred:
+            st_, init, t = s.spred
+            pred = f"({pred}) & ({_state_get(st_, init)} > {_f(t)})"
+        out.append(f"{i2}return {pred}")
+        w(f"def wbody{u}(carry):")
+        out.append(f"{i2}{carry} = carry")
+        if s.kind == "state":
+            out.append(f'{i2}tx.set_state("cnt", {CNT_GET} + 1)')
+        rblock(s.body, i2, out)
+        out.append(f"{i2}return " + (f"k{u} + 1, ({ENV_S})" if s.kind == "carry" else ENV_S))
+        if s.kind == "carry":
+            w(f"_, ({ENV_S}) = lax.while_loop(wcond{u}, wbody{u}, (jnp.int32(0), ({ENV_S})))")
+        else:
+            w(f"{ENV_S} = lax.while_loop(wcond{u}, wbody{u}, ({ENV_S}))")
+    elif isinstance(s, (Cond, Switch)):
+        u = s.uid
+        for b, body in enumerate(s.branches):
+            w(f"def br{u}_{b}({ENV_S}):")
+            rblock(body, i2, out)
+            out.append(f"{i2}return {ENV_S}")
+        names = ", ".join(f"br{u}_{b}" for b in range(len(s.branches)))
+        names += "," if len(s.branches) == 1 else ""
+        if isinstance(s, Cond):
+            w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S})")
+        else:
+            w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S})")
+    elif isinstance(s, (Jit, Ckpt)):
+        kind = "jit" if isinstance(s, Jit) else "ckpt"
+        w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
+        w(f"def {kind}{s.uid}({ENV_S}):")
+        rblock(s.body, i2, out)
+        out.append(f"{i2}return {ENV_S}")
+        for _ in range(s.calls):
+            w(f"{ENV_S} = {kind}{s.uid}({ENV_S})")
+    else:
+        raise TypeError(s)
+
+
+def to_source(program: Program, header: bool = True) -> str:
+    """The program as a Python function ``program(p0, p1, p2, pv, n)``."""
+    out = [HEADER] if header else []
+    out.append("def program(p0, p1, p2, pv, n):")
+    out.append(f"    {ENV_S} = p0, p1, p2, pv")
+    rblock(program.body, "    ", out)
+    out.append(f"    return {ENV_S}")
+    return "\n".join(out) + "\n"
+
+
+_BUILD_COUNT = [0]
+
+
+def build(program: Program):
+    """exec ``to_source(program)``; tracebacks show its lines."""
+    src = to_source(program)
+    _BUILD_COUNT[0] += 1
+    fname = f"<fuzz-program-{_BUILD_COUNT[0]}>"
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    namespace: dict = {}
+    exec(compile(src, fname, "exec"), namespace)
+    return namespace["program"]
+
+
+# ---------------------------------------------------------------------------------
+# Static views of a program
+# ---------------------------------------------------------------------------------
+
+def children(s) -> list[tuple]:
+    if isinstance(s, (Scan, Fori, While, Jit, Ckpt)):
+        return [s.body]
+    if isinstance(s, (Cond, Switch)):
+        return list(s.branches)
+    return []
+
+
+def walk(stmts):
+    for s in stmts:
+        yield s
+        for b in children(s):
+            yield from walk(b)
+
+
+def sows(stmts, tag=T):
+    """The sows of ``tag`` (a while's cond sow as a plain clobber ``Sow``)."""
+    out = []
+    for s in walk(stmts):
+        if isinstance(s, Sow) and s.tag == tag:
+            out.append(s)
+        elif isinstance(s, While) and s.csow and tag == T:
+            out.append(Sow(-1, None, None, s.csow[1], "clobber"))
+    return out
+
+
+def states_of(program: Program) -> dict[str, str]:
+    """name -> kind of every state the program mentions."""
+    out = {}
+    for s in walk(program.body):
+        if isinstance(s, (Get, Set)):
+            out[s.state] = STATES[s.state]
+        elif isinstance(s, While):
+            if s.kind == "state":
+                out["cnt"] = "I"
+            if s.spred:
+                out[s.spred[0]] = "S"
+    return out
+
+
+def first_traced_inits(program: Program) -> dict:
+    """Each state's ``init`` at its first ``get_state`` in trace order."""
+    out: dict = {}
+
+    def visit(stmts):
+        for s in stmts:
+            if isinstance(s, Get):
+                out.setdefault(s.state, s.init)
+            elif isinstance(s, While):
+                if s.kind == "state":
+                    out.setdefault("cnt", 0)
+                if s.spred:
+                    out.setdefault(s.spred[0], s.spred[1])
+                visit(s.body)
+            else:
+                for b in children(s):
+                    visit(b)
+
+    visit(program.body)
+    return out
+
+
+@dataclass(frozen=True)
+class Slot:
+    key: Any
+    name: str
+    lens: tuple  # lengths of the enclosing scans
+    kind: str
+
+    def rows(self) -> int:
+        return self.lens[0] if self.lens else 1
+
+    def shape(self) -> tuple:
+        return (*self.lens, *((3,) if self.kind == "V" else ()))
+
+
+def append_slots(program: Program) -> dict[str, list[Slot]]:
+    """name -> its append sites in program (trace) order; a cond's branches
+    share their slots (the taken branch fills them); a function called twice
+    has its sites twice. A slot's key is ``(site, calls)``."""
+    slots: dict[str, list[Slot]] = {}
+    seen = set()
+
+    def visit(stmts, lens, calls):
+        for s in stmts:
+            if isinstance(s, Sow) and s.tag == T and s.mode == "append":
+                key = (s.slot or s.uid, calls)
+                if key not in seen:
+                    seen.add(key)
+                    slots.setdefault(s.name, []).append(Slot(key, s.name, lens, sow_kind(s.name)))
+            elif isinstance(s, Scan):
+                visit(s.body, (*lens, s.length), calls)
+            elif isinstance(s, (Jit, Ckpt)):
+                for c in range(s.calls):
+                    visit(s.body, lens, (*calls, (s.uid, c)))
+            else:
+                for b in children(s):
+                    visit(b, lens, calls)
+
+    visit(program.body, (), ())
+    return slots
+
+
+def sow_names(program: Program) -> dict[str, str]:
+    """name -> mode of every sow of tag T."""
+    return {s.name: s.mode for s in sows(program.body)}
+
+
+# ---------------------------------------------------------------------------------
+# The eager reference interpreter
+# ---------------------------------------------------------------------------------
+
+class Ambiguous(Exception):
+    """A float predicate too close to its threshold to compare float32 with float64."""
+
+
+def _zeros(kind: str):
+    return np.zeros(3) if kind == "V" else np.float64(0.0)
+
+
+class Reference:
+    """Runs a program with Python control flow.
+
+    Arguments:
+        states: None (the example run: first-use inits), or a dict of initial
+            state values, or "none" (no state handler: get returns init, set is
+            a no-op).
+        plants: {name: value} replacing sows of tag T.
+    """
+
+    def __init__(self, program: Program, states=None, plants=None):
+        self.program = program
+        self.mode = "none" if states == "none" else ("example" if states is None else "given")
+        self.cur = {} if states is None or states == "none" else {k: _np(v) for k, v in
+                                                                     states.items()}
+        self.state0: dict = {}
+        self.plants = {k: _np(v) for k, v in (plants or {}).items()}
+        self.clobber: dict = {}
+        self.records: dict = {}  # slot key -> {index tuple: value}
+        self.slots = append_slots(program)
+        self.offsets = {}
+        for name, slots in self.slots.items():
+            off = 0
+            for sl in slots:
+                self.offsets[sl.key] = off
+                off += sl.rows()
+
+    # -- expressions
+    def ev(self, e, env, ienv):
+        if isinstance(e, Var):
+            return env[e.name]
+        if isinstance(e, Const):
+            return np.float64(e.value)
+        if isinstance(e, VConst):
+            return np.array(e.values, np.float64)
+        if isinstance(e, Un):
+            return getattr(np, e.op)(self.ev(e.a, env, ienv))
+        if isinstance(e, Bin):
+            a, b = self.ev(e.a, env, ienv), self.ev(e.b, env, ienv)
+            return (a + b) * 0.5 if e.op == "avg" else a * b * 0.25
+        if isinstance(e, AddC):
+            return (self.ev(e.a, env, ienv) + e.c) * 0.5
+        if isinstance(e, MulC):
+            return self.ev(e.a, env, ienv) * e.c
+        if isinstance(e, Mean):
+            return np.float64(np.mean(self.ev(e.a, env, ienv)))
+        if isinstance(e, IdxF):
+            return np.float64((ienv[e.ivar] % 3) * 0.5)
+        if isinstance(e, IPred):
+            return (ienv[e.ivar] + e.c) % e.m == 0
+        if isinstance(e, FPred):
+            x = self.ev(e.e, env, ienv)
+            return self.gt(x, e.t)
+        if isinstance(e, SIdx):
+            return (ienv[e.ivar] + e.c) % e.m
+        raise TypeError(e)
+
+    @staticmethod
+    def gt(x, t) -> bool:
+        if abs(float(x) - t) < 1e-3:
+            raise Ambiguous(f"{float(x)} vs {t}")
+        return bool(x > t)
+
+    # -- state
+    def get(self, name, init):
+        init = _np(init) if name != "cnt" else 0
+        if self.mode == "none":
+            return init
+        if name not in self.cur:
+            self.cur[name] = init
+            self.state0.setdefault(name, init)
+        return self.cur[name]
+
+    def set(self, name, value):
+        if self.mode == "none":
+            return
+        if name not in self.cur and self.mode == "example":
+            self.state0.setdefault(name, 0 if name == "cnt" else _zeros(STATES[name]))
+        self.cur[name] = value
+
+    # -- sows
+    def sow(self, s: Sow, value, env, ienv, site):
+        idx, calls = site
+        if s.tag != T:
+            return value
+        if s.mode == "cond_clobber":
+            pred = self.ev(s.pred, env, ienv)
+            if pred:
+                self.clobber[s.name] = value
+        elif s.mode == "append":
+            self.records.setdefault((s.slot or s.uid, calls), {})[idx] = value
+        else:
+            self.clobber[s.name] = value
+        if s.name in self.plants:
+            p = self.plants[s.name]
+            if s.mode == "append":
+                off = self.offsets[(s.slot or s.uid, calls)]
+                return p[off + idx[0]][idx[1:]] if idx else p[off]
+            return p
+        return value
+
+    # -- statements
+    def block(self, stmts, env, ienv, site):
+        for s in stmts:
+            self.stmt(s, env, ienv, site)
+
+    def stmt(self, s, env, ienv, site):
+        """``site = (scan indices, calls)`` of the enclosing scans and functions."""
+        idx, calls = site
+        if isinstance(s, Assign):
+            env[s.target] = self.ev(s.e, env, ienv)
+        elif isinstance(s, Get):
+            env[s.target] = self.get(s.state, s.init)
+        elif isinstance(s, Set):
+            self.set(s.state, self.ev(s.e, env, ienv))
+        elif isinstance(s, Sow):
+            value = self.ev(s.e, env, ienv)
+            out = self.sow(s, value, env, ienv, site)
+            if s.target:
+                env[s.target] = out
+        elif isinstance(s, Scan):
+            xsrc = self.ev(s.xsrc, env, ienv)
+            ys = [None] * s.length
+            order = range(s.length - 1, -1, -1) if s.reverse else range(s.length)
+            for i in order:
+                env[f"x{s.uid}"] = np.float64(s.coefs[i] * xsrc)
+                self.block(s.body, env, {**ienv, f"i{s.uid}": i}, ((*idx, i), calls))
+                ys[i] = env[s.yvar]
+                del env[f"x{s.uid}"]
+            kind = var_kind(s.yvar)
+            total = sum(ys, _zeros(kind)) if ys else _zeros(kind)
+            env[s.out] = np.tanh(total)
+        elif isinstance(s, Fori):
+            lo = min(max(ienv[s.ivar] + s.lo, 0), 2)
+            hi = min(max(ienv[s.ivar] + s.hi, 0), 3)
+            for i in range(lo, hi):
+                self.block(s.body, env, {**ienv, f"i{s.uid}": i}, site)
+        elif isinstance(s, While):
+            k = 0
+            lim = self.get("cnt", 0) + s.bound if s.kind == "state" else None
+
+            def cond():
+                if s.csow:
+                    self.sow(Sow(-1, None, None, s.csow[1], "clobber"), env[s.csow[0]], env, ienv,
+                             site)
+                base = k < s.bound if s.kind == "carry" else self.get("cnt", 0) < lim
+                if s.spred:
+                    x = self.get(s.spred[0], s.spred[1])
+                    return base and self.gt(x, s.spred[2])
+                return base
+
+            while cond():
+                body_ienv = {**ienv, f"k{s.uid}": k} if s.kind == "carry" else ienv
+                if s.kind == "state":
+                    self.set("cnt", self.get("cnt", 0) + 1)
+                self.block(s.body, env, body_ienv, site)
+                k += 1
+        elif isinstance(s, Cond):
+            b = 0 if self.ev(s.pred, env, ienv) else 1
+            self.branch(s.branches[b], env, ienv, site)
+        elif isinstance(s, Switch):
+            b = min(max(self.ev(s.idx, env, ienv), 0), len(s.branches) - 1)
+            self.branch(s.branches[b], env, ienv, site)
+        elif isinstance(s, (Jit, Ckpt)):
+            for c in range(s.calls):
+                self.branch(s.body, env, ienv, (idx, (*calls, (s.uid, c))))
+        else:
+            raise TypeError(s)
+
+    def branch(self, body, env, ienv, site):
+        # A function body: its own copy of the env (in-place updates of the
+        # loop-element variables do not leak), results written back.
+        inner = dict(env)
+        self.block(body, inner, ienv, site)
+        for n in ENV:
+            env[n] = inner[n]
+
+    def run(self, args):
+        p0, p1, p2, pv, n = args
+        env = {"f0": _np(p0), "f1": _np(p1), "f2": _np(p2), "v": _np(pv)}
+        self.block(self.program.body, env, {"n": int(n)}, ((), ()))
+        out = tuple(env[k] for k in ENV)
+        names = states_of(self.program)
+        if self.mode == "example":
+            inits = first_traced_inits(self.program)
+            for name, kind in names.items():
+                if name not in self.state0:
+                    self.state0[name] = (_np(inits[name]) if name in inits and name != "cnt"
+                                         else (0 if kind == "I" else _zeros(kind)))
+        final = {}
+        if self.mode != "none":
+            start = self.state0 if self.mode == "example" else {}
+            final = {name: self.cur.get(name, start.get(name)) for name in names}
+        return out, final, dict(self.state0), self.reaps()
+
+    def reaps(self):
+        out = {}
+        for name, mode in sow_names(self.program).items():
+            if name in self.plants:
+                continue
+            if mode != "append":
+                out[name] = self.clobber.get(name, _zeros(sow_kind(name)))
+                continue
+            parts = []
+            for sl in self.slots[name]:
+                block = np.zeros(sl.shape())
+                for i, val in self.records.get(sl.key, {}).items():
+                    block[i] = val
+                parts.append(block if sl.lens else block[None])
+            out[name] = np.concatenate(parts, axis=0)
+        return out
+
+
+def _np(x):
+    if isinstance(x, tuple):
+        return np.array(x, np.float64)
+    a = np.asarray(x)
+    if a.dtype.kind in "iu":
+        return int(a) if a.shape == () else a.astype(np.int64)
+    return a.astype(np.float64) if a.shape else np.float64(a)
+
+
+# ---------------------------------------------------------------------------------
+# The generator
+# ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ctx:
+    depth: int = 0
+    scan_lens: tuple = ()
+    no_strict: bool = False  # in a loop, or a function called twice
+    in_while: bool = False  # only clobber modes
+    in_branch: bool = False  # appends only as branch tails
+    ivars: tuple = ("n",)
+    fvars: tuple = ()  # readable float scalars besides f0 f1 f2 (scan elements)
+
+
+CONSTS = (0.5, -0.5, 1.0, 0.25, -1.0, 1.5, -1.5, 2.0, 0.0, -2.0)
+COEFS = (1.0, -0.5, 0.5, 0.25, -1.0, 0.75)
+# Thresholds away from the values simple programs compute (a value within
+# 1e-3 of its threshold makes the example ambiguous and discarded).
+THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
+SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow")
+# Repeats weight the choice (the first entries are what shrinking tends to).
+STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
+              "scan", "sow", "get", "while", "cond")
+
+
+class Gen:
+    def __init__(self, draw, budget: int, allow: frozenset = frozenset()):
+        self.draw = draw
+        self.budget = budget
+        self.uid = 0
+        self.strict_left = list(STRICT_NAMES)
+        self.allow = allow  # optional features: "counter_state" (while on a counter state)
+
+    def next_uid(self) -> int:
+        self.uid += 1
+        return self.uid
+
+    def pick(self, seq):
+        return self.draw(st.sampled_from(seq))
+
+    def int_(self, lo, hi):
+        return self.draw(st.integers(lo, hi))
+
+    # -- expressions
+    def expr(self, kind: str, ctx: Ctx, d: int = 0):
+        leaf = d >= 2 or not self.draw(st.booleans())
+        if kind == "S":
+            if leaf:
+                opts = ["var", "const", "idx"]
+                which = self.pick(opts)
+                if which == "var":
+                    return Var(self.pick((*SVARS, *ctx.fvars)))
+                if which == "const":
+                    return Const(self.pick(CONSTS))
+                return IdxF(self.pick(ctx.ivars))
+            op = self.pick(("avg", "sin", "mulc", "tanh", "mul", "addc", "mean"))
+        else:
+            if leaf:
+                if self.draw(st.booleans()):
+                    return Var("v")
+                return VConst(tuple(self.pick(CONSTS) for _ in range(3)))
+            op = self.pick(("avg", "sin", "mulc", "tanh", "mul", "addc"))
+        if op in ("sin", "tanh"):
+            return Un(op, self.expr(kind, ctx, d + 1))
+        if op == "mulc":
+            return MulC(self.expr(kind, ctx, d + 1), self.pick((0.5, -1.0, 0.9, -0.25)))
+        if op == "addc":
+            return AddC(self.expr(kind, ctx, d + 1), self.pick(CONSTS))
+        if op == "mean":
+            return Mean(self.expr("V", ctx, d + 1))
+        # avg / mul: for a vector, one side may be a scalar (broadcast)
+        ka, kb = kind, kind
+        if kind == "V":
+            ka, kb = self.pick((("V", "V"), ("V", "S"), ("S", "V")))
+        return Bin(op, self.expr(ka, ctx, d + 1), self.expr(kb, ctx, d + 1))
+
+    def pred(self, ctx: Ctx):
+        if self.draw(st.booleans()):
+            return IPred(self.pick(ctx.ivars), self.int_(0, 2), self.pick((2, 3)))
+        return FPred(self.expr("S", ctx, 1), self.pick(THRESH))
+
+    def target(self, kind: str):
+        return "v" if kind == "V" else self.pick(SVARS)
+
+    # -- sows
+    def sow(self, ctx: Ctx, mode=None, name=None, slot=None, unused_ok=True):
+        if mode is None:
+            modes = ["clobber", "cond_clobber", "other"]
+            if not ctx.in_while and not ctx.in_branch:
+                modes.insert(1, "append")
+            if not ctx.no_strict and not ctx.in_branch and self.strict_left:
+                modes.append("strict")
+            mode = self.pick(modes)
+        tag = T
+        pred = None
+        if mode == "other":
+            tag, name, mode = OTHER, "o", self.pick(("clobber", "append", "strict"))
+            kind = self.pick(("S", "V"))
+        elif mode == "clobber":
+            name = name or self.pick(tuple(CLOBBER_NAMES))
+            kind = CLOBBER_NAMES[name]
+        elif mode == "cond_clobber":
+            name = name or "q0"
+            kind = "S"
+            pred = self.pred(ctx)
+        elif mode == "strict":
+            name = name or self.strict_left.pop(self.int_(0, len(self.strict_left) - 1))
+            kind = STRICT_NAMES[name]
+        else:  # append
+            if name is None:
+                kind = self.pick(("S", "V"))
+                name = append_name(self.pick(("a", "b")), ctx.scan_lens, kind)
+            kind = sow_kind(name)
+        target = self.target(kind) if not (unused_ok and self.draw(st.booleans())) else None
+        return Sow(self.next_uid(), target, self.expr(kind, ctx), name, mode, tag, pred, slot)
+
+    # -- statements
+    def block(self, ctx: Ctx, max_len: int) -> tuple:
+        out = []
+        n = self.int_(0 if ctx.depth else 1, max_len)
+        for _ in range(n):
+            if self.budget <= 0:
+                break
+            self.budget -= 1
+            out.append(self.stmt(ctx))
+        return tuple(out)
+
+    def stmt(self, ctx: Ctx):
+        kinds = STMT_KINDS if ctx.depth < MAX_DEPTH and self.budget > 0 else SIMPLE_KINDS
+        k = self.pick(kinds)
+        if k == "assign":
+            kind = self.pick(("S", "V"))
+            return Assign(self.target(kind), self.expr(kind, ctx))
+        if k == "get":
+            state = self.pick(tuple(STATES))
+            init = (tuple(self.pick(CONSTS) for _ in range(3)) if STATES[state] == "V"
+                    else self.pick(CONSTS))
+            return Get(self.target(STATES[state]), state, init)
+        if k == "set":
+            state = self.pick(tuple(STATES))
+            return Set(state, self.expr(STATES[state], ctx))
+        if k == "sow":
+            return self.sow(ctx)
+        uid = self.next_uid()
+        sub = dataclasses.replace(ctx, depth=ctx.depth + 1)
+        if k == "scan":
+            length = self.pick((2, 0, 1, 3))
+            sub = dataclasses.replace(sub, scan_lens=(*ctx.scan_lens, length), no_strict=True,
+                                      ivars=(*ctx.ivars, f"i{uid}"),
+                                      fvars=(*ctx.fvars, f"x{uid}"))
+            body = self.block(sub, 3)
+            yvar = self.pick(("f0", "f1", "f2", "v", f"x{uid}"))
+            return Scan(uid, body, length, self.draw(st.booleans()),
+                        tuple(self.pick(COEFS) for _ in range(length)), self.expr("S", ctx, 1),
+                        yvar, self.target(var_kind(yvar)))
+        if k == "fori":
+            sub = dataclasses.replace(sub, no_strict=True, in_while=True,
+                                      ivars=(*ctx.ivars, f"i{uid}"))
+            ivar = self.pick(ctx.ivars)
+            return Fori(uid, self.block(sub, 3), ivar, self.int_(-1, 1), self.int_(0, 3))
+        if k == "while":
+            kind = self.pick(("carry", "state")) if "counter_state" in self.allow else "carry"
+            sub = dataclasses.replace(sub, no_strict=True, in_while=True,
+                                      ivars=(*ctx.ivars, f"k{uid}") if kind == "carry"
+                                      else ctx.ivars)
+            spred = csow = None
+            if self.draw(st.booleans()):
+                state = self.pick(("s0", "s1"))
+                spred = (state, self.pick(CONSTS), self.pick(THRESH))
+            if self.draw(st.booleans()):
+                name = self.pick(tuple(CLOBBER_NAMES))
+                csow = (self.target(CLOBBER_NAMES[name]), name)
+            return While(uid, self.block(sub, 3), kind, self.pick((2, 1, 3, 0)), spred, csow)
+        if k in ("cond", "switch"):
+            nb = 2 if k == "cond" else self.pick((3, 2, 1))
+            bctx = dataclasses.replace(sub, in_branch=True)
+            bodies = [list(self.block(bctx, 2)) for _ in range(nb)]
+            self.pad_branches(bodies, ctx)
+            # Tails: the same appends (and maybe a strict sow) ending every branch.
+            if ctx.in_while or ctx.in_branch or not self.draw(st.booleans()):
+                tails = []
+            else:
+                tails = [self.pick(("S", "V")) for _ in range(self.int_(1, 2))]
+            names = [append_name(self.pick(("a", "b")), ctx.scan_lens, kind) for kind in tails]
+            strict = None
+            if not ctx.no_strict and not ctx.in_branch and self.strict_left and self.draw(
+                    st.booleans()):
+                strict = self.strict_left.pop(self.int_(0, len(self.strict_left) - 1))
+            for body in bodies:
+                for j, name in enumerate(names):
+                    body.append(self.sow(bctx, "append", name, slot=(uid, j)))
+                if strict:
+                    body.append(self.sow(bctx, "strict", strict))
+            bodies = tuple(map(tuple, bodies))
+            if k == "cond":
+                return Cond(uid, self.pred(ctx), bodies)
+            return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
+                          bodies)
+        if k in ("jit", "ckpt"):
+            calls = self.pick((1, 2))
+            body = self.block(dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1), 3)
+            return (Jit if k == "jit" else Ckpt)(uid, body, calls)
+        raise AssertionError(k)
+
+    def pad_branches(self, bodies: list, ctx: Ctx) -> None:
+        """Every branch must sow the same (non-append) names: prepend the
+        missing ones."""
+        have = [{s.name: s.mode for s in sows(b) if s.mode != "append"} for b in bodies]
+        union = {}
+        for hv in have:
+            union.update(hv)
+        bctx = dataclasses.replace(ctx, in_branch=True)
+        for body, hv in zip(bodies, have):
+            missing = [n for n in union if n not in hv]
+            body[:0] = [self.sow(bctx, union[n], n) for n in missing]
+
+
+@st.composite
+def programs(draw, budget: int = 12, allow=frozenset({"counter_state"})):
+    gen = Gen(draw, draw(st.integers(min(4, budget), budget)), allow)
+    return Program(gen.block(Ctx(), budget))
+
+
+F32 = st.sampled_from((0.5, -1.0, 1.5, 0.0, -0.75, 1.0, -2.0, 0.3))
+
+
+@st.composite
+def arguments(draw):
+    p0, p1, p2 = draw(F32), draw(F32), draw(F32)
+    pv = np.array([draw(F32) for _ in range(3)], np.float32)
+    n = draw(st.integers(-1, 3))
+    return (np.float32(p0), np.float32(p1), np.float32(p2), pv, np.int32(n))
+
+
+# ---------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------
+
+TOL = dict(rtol=2e-4, atol=2e-4)
+
+
+def assert_close(got, want, what: str) -> None:
+    g = np.asarray(got)
+    w = np.asarray(want)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} != reference {w.shape}"
+    if isinstance(want, int) or w.dtype.kind in "iu":
+        assert g.dtype == np.int32, f"{what}: dtype {g.dtype}, expected int32"
+        assert np.array_equal(g, w), f"{what}: {g} != reference {w}"
+        return
+    assert g.dtype == np.float32, f"{what}: dtype {g.dtype}, expected float32"
+    np.testing.assert_allclose(g, w, err_msg=what, **TOL)
+
+
+def assert_dict_close(got: dict, want: dict, what: str) -> None:
+    assert set(got) == set(want), f"{what}: keys {sorted(got)} != reference {sorted(want)}"
+    for k in want:
+        assert_close(got[k], want[k], f"{what}[{k!r}]")
+
+
+def assert_outs_close(got, want, what: str) -> None:
+    assert len(got) == len(want)
+    for name, g, w in zip(ENV, got, want):
+        assert_close(g, w, f"{what} {name}")
+
+
+def perturb(state: dict) -> dict:
+    """Another valid state: floats moved, the counter advanced."""
+    out = {}
+    for k, v in state.items():
+        a = np.asarray(v)
+        out[k] = (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
+    return out
+
+
+def reference(program, args, states=None, plants=None):
+    """Run the reference; a predicate too close to call makes hypothesis
+    discard the example."""
+    try:
+        return Reference(program, states, plants).run(args)
+    except Ambiguous:
+        assume(False)
+
+
+def make_plants(program: Program, rng: np.random.Generator, fraction=0.5) -> dict:
+    """Random plants for some of the sown names (right shapes and dtypes)."""
+    plants = {}
+    slots = append_slots(program)
+    for name, mode in sorted(sow_names(program).items()):
+        if rng.random() > fraction:
+            continue
+        kind = sow_kind(name)
+        if mode == "append":
+            sl = slots[name]
+            rows = sum(s.rows() for s in sl)
+            shape = (rows, *sl[0].shape()[1:]) if sl[0].lens else (rows, *sl[0].shape())
+        else:
+            shape = (3,) if kind == "V" else ()
+        plants[name] = rng.uniform(-2, 2, shape).astype(np.float32)
+    return plants
+
+
+def features(program: Program) -> set[str]:
+    """Labels for ``hypothesis.event`` (see --hypothesis-show-statistics)."""
+    out = set()
+
+    def visit(stmts, depth, lens):
+        out.add(f"depth {depth}")
+        for s in stmts:
+            name = type(s).__name__
+            if isinstance(s, Sow):
+                name = f"sow {s.mode}" + (" (other tag)" if s.tag != T else "")
+                if s.mode == "append" and s.tag == T and lens:
+                    name += f" in scan depth {len(lens)}"
+            elif isinstance(s, Scan):
+                name = f"scan len {s.length}" + (" reverse" if s.reverse else "")
+            elif isinstance(s, While):
+                name = f"while {s.kind}" + (" spred" if s.spred else "")
+            out.add(name)
+            lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
+            for b in children(s):
+                visit(b, depth + 1, lens2)
+
+    visit(program.body, 0, ())
+    return out
+
+
+_RUNS = [0]
+
+
+def run_check(check, program, *params):
+    """``check(program, *params)``; a failure carries the program's source and
+    the check's arguments."""
+    _RUNS[0] += 1
+    if _RUNS[0] % 250 == 0:  # every program compiles new jaxprs: bound the caches
+        jax.clear_caches()
+    for f in features(program):
+        event(f)
+    try:
+        check(program, *params)
+    except Exception as e:  # noqa: BLE001 - re-raised with the program attached
+        call = ", ".join(["program", *map(repr, params)])
+        e.add_note(f"fuzz program (failed {check.__name__}({call})):\n{to_source(program)}")
+        raise
+
+
+# ---------------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------------
+
+def check_uncurry(program, args, args2, jit: bool):
+    """uncurry: state0, pure(state0) (not jitted), pure(other state) (jitted or not)."""
+    fn = build(program)
+    out_r, fin_r, s0_r, _ = reference(program, args)
+    pure, state0 = tx.uncurry(fn, *args)
+    assert_dict_close(state0, s0_r, "state0")
+    if not jit:
+        out, fin = pure(state0, *args)
+        assert_outs_close(out, out_r, "pure(state0) out")
+        assert_dict_close(fin, fin_r, "pure(state0) state")
+        closed, infos = tx.make_jaxpr(fn)(*args)
+        check(closed)
+        assert [i.name for i in infos] == sorted(s0_r)
+        check(jax.make_jaxpr(pure)(state0, *args))  # the rewritten jaxprs, bound again
+    other = perturb(state0)
+    out_r2, fin_r2, _, _ = reference(program, args2, other)
+    run = jax.jit(pure) if jit else pure
+    out2, fin2 = run(other, *args2)
+    assert_outs_close(out2, out_r2, "pure(other state) out")
+    assert_dict_close(fin2, fin_r2, "pure(other state) state")
+
+
+def check_reap(program, args, jit: bool, compose: str, filt: tuple):
+    """reap of the uncurried function (or uncurry of the reaped one), with an
+    allowlist or blocklist ``filt = (kind, names)``."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    state = perturb(state0)
+    out_r, fin_r, _, reaps_r = reference(program, args, state)
+    kind, names = filt
+    kw = {} if kind is None else {kind: names}
+    if kind is not None:
+        keep = (lambda n: n in names) if kind == "allowlist" else (lambda n: n not in names)
+        reaps_r = {k: v for k, v in reaps_r.items() if keep(k)}
+    if compose == "reap(pure)":
+        car = h.call_and_reap(pure, tag=T, **kw)
+        (out, fin), reaps = (jax.jit(car) if jit else car)(state, *args)
+        if not jit:
+            check(jax.make_jaxpr(car)(state, *args))
+    else:
+        pure2, _ = tx.uncurry(h.call_and_reap(fn, tag=T, **kw), *args)
+        (out, reaps), fin = (jax.jit(pure2) if jit else pure2)(state, *args)
+    assert_outs_close(out, out_r, f"{compose} out")
+    assert_dict_close(fin, fin_r, f"{compose} state")
+    assert_dict_close(reaps, reaps_r, f"{compose} reaps")
+
+
+def check_harvest(program, args, seed: int, jit: bool):
+    """harvest (plant some names, reap the others) of the uncurried function."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    plants = make_plants(program, np.random.default_rng(seed))
+    out_r, fin_r, _, reaps_r = reference(program, args, dict(state0), plants)
+    hv = h.harvest(pure, tag=T)
+    (out, fin), reaps = (jax.jit(hv) if jit else hv)(plants, state0, *args)
+    assert_outs_close(out, out_r, "harvest out")
+    assert_dict_close(fin, fin_r, "harvest state")
+    assert_dict_close(reaps, reaps_r, "harvest reaps")
+    if plants and not jit:
+        out_p = h.plant(pure, tag=T)(plants, state0, *args)[0]
+        assert_outs_close(out_p, out_r, "plant out")
+
+
+def _stack(a, b):
+    return np.stack([np.asarray(a), np.asarray(b)])
+
+
+def check_vmap(program, args, args2, with_reap: bool):
+    """vmap of the pure function (or of reap of it) over a batch of two states
+    and two argument sets: each row matches its own reference run."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    states = (dict(state0), perturb(state0))
+    refs = [reference(program, a, s) for a, s in zip((args, args2), states)]
+    bstate = {k: _stack(states[0][k], states[1][k]) for k in state0}
+    bargs = [_stack(a, b) for a, b in zip(args, args2)]
+    if with_reap:
+        (out, fin), reaps = jax.vmap(h.call_and_reap(pure, tag=T))(bstate, *bargs)
+    else:
+        (out, fin), reaps = jax.vmap(pure)(bstate, *bargs), None
+    for row, (out_r, fin_r, _, reaps_r) in enumerate(refs):
+        pick = lambda tree: jax.tree_util.tree_map(lambda x: x[row], tree)  # noqa: E731
+        assert_outs_close(pick(out), out_r, f"vmap row {row} out")
+        assert_dict_close(pick(fin), fin_r, f"vmap row {row} state")
+        if with_reap:
+            assert_dict_close(pick(reaps), reaps_r, f"vmap row {row} reaps")
+
+
+def _objective(out, state, reaps=None) -> Any:
+    """A scalar of every float output, float state and reaped value."""
+    leaves = [*out, *(v for k, v in sorted(state.items()) if k != "cnt"),
+              *(v for _, v in sorted((reaps or {}).items()))]
+    return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
+
+
+def check_derivatives(program, args, seed: int, variant: str):
+    """jvp (and, without while loops, grad) of the pure function w.r.t. the
+    float arguments and float states (``variant="reap"``: of reap of it, the
+    reaped values included; ``"plant"``: of plant of it, also w.r.t. the
+    planted values), against central finite differences of the float64
+    reference."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    state = perturb(state0)
+    fkeys = sorted(k for k in state if k != "cnt")
+    rng = np.random.default_rng(seed)
+    plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
+    pkeys = sorted(plants)
+    floats = ([np.asarray(a) for a in args[:4]] + [np.asarray(state[k]) for k in fkeys]
+              + [plants[k] for k in pkeys])
+    tangents = [rng.uniform(-1, 1, np.shape(x)).astype(np.float32) for x in floats]
+    n_st = 4 + len(fkeys)
+
+    def split(xs):
+        st_ = dict(state)
+        st_.update(zip(fkeys, xs[4:n_st]))
+        return st_, (*xs[:4], args[4]), dict(zip(pkeys, xs[n_st:]))
+
+    def f(*xs):
+        st_, a, pl = split(xs)
+        if variant == "reap":
+            (out, fin), reaps = h.call_and_reap(pure, tag=T)(st_, *a)
+            return _objective(out, fin, reaps)
+        if variant == "plant":
+            out, fin = h.plant(pure, tag=T)(pl, st_, *a)
+        else:
+            out, fin = pure(st_, *a)
+        return _objective(out, fin)
+
+    def f_ref(xs):
+        st_, a, pl = split(xs)
+        out, fin, _, reaps = reference(program, a, st_, pl)
+        return float(_objective(out, fin, reaps if variant == "reap" else None))
+
+    eps = 1e-5
+    plus = [np.asarray(x, np.float64) + eps * t for x, t in zip(floats, tangents)]
+    minus = [np.asarray(x, np.float64) - eps * t for x, t in zip(floats, tangents)]
+    fd = (f_ref(plus) - f_ref(minus)) / (2 * eps)
+    _, jvp = jax.jvp(f, floats, tangents)
+    np.testing.assert_allclose(float(jvp), fd, rtol=2e-3, atol=2e-3,
+                               err_msg=f"{variant}: jvp vs finite differences")
+    if not any(isinstance(s, (While, Fori)) for s in walk(program.body)):
+        grads = jax.grad(f, argnums=tuple(range(len(floats))))(*floats)
+        dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
+        np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
+                                   err_msg=f"{variant}: grad vs finite differences")
+
+
+def check_raw_reap(program, args):
+    """reap / plant of the stateful function itself (no state handler: get
+    returns init, set is a no-op)."""
+    fn = build(program)
+    out_r, _, _, reaps_r = reference(program, args, "none")
+    out, reaps = jax.jit(h.call_and_reap(fn, tag=T))(*args)
+    assert_outs_close(out, out_r, "call_and_reap out")
+    assert_dict_close(reaps, reaps_r, "call_and_reap reaps")
+
+
+# ---------------------------------------------------------------------------------
+# Profiles and tests
+# ---------------------------------------------------------------------------------
+
+LONG = os.environ.get("TAXPR_FUZZ_LONG") == "1"
+LONG_EXAMPLES = int(os.environ.get("TAXPR_FUZZ_EXAMPLES", "20000"))
+_SEED = os.environ.get("TAXPR_FUZZ_SEED")
+
+
+def ci_settings(n: int):
+    """``n`` examples in CI (fixed, derandomized); the long profile's share of
+    LONG_EXAMPLES when TAXPR_FUZZ_LONG=1."""
+    if LONG:
+        return long_settings(n)
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+# Programs per check in CI; the long profile splits LONG_EXAMPLES in these proportions.
+SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
+          "derivatives": 50}
+
+
+def long_settings(n: int):
+    count = max(1, LONG_EXAMPLES * n // sum(SHARES.values()))
+    return settings(max_examples=count, deadline=None, database=None, derandomize=_SEED is None,
+                    suppress_health_check=list(HealthCheck), print_blob=True)
+
+
+def _seeded(test, long: bool = False):
+    """TAXPR_FUZZ_SEED=S seeds the long profile (else it is derandomized)."""
+    if _SEED is not None and (LONG or long):
+        from hypothesis import seed
+        return seed(int(_SEED))(test)
+    return test
+
+
+def _seeded_long(test):
+    return _seeded(test, long=True)
+
+
+def _uncurry_case(data, jit):
+    program = data.draw(programs())
+    args, args2 = data.draw(arguments()), data.draw(arguments())
+    run_check(check_uncurry, program, args, args2, jit)
+
+
+def _reap_case(data):
+    program = data.draw(programs())
+    args = data.draw(arguments())
+    compose = data.draw(st.sampled_from(("reap(pure)", "uncurry(reap)")))
+    jit = data.draw(st.booleans())
+    kind = data.draw(st.sampled_from((None, "allowlist", "blocklist")))
+    names = sorted(sow_names(program))
+    filt = (kind, data.draw(st.sets(st.sampled_from(names))) if names and kind else set())
+    run_check(check_reap, program, args, jit, compose, filt)
+
+
+def _harvest_case(data):
+    program = data.draw(programs())
+    args = data.draw(arguments())
+    seed = data.draw(st.integers(0, 2**16))
+    jit = data.draw(st.booleans())
+    run_check(check_harvest, program, args, seed, jit)
+
+
+def _vmap_case(data):
+    program = data.draw(programs())
+    args, args2 = data.draw(arguments()), data.draw(arguments())
+    with_reap = data.draw(st.booleans())
+    run_check(check_vmap, program, args, args2, with_reap)
+
+
+def _derivative_case(data):
+    program = data.draw(programs())
+    args = data.draw(arguments())
+    seed = data.draw(st.integers(0, 2**16))
+    variant = data.draw(st.sampled_from(("pure", "reap", "plant")))
+    run_check(check_derivatives, program, args, seed, variant)
+
+
+def _raw_case(data):
+    # Without a state handler set_state is a no-op: a while on the counter
+    # state would never stop.
+    program = data.draw(programs(allow=frozenset()))
+    args = data.draw(arguments())
+    run_check(check_raw_reap, program, args)
+
+
+@_seeded
+@ci_settings(SHARES["uncurry"])
+@given(st.data())
+def test_uncurry_matches_reference(data):
+    _uncurry_case(data, jit=False)
+
+
+@_seeded
+@ci_settings(SHARES["uncurry_jit"])
+@given(st.data())
+def test_uncurry_jit_matches_reference(data):
+    _uncurry_case(data, jit=True)
+
+
+@_seeded
+@ci_settings(SHARES["reap"])
+@given(st.data())
+def test_reap_matches_reference(data):
+    _reap_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["harvest"])
+@given(st.data())
+def test_harvest_matches_reference(data):
+    _harvest_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["vmap"])
+@given(st.data())
+def test_vmap_matches_reference(data):
+    _vmap_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["derivatives"])
+@given(st.data())
+def test_derivatives_match_finite_differences(data):
+    _derivative_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["raw"])
+@given(st.data())
+def test_raw_reap_matches_reference(data):
+    _raw_case(data)
+
+
+# ---- static rules: one violation inserted into a valid program -----------------------
+
+def blocks(stmts, path=(), owners=()):
+    """(path, owners) of every block: ``path`` = ((stmt index, child index), ...)
+    from the top; ``owners`` the statements owning the nested blocks."""
+    yield path, owners
+    for i, s in enumerate(stmts):
+        for j, b in enumerate(children(s)):
+            yield from blocks(b, (*path, (i, j)), (*owners, s))
+
+
+def insert(stmts: tuple, path: tuple, pos: int, new) -> tuple:
+    """``stmts`` with ``new`` inserted at ``pos`` of the block at ``path``."""
+    if not path:
+        pos = min(pos, len(stmts))
+        return (*stmts[:pos], new, *stmts[pos:])
+    (i, j), rest = path[0], path[1:]
+    s = stmts[i]
+    if isinstance(s, (Cond, Switch)):
+        branches = list(s.branches)
+        branches[j] = insert(branches[j], rest, pos, new)
+        s = dataclasses.replace(s, branches=tuple(branches))
+    else:
+        s = dataclasses.replace(s, body=insert(s.body, rest, pos, new))
+    return (*stmts[:i], s, *stmts[i + 1:])
+
+
+_LOOPS = (Scan, Fori, While)
+VIOLATIONS = {
+    # kind: (where it may go, the sow, the messages it may raise)
+    "strict_in_scan": (lambda owners: any(isinstance(o, Scan) for o in owners), "strict",
+                       r"Cannot use strict mode for 'z' inside `scan`\.|"
+                       r"Must use clobber or cond_clobber mode for 'z' inside of a `while_loop`\."),
+    "append_in_while": (lambda owners: any(isinstance(o, (While, Fori)) for o in owners),
+                        "append", r"Must use clobber or cond_clobber mode for 'z' inside of a "
+                                  r"`while_loop`\."),
+    "strict_twice": (lambda owners: not any(isinstance(o, (*_LOOPS, Cond, Switch)) for o in owners),
+                     "strict", r"Variable has already been reaped: z"),
+    "missing_in_branch": (lambda owners: bool(owners) and isinstance(owners[-1], (Cond, Switch))
+                          and len(owners[-1].branches) > 1, "clobber",
+                          r"Missing sow in branch: 'z'\.|Mismatching number of `sow`s between "
+                          r"branches\."),
+}
+
+
+@ci_settings(60)
+@given(st.data())
+def test_static_rule_violations_raise(data):
+    """A valid program with one of harvest's static rules broken: reap raises
+    oryx's ValueError naming the sow, and JAX still works afterwards."""
+    kind = data.draw(st.sampled_from(sorted(VIOLATIONS)))
+    where, mode, message = VIOLATIONS[kind]
+    program = data.draw(programs(allow=frozenset()))
+    spots = [(p, o) for p, o in blocks(program.body) if where(o)]
+    assume(spots)
+    path, _ = data.draw(st.sampled_from(spots))
+    sow = Sow(10_000, None, Var("f0"), "z", mode)
+    body = insert(program.body, path, data.draw(st.integers(0, 3)), sow)
+    if kind == "strict_twice":
+        body = insert(body, (), data.draw(st.integers(0, 3)), dataclasses.replace(sow, uid=10_001))
+    bad = Program(body)
+
+    def run(bad):
+        fn = build(bad)
+        with pytest.raises(ValueError, match=message):
+            h.reap(fn, tag=T)(*ARGS)
+        assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
+        assert float(jax.grad(lambda x: jnp.sin(x) * x)(0.0)) == 0.0
+
+    run_check(run, bad)
+
+
+ARGS = (np.float32(0.5), np.float32(-1.0), np.float32(1.5), np.array([0.5, -0.5, 1.0], np.float32),
+        np.int32(1))
+
+
+# ---- the long profile (pytest -m long) ----------------------------------------------
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["uncurry"] + SHARES["uncurry_jit"])
+@given(st.data())
+def test_long_uncurry(data):
+    _uncurry_case(data, jit=data.draw(st.booleans()))
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["reap"])
+@given(st.data())
+def test_long_reap(data):
+    _reap_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["harvest"])
+@given(st.data())
+def test_long_harvest(data):
+    _harvest_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["vmap"])
+@given(st.data())
+def test_long_vmap(data):
+    _vmap_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["derivatives"])
+@given(st.data())
+def test_long_derivatives(data):
+    _derivative_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["raw"])
+@given(st.data())
+def test_long_raw_reap(data):
+    _raw_case(data)
+
+
+# ---- regressions for bugs the fuzzer found --------------------------------------------
+
+# Found by the fuzzer (fixed in 558aa40): the cond rule passed the branches'
+# fed keys up unchanged, so plants of append sows in branches collided with
+# other append sows of the same name (reap gave 2 rows, plant wanted 1 and
+# planted the same row into both sites).
+
+def _cond_append(x):
+    return lax.cond(x > 0, lambda x: h.sow(x * 2, tag=T, name="a", mode="append"),
+                    lambda x: h.sow(x * 3, tag=T, name="a", mode="append"), x)
+
+
+def test_regression_plant_append_in_cond_after_direct_sow():
+    def f(x):
+        h.sow(x, tag=T, name="a", mode="append")
+        return _cond_append(x)
+
+    np.testing.assert_allclose(h.reap(f, tag=T)(1.0)["a"], [1.0, 2.0])
+    assert float(h.plant(f, tag=T)({"a": jnp.array([10.0, 20.0])}, 1.0)) == 20.0
+
+
+def test_regression_plant_append_in_two_conds():
+    def f(x):
+        return _cond_append(x) + _cond_append(x) * 10
+
+    np.testing.assert_allclose(h.reap(f, tag=T)(1.0)["a"], [2.0, 2.0])
+    assert float(h.plant(f, tag=T)({"a": jnp.array([1.0, 2.0])}, 1.0)) == 21.0
