@@ -10,7 +10,8 @@ a figure, with the target from ``KNOWN_TARGETS`` if one is listed (else no
 target). A module that raises is reported as a failed row and the others
 still run.
 
-Run: ``python bench/run.py [--quick] [--out PATH]``. The exit status is 1 if a
+Run: ``python bench/run.py [--quick] [--out PATH]`` (``--quick`` writes
+``bench/results.quick.json``, ignored by git, unless ``--out`` is given). The exit status is 1 if a
 benchmark raised or (except with ``--quick``, whose tiny sizes make the
 figures meaningless) a figure missed its target.
 """
@@ -30,6 +31,8 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "results.json"
+# ``--quick`` (smoke-size, noisy figures) never overwrites the tracked results.
+QUICK_OUT = BENCH_DIR / "results.quick.json"
 
 # Targets (SPEC section G) for modules that return ratios but no "figures":
 # (module, key) -> upper bound on result[key]["ratio"].
@@ -155,8 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (a smoke test; the figures are noisy)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"where to write the JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write the JSON (default {DEFAULT_OUT}; "
+                             f"with --quick {QUICK_OUT}, which git ignores)")
     parser.add_argument("--only", nargs="*", metavar="MODULE",
                         help="run only these modules, e.g. bench_inject")
     args = parser.parse_args(argv)
@@ -165,8 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
     for name, r in results["benches"].items():
         if "error" in r:
             print(f"\n{name} raised:\n{r['traceback']}", file=sys.stderr)
-    write(results, args.out)
-    print(f"wrote {args.out}")
+    out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)
+    write(results, out)
+    print(f"wrote {out}")
     return results
 
 

@@ -1,5 +1,7 @@
 """taxpr: a tag-and-inject effect system for JAX."""
 
+__version__ = "0.1.0"
+
 from . import harvest as harvest
 
 from ._dataflow import (
@@ -30,3 +32,15 @@ from ._typed import (
     tcj_transpose as tcj_transpose,
 )
 from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
+
+__all__ = [
+    "InjectError", "StateError", "StateInfo", "TagSite", "TypedClosedJaxpr",
+    "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "iter_tags",
+    "keep_tags", "make_jaxpr", "partial", "partition_out", "set_state", "strip_outputs",
+    "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
+]
+
+
+def __dir__() -> list[str]:
+    # ``dir(taxpr)`` lists the public API, not the private modules.
+    return sorted(__all__ + ["__version__"])

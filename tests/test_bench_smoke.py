@@ -87,3 +87,22 @@ def test_results_json_written(quick_results):
     assert set(data["benches"]) == set(results["benches"])
     assert len(data["figures"]) == len(results["figures"])
     assert not out.with_name(out.name + ".tmp").exists()
+
+
+def test_quick_run_leaves_the_checkout_clean():
+    """``bench/run.py --quick`` (no ``--out``) must not overwrite the tracked
+    ``bench/results.json`` with smoke-size figures."""
+    import shutil
+    import subprocess
+
+    root = BENCH.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("needs a git checkout")
+    tracked = (BENCH / "results.json").read_bytes()
+    runner = _load_runner()
+    runner.main(["--quick", "--only", "bench_dispatch"])
+    assert (BENCH / "results.json").read_bytes() == tracked
+    assert runner.QUICK_OUT.exists()
+    status = subprocess.run(["git", "status", "--porcelain", "--", "bench"], cwd=root,
+                            capture_output=True, text=True, check=True).stdout
+    assert status == "", status

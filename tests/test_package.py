@@ -1,0 +1,39 @@
+"""The package's public surface: version, ``__all__``, ``dir``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import taxpr as tx
+
+
+def test_version_matches_pyproject():
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    (version,) = re.findall(r'^version = "([^"]+)"', text, flags=re.M)
+    assert tx.__version__ == version
+
+
+def test_all_names_exist_and_are_public():
+    assert tx.__all__, "taxpr.__all__ is empty"
+    for name in tx.__all__:
+        assert not name.startswith("_"), name
+        assert hasattr(tx, name), name
+
+
+def test_dir_lists_no_private_modules():
+    names = dir(tx)
+    assert "__version__" in names
+    assert not [n for n in names if n.startswith("_") and n != "__version__"]
+    assert set(tx.__all__) <= set(names)
+
+
+def test_every_public_function_has_a_docstring():
+    import inspect
+
+    objs = {n: getattr(tx, n) for n in tx.__all__}
+    documented = {n: o for n, o in objs.items()
+                  if inspect.isfunction(o) or inspect.isclass(o) or inspect.ismodule(o)}
+    assert len(documented) >= len(objs) - 1  # all but the tag_p primitive object
+    missing = [n for n, o in documented.items() if not (o.__doc__ or "").strip()]
+    assert not missing, missing
