@@ -21,6 +21,7 @@ from ._inject import inject as inject, injected as injected
 from ._state import (
     StateError as StateError,
     StateInfo as StateInfo,
+    StateNotUncurriedWarning as StateNotUncurriedWarning,
     get_state as get_state,
     make_jaxpr as make_jaxpr,
     set_state as set_state,
@@ -34,7 +35,7 @@ from ._typed import (
 from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
 
 __all__ = [
-    "InjectError", "StateError", "StateInfo", "TagSite", "TypedClosedJaxpr",
+    "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "iter_tags",
     "keep_tags", "make_jaxpr", "partial", "partition_out", "set_state", "strip_outputs",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",

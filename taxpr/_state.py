@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import warnings
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
@@ -41,6 +42,15 @@ class StateOp:
     def __repr__(self):
         return f"state.{self.kind}"
 
+    def on_lowering(self, params: dict) -> None:
+        """Called when a state access reaches compilation untransformed."""
+        if self is SET:
+            warnings.warn(
+                f"taxpr: set_state({params['name']!r}) is being compiled without "
+                f"tx.uncurry, so the update is lost (and get_state returns the init). "
+                f"Use `pure, state0 = tx.uncurry(fn, *args)` and jit `pure` instead.",
+                StateNotUncurriedWarning, stacklevel=2)
+
 
 GET, SET = StateOp("get"), StateOp("set")
 # Concrete ``init`` values seen while tracing (the initial value of a state
@@ -50,6 +60,12 @@ _INITS = threading.local()
 
 class StateError(ValueError):
     """A state is used inconsistently (the message names it)."""
+
+
+class StateNotUncurriedWarning(UserWarning):
+    """A ``set_state`` reached compilation (e.g. ``jax.jit(fn)``) without
+    ``tx.uncurry``: its update is lost. Turn it into an error with
+    ``warnings.simplefilter("error", tx.StateNotUncurriedWarning)``."""
 
 
 def _is_state(params: dict, shape: Any = None) -> bool:

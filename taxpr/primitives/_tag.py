@@ -204,7 +204,16 @@ batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
 
 # ---- lowering, DCE, printing ----------------------------------------------------
 
-mlir.register_lowering(tag_p, lambda ctx, *args, **params: list(args))
+def _tag_lowering(ctx, *args, **params):
+    # A tag is an identity in compiled code. An ``op`` param may ask to be
+    # told when its tag reaches compilation (state: the user forgot uncurry).
+    on_lowering = getattr(params.get("op"), "on_lowering", None)
+    if on_lowering is not None:
+        on_lowering(user_params(params))
+    return list(args)
+
+
+mlir.register_lowering(tag_p, _tag_lowering)
 mlir.register_lowering(
     tag_tangent_p, lambda ctx, *args, **params: list(args[len(args) // 2:]))
 mlir.register_lowering(
