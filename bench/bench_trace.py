@@ -1,0 +1,220 @@
+"""Tracing cost of stateful programs: ``tx.make_jaxpr`` vs JAX's mutable refs.
+
+Three programs (hidden size H = 16), each written three ways:
+
+* ``plain``: explicit carries, traced by ``jax.make_jaxpr`` (the reference);
+* ``refs``: JAX's mutable array references (``jax.new_ref``, ``ref[...] = v``,
+  ``jax.freeze``), traced by ``jax.make_jaxpr`` (``refs``) and then
+  discharged into pure code (``refs + discharge``, what ``jax.jit`` does);
+* ``taxpr``: ``tx.get_state`` / ``tx.set_state``, traced and made pure by
+  ``tx.make_jaxpr``.
+
+Programs: ``rnn_scan`` (an RNN in ``lax.scan`` of 2,000 steps, state ``h``),
+``layers_scan`` (8 layers of state in one ``lax.scan`` of 500 steps),
+``rnn_unrolled`` (an RNN unrolled in Python, 1,000 steps). Figures: each
+variant's tracing time divided by ``plain``'s (thread CPU time, the minimum
+over repetitions, interleaved, fresh functions every time so no trace cache
+hits). Targets: ``taxpr <= refs + discharge``.
+
+A second group compares ``tx.uncurry`` (trace, state discovery, initial
+values) with the first ``jax.jit`` call of the plain program (trace, compile,
+run), on the two scan programs with an input-dependent init and with
+constant inits only: targets <= 1.25 and <= 1.05.
+
+Run: ``python bench/bench_trace.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import taxpr as tx
+
+from _common import timed  # noqa: E402
+
+H = 16
+
+
+def _discharge(closed) -> Any:
+    from jax._src.state.discharge import discharge_state
+    return discharge_state(closed)
+
+
+# ---- the three programs, three ways each ----------------------------------------------
+
+def rnn_scan(steps: int, const_init: bool = True) -> dict[str, Callable]:
+    def cell(w, h, x):
+        return jnp.tanh(w @ h + x)
+
+    def plain(w, xs, h0):
+        h, _ = lax.scan(lambda h, x: (cell(w, h, x), None), h0, xs)
+        return h
+
+    def refs(w, xs, h0):
+        r = jax.new_ref(h0)
+
+        def body(_, x):
+            r[...] = cell(w, r[...], x)
+            return None, None
+
+        lax.scan(body, None, xs)
+        return jax.freeze(r)
+
+    def stateful(w, xs, h0):
+        init = (lambda: jnp.zeros(H)) if const_init else h0
+
+        def body(_, x):
+            h = tx.get_state("h", init)
+            tx.set_state("h", cell(w, h, x))
+            return None, None
+
+        lax.scan(body, None, xs)
+        return tx.get_state("h", init)
+
+    args = (jnp.eye(H) * 0.5, jnp.ones((steps, H)) * 0.01, jnp.zeros(H))
+    return {"plain": plain, "refs": refs, "taxpr": stateful, "args": args}
+
+
+def layers_scan(steps: int, layers: int = 8, const_init: bool = True) -> dict[str, Callable]:
+    def plain(w, xs, h0):
+        def body(hs, x):
+            new, inp = [], x
+            for h in hs:
+                inp = jnp.tanh(w @ h + inp)
+                new.append(inp)
+            return tuple(new), None
+
+        hs, _ = lax.scan(body, (h0,) * layers, xs)
+        return hs[-1]
+
+    def refs(w, xs, h0):
+        rs = [jax.new_ref(h0) for _ in range(layers)]
+
+        def body(_, x):
+            inp = x
+            for r in rs:
+                inp = jnp.tanh(w @ r[...] + inp)
+                r[...] = inp
+            return None, None
+
+        lax.scan(body, None, xs)
+        return jax.freeze(rs[-1])
+
+    def stateful(w, xs, h0):
+        init = (lambda: jnp.zeros(H)) if const_init else h0
+
+        def body(_, x):
+            inp = x
+            for i in range(layers):
+                inp = jnp.tanh(w @ tx.get_state(f"h{i}", init) + inp)
+                tx.set_state(f"h{i}", inp)
+            return None, None
+
+        lax.scan(body, None, xs)
+        return tx.get_state(f"h{layers - 1}", init)
+
+    args = (jnp.eye(H) * 0.5, jnp.ones((steps, H)) * 0.01, jnp.zeros(H))
+    return {"plain": plain, "refs": refs, "taxpr": stateful, "args": args}
+
+
+def rnn_unrolled(steps: int) -> dict[str, Callable]:
+    def plain(w, xs, h0):
+        h = h0
+        for t in range(steps):
+            h = jnp.tanh(w @ h + xs[t])
+        return h
+
+    def refs(w, xs, h0):
+        r = jax.new_ref(h0)
+        for t in range(steps):
+            r[...] = jnp.tanh(w @ r[...] + xs[t])
+        return jax.freeze(r)
+
+    def stateful(w, xs, h0):
+        for t in range(steps):
+            h = tx.get_state("h", lambda: jnp.zeros(H))
+            tx.set_state("h", jnp.tanh(w @ h + xs[t]))
+        return tx.get_state("h", lambda: jnp.zeros(H))
+
+    args = (jnp.eye(H) * 0.5, jnp.ones((steps, H)) * 0.01, jnp.zeros(H))
+    return {"plain": plain, "refs": refs, "taxpr": stateful, "args": args}
+
+
+# ---- measurements ----------------------------------------------------------------------
+
+def _fresh(fn: Callable) -> Callable:
+    """A new function object with the same code (no JAX trace cache hits)."""
+    return lambda *a: fn(*a)
+
+
+def _trace_times(make: Callable[[], dict], reps: int) -> dict[str, float]:
+    variants = {
+        "plain": lambda p: jax.make_jaxpr(_fresh(p["plain"]))(*p["args"]),
+        "refs": lambda p: jax.make_jaxpr(_fresh(p["refs"]))(*p["args"]),
+        "refs + discharge": lambda p: _discharge(jax.make_jaxpr(_fresh(p["refs"]))(*p["args"])),
+        "taxpr": lambda p: tx.make_jaxpr(_fresh(p["taxpr"]))(*p["args"]),
+    }
+    best = {k: float("inf") for k in variants}
+    for _ in range(reps):
+        for name, run in variants.items():  # interleaved: drifts hit all alike
+            program = make()
+            t, _ = timed(run, program, clock=time.thread_time)
+            best[name] = min(best[name], t)
+    return best
+
+
+def _uncurry_vs_jit(make: Callable[[], dict], reps: int) -> float:
+    ratios = []
+    for _ in range(reps):
+        p = make()
+        t_jit, _ = timed(lambda: jax.block_until_ready(jax.jit(_fresh(p["plain"]))(*p["args"])))
+        p = make()
+        t_unc, _ = timed(lambda: jax.block_until_ready(tx.uncurry(_fresh(p["taxpr"]), *p["args"])))
+        ratios.append(t_unc / t_jit)
+    return min(ratios)
+
+
+def run(quick: bool = False) -> dict:
+    """Returns ``{"trace": {program: {variant: ratio}}, "uncurry": {...}, "figures"}``."""
+    scale = 20 if quick else 1
+    reps = 2 if quick else 5
+    programs = {
+        "rnn_scan": lambda: rnn_scan(2000 // scale),
+        "layers_scan": lambda: layers_scan(500 // scale),
+        "rnn_unrolled": lambda: rnn_unrolled(1000 // scale),
+    }
+    out: dict = {"trace": {}, "uncurry": {}, "figures": []}
+    for name, make in programs.items():
+        times = _trace_times(make, reps)
+        ratios = {k: v / times["plain"] for k, v in times.items() if k != "plain"}
+        out["trace"][name] = {**ratios, "plain_s": times["plain"]}
+        for variant in ("refs", "refs + discharge", "taxpr"):
+            target = ratios["refs + discharge"] if variant == "taxpr" else None
+            out["figures"].append({
+                "name": f"trace {name}: {variant} / plain", "value": ratios[variant],
+                "target": None if target is None else f"<= {target:.2f} (refs + discharge)",
+                "pass": None if target is None else ratios[variant] <= target})
+    unc = {
+        "rnn_scan, input init": (lambda: rnn_scan(2000 // scale, const_init=False), 1.25),
+        "layers_scan, input init": (lambda: layers_scan(500 // scale, const_init=False), 1.25),
+        "rnn_scan, constant init": (lambda: rnn_scan(2000 // scale), 1.05),
+        "layers_scan, constant init": (lambda: layers_scan(500 // scale), 1.05),
+    }
+    for name, (make, target) in unc.items():
+        ratio = _uncurry_vs_jit(make, reps)
+        out["uncurry"][name] = ratio
+        out["figures"].append({"name": f"uncurry / first jit call: {name}", "value": ratio,
+                               "target": f"<= {target}", "pass": ratio <= target})
+    return out
+
+
+if __name__ == "__main__":
+    res = run(quick="--quick" in sys.argv)
+    for f in res["figures"]:
+        print(f"{f['name']:55s} {f['value']:.3f}  {f['target'] or ''}")
