@@ -93,6 +93,14 @@ class Level:
             eqn = eqn.replace(invars=[self.atom(v) for v in eqn.invars])
         self.eqns.append(eqn)
 
+    def emit_rebuilt(self, eqn: core.JaxprEqn, new_subs: dict, invars: Sequence[Any],
+                     outvars: Sequence[Any], **params: Any) -> None:
+        """Emit ``eqn`` with sub-jaxprs replaced (``new_subs``: ``{(key,
+        index): jaxpr}``, ``index`` None for a jaxpr-valued param), new
+        inputs and outputs and updated ``params``; its effects are
+        recomputed from the new sub-jaxprs."""
+        _emit_rebuilt(self, eqn, new_subs, invars, outvars, **params)
+
     def hoisted(self) -> tuple[list, list]:
         pairs = list(self.consts.values())
         return [v for v, _ in pairs], [c for _, c in pairs]
@@ -320,6 +328,32 @@ class Engine:
                 tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
         self._threaded[key] = (jaxpr, result, context)
         return result
+
+    def thread_read_only(self, jaxpr: Any, path: tuple[str, ...], in_pos: int,
+                         context: Callable | None = None) -> Any:
+        """``jaxpr`` taking the ctx leaves as inputs at ``in_pos`` and
+        returning only its own outputs, for primitives whose outputs are
+        fixed (e.g. ``custom_linear_solve``): the tags in it may read ctx but
+        not change it.
+
+        Raises:
+            NotImplementedError: a selected tag in ``jaxpr`` changes ctx, or
+                collects or is fed values (names the tags and ``path``).
+        """
+        n_out = len(_compat.jaxpr_parts(jaxpr).outvars)
+        threaded = self.thread_jaxpr(jaxpr, path, in_pos, n_out, context)
+        parts = _compat.jaxpr_parts(threaded)
+        n = len(self.ctx_avals)
+        ctx_in, ctx_out = parts.invars[in_pos:in_pos + n], parts.outvars[n_out:n_out + n]
+        changed = any(o is not i for o, i in zip(ctx_out, ctx_in))
+        if changed or self.channels(threaded) != NO_CHANNELS:
+            tags = [_describe(user_params(e.params), path + p)
+                    for e, p in _traverse.iter_eqns(jaxpr) if is_selected(e, self.predicate)]
+            raise NotImplementedError(
+                f"taxpr: the selected tags in {format_path(path)} change the context or "
+                f"collect/feed values, but there it can only be read: {'; '.join(tags)}")
+        return _compat.make_closed(parts.constvars, parts.consts, parts.invars, parts.eqns,
+                                   parts.outvars[:n_out], parts.effects, parts.debug_info)
 
     def channels(self, threaded: Any) -> Channels:
         return self._channels.get(id(threaded), NO_CHANNELS)
