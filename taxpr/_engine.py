@@ -177,7 +177,10 @@ class ThreadRule(Protocol):
                 out_pos, level.context)`` gives a sub-jaxpr that takes the ctx
                 leaves as inputs at ``in_pos`` and returns them at
                 ``out_pos`` (a closed jaxpr; consts the engine added are
-                attached). ``engine.fresh_ctx()`` gives new variables for the
+                attached); ``engine.thread_read_only(sub, path, in_pos,
+                level.context)`` one that takes the ctx leaves but returns only
+                its own outputs (for primitives whose outputs are fixed).
+                ``engine.fresh_ctx()`` gives new variables for the
                 ctx after the equation; ``engine.ctx_avals`` their types;
                 ``engine.pass_channels(level, threaded)`` connects values
                 that the threaded sub-jaxpr collects or is fed (harvest's
@@ -188,7 +191,8 @@ class ThreadRule(Protocol):
                 are variables of the enclosing jaxpr (``level`` substitutes
                 renamed ones when the equation is emitted).
             level: the jaxpr under construction: ``level.emit(eqn)`` appends
-                an equation, ``level.path`` is the path of enclosing
+                an equation, ``level.emit_rebuilt(eqn, new_subs, invars,
+                outvars, **params)`` one with new sub-jaxprs, ``level.path`` is the path of enclosing
                 primitives (for sub-jaxpr paths and error messages),
                 ``level.context`` the tracing context to pass on.
             ctx: the ctx leaves (atoms of the enclosing jaxpr) before ``eqn``.
@@ -220,8 +224,7 @@ def register_thread_rule(primitive: core.Primitive, rule: ThreadRule) -> ThreadR
             previous one.
 
     Returns:
-        ``rule``, so that ``register_thread_rule`` can also be used as
-        ``functools.partial(register_thread_rule, primitive)`` decorator.
+        ``rule`` itself.
 
     Raises:
         TypeError: ``primitive`` is not a JAX ``Primitive`` or ``rule`` is not
