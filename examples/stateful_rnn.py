@@ -134,4 +134,7 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    # The checks compare float32 matmuls with NumPy: ask for full float32
+    # precision (GPUs default to TF32 matmuls).
+    with jax.default_matmul_precision("highest"):
+        main()

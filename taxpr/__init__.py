@@ -10,7 +10,11 @@ from ._dataflow import (
     strip_outputs as strip_outputs,
     transpose as transpose,
 )
-from ._engine import InjectError as InjectError
+from ._engine import (
+    InjectError as InjectError,
+    ThreadRule as ThreadRule,
+    register_thread_rule as register_thread_rule,
+)
 from ._find import (
     TagSite as TagSite,
     dissolve_tags as dissolve_tags,

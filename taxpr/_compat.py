@@ -1,23 +1,42 @@
-"""Every difference between the supported JAX versions (0.10.x and 0.12.x).
+"""Every difference between the supported JAX versions (0.10.x to 0.12.x).
 
-No other module of taxpr branches on the JAX version: they call the helpers
-here. The neutral form used by the rest of taxpr for a jaxpr is its parts
-``(constvars, consts, invars, eqns, outvars, effects, debug_info)``.
+No other module of taxpr knows about JAX versions: they call the helpers
+here. Each difference is decided by detecting the feature itself (a class or
+attribute that exists, the arity of JAX's own registered rules), never by
+comparing version numbers, so that a release in the range, or the next one
+where nothing relevant changed, works without a code change.
+
+The neutral form used by the rest of taxpr for a jaxpr is its parts, a
+``JaxprParts`` (constvars, consts, invars, eqns, outvars, effects, debug_info).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import inspect
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 from jax._src import core
+from jax._src import custom_derivatives as _custom_derivatives
+from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as pe
 
-JAX_VERSION: tuple[int, ...] = tuple(
-    int(p) for p in jax.__version__.split(".")[:3] if p.isdigit()
+# Higher-order primitives taxpr has threading rules for: the same modules
+# define them in every supported JAX.
+from jax._src.ad_checkpoint import remat_p as remat_p
+from jax._src.custom_derivatives import (
+    custom_jvp_call_p as custom_jvp_call_p,
+    custom_vjp_call_p as custom_vjp_call_p,
 )
+from jax._src.lax.control_flow.conditionals import cond_p as cond_p
+from jax._src.lax.control_flow.loops import scan_p as scan_p, while_p as while_p
+from jax._src.lax.eval_jaxpr import eval_jaxpr_p
+from jax._src.pjit import jit_p as jit_p
+from jax._src.shard_map import shard_map_p as shard_map_p
 
-# 0.12 merged ClosedJaxpr into Jaxpr: a Jaxpr carries its consts.
+# ---- jaxpr objects -------------------------------------------------------------
+
+# 0.11 merged ClosedJaxpr into Jaxpr: a Jaxpr carries its consts.
 MERGED_JAXPR: bool = not hasattr(core, "ClosedJaxpr")
 ClosedJaxpr: type = core.Jaxpr if MERGED_JAXPR else core.ClosedJaxpr
 Jaxpr: type = core.Jaxpr
@@ -26,8 +45,13 @@ Literal = core.Literal
 JaxprEqn = core.JaxprEqn
 JAXPR_TYPES: tuple[type, ...] = (core.Jaxpr,) if MERGED_JAXPR else (core.Jaxpr, core.ClosedJaxpr)
 
-# closed_call: 0.10 ClosedCallPrimitive `closed_call`; 0.12 `eval_jaxpr`.
+
+# ---- higher-order primitives ---------------------------------------------------
+# closed_call: 0.10 has two call primitives taking ``call_jaxpr`` (core's
+# ``closed_call`` and lax's ``eval_jaxpr``); from 0.11 they are one object.
 closed_call_p = core.closed_call_p
+CLOSED_CALL_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
+    {id(p): p for p in (core.closed_call_p, eval_jaxpr_p)}.values())
 
 
 def new_var(aval: core.AbstractValue) -> core.Var:
@@ -39,25 +63,38 @@ def is_jaxpr(x: Any) -> bool:
 
 
 def is_closed(j: Any) -> bool:
-    """Whether ``j`` is (or, in 0.12, may stand for) a ClosedJaxpr."""
+    """Whether ``j`` is (or, with merged jaxprs, may stand for) a ClosedJaxpr."""
     return isinstance(j, ClosedJaxpr)
 
 
-def jaxpr_parts(j: Any):
-    """``(constvars, consts, invars, eqns, outvars, effects, debug_info)``.
+class JaxprParts(NamedTuple):
+    """The parts of a jaxpr, the same in every JAX version.
 
-    For an open 0.10 jaxpr with constvars, ``consts`` is None (the constvars
-    are free variables supplied by the caller).
+    ``consts`` holds the values of ``constvars``; for an open 0.10 jaxpr with
+    constvars it is None (the constvars are free variables supplied by the
+    caller).
     """
+
+    constvars: list
+    consts: list | None
+    invars: list
+    eqns: list
+    outvars: list
+    effects: Any
+    debug_info: Any
+
+
+def jaxpr_parts(j: Any) -> JaxprParts:
+    """The ``JaxprParts`` of a (closed or open) jaxpr."""
     if MERGED_JAXPR:
-        return (j.constvars, list(j.consts), j.invars, j.eqns, j.outvars,
-                j.effects, j.debug_info)
+        return JaxprParts(j.constvars, list(j.consts), j.invars, j.eqns, j.outvars,
+                          j.effects, j.debug_info)
     if isinstance(j, core.ClosedJaxpr):
         jj = j.jaxpr
-        return (jj.constvars, list(j.consts), jj.invars, jj.eqns, jj.outvars,
-                jj.effects, jj.debug_info)
-    return (j.constvars, None if j.constvars else [], j.invars, j.eqns,
-            j.outvars, j.effects, j.debug_info)
+        return JaxprParts(jj.constvars, list(j.consts), jj.invars, jj.eqns, jj.outvars,
+                          jj.effects, jj.debug_info)
+    return JaxprParts(j.constvars, None if j.constvars else [], j.invars, j.eqns,
+                      j.outvars, j.effects, j.debug_info)
 
 
 def make_jaxpr_like(
@@ -145,10 +182,27 @@ def scan_params(params: dict, num_consts: int, num_carry: int, num_xs: int,
 
 # ---- dead-code elimination rules ---------------------------------------------
 
+def _positional_arity(fn: Callable) -> int:
+    params = inspect.signature(fn).parameters.values()
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+# DCE rules: 0.10/0.11 call ``rule(used_outs, eqn)``, 0.12 ``rule(used_outs,
+# live_ins, eqn)``. JAX's own rule for closed_call follows the calling
+# convention of the JAX it ships with, so its arity tells which one is used.
+_DCE_RULE_ARITY: int = _positional_arity(pe.dce_rules[core.closed_call_p])
+if _DCE_RULE_ARITY not in (2, 3):
+    raise ImportError(
+        f"taxpr: JAX {jax.__version__}'s dead-code-elimination rules take "
+        f"{_DCE_RULE_ARITY} arguments; taxpr knows rules of 2 (used_outputs, eqn) "
+        f"or 3 (used_outputs, live_inputs, eqn)")
+DCE_RULES_TAKE_LIVE_INPUTS: bool = _DCE_RULE_ARITY == 3
+
+
 def register_dce_rule(prim: core.Primitive,
                       rule: Callable[[list[bool], core.JaxprEqn], tuple[list[bool], Any]]):
-    """Register ``rule(used_outputs, eqn)`` with either DCE-rule arity."""
-    if JAX_VERSION >= (0, 11):
+    """Register ``rule(used_outputs, eqn)`` under JAX's DCE-rule convention."""
+    if DCE_RULES_TAKE_LIVE_INPUTS:
         pe.dce_rules[prim] = lambda used_outs, live_ins, eqn: rule(used_outs, eqn)
     else:
         pe.dce_rules[prim] = rule
@@ -238,17 +292,25 @@ def wrap_fun(fn: Callable, like: Any) -> Any:
     return lu.wrap_init(fn, debug_info=like.debug_info)
 
 
+# custom_vjp backward-pass logs (``custom_vjp.defvjp_with_logs``, 0.11+): with
+# them, the flat ``bwd`` of a custom_vjp_call eqn returns ``(cts, logs)``
+# instead of ``cts``.
+CUSTOM_VJP_BWD_RETURNS_LOGS: bool = hasattr(_custom_derivatives.custom_vjp, "defvjp_with_logs")
+
+
 def call_custom_vjp_bwd(bwd: Any, args: Sequence[Any]) -> tuple[list, Any]:
-    """Call a custom_vjp eqn's flat ``bwd``: ``(cts_in, logs)`` (0.10: no logs)."""
+    """Call a custom_vjp eqn's flat ``bwd``: ``(cts_in, logs)`` (logs None
+    where JAX has none)."""
     out = bwd.call_wrapped(*args)
-    if JAX_VERSION >= (0, 11):
+    if CUSTOM_VJP_BWD_RETURNS_LOGS:
         cts, logs = out
         return list(cts), logs
     return list(out), None
 
 
 def custom_vjp_bwd_result(cts: list, logs: Any) -> Any:
-    return (cts, logs) if JAX_VERSION >= (0, 11) else cts
+    """What a flat ``bwd`` returns, from ``call_custom_vjp_bwd``'s parts."""
+    return (cts, logs) if CUSTOM_VJP_BWD_RETURNS_LOGS else cts
 
 
 def match_varying(x: Any, axes: frozenset) -> Any:
@@ -281,22 +343,31 @@ def dce_closed(closed: Any, used_outputs: Sequence[bool]) -> Any:
                        new.effects, dbg)
 
 
+# Linearization rules: where ``LinearizeTrace`` collects structured residuals
+# (0.11+), a rule returns ``(out, nzs_out, residuals, structured_residuals,
+# linearized)`` and ``linearized(residuals, structured_binders, *tangents)``
+# is called; before, ``(out, nzs_out, residuals, linearized)`` and
+# ``linearized(residuals, *tangents)``. The trace declares the attribute as a
+# class annotation, which is the presence test.
+LINEARIZE_STRUCTURED_RESIDUALS: bool = (
+    "structured_residuals" in inspect.get_annotations(_ad.LinearizeTrace))
+
+
 def register_linearization(prim, primal_fn: Callable, tangent_fn: Callable) -> None:
     """A direct linearization rule: ``primal_fn(*primals, **params)`` gives
-    the primal outputs and ``tangent_fn(primals, tangents, **params)`` the
-    tangents (residuals are the primals)."""
-    from jax._src.interpreters import ad
+    the primal outputs and ``tangent_fn(primals, tangents, nzs, **params)``
+    the tangents (residuals are the primals)."""
 
     def lin(is_vjp, nzs, *primals, **params):
         out = primal_fn(*primals, **params)
         nzs_out = [any(nzs)] * len(out)
 
         def linearized(residuals, *rest):
-            tangents = rest[1:] if JAX_VERSION >= (0, 11) else rest
+            tangents = rest[1:] if LINEARIZE_STRUCTURED_RESIDUALS else rest
             return tangent_fn(residuals, tangents, nzs, **params)
 
-        if JAX_VERSION >= (0, 11):
+        if LINEARIZE_STRUCTURED_RESIDUALS:
             return out, nzs_out, list(primals), None, linearized
         return out, nzs_out, list(primals), linearized
 
-    ad.primitive_linearizations[prim] = lin
+    _ad.primitive_linearizations[prim] = lin

@@ -68,7 +68,7 @@ def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
             branch of a ``cond``).
     """
     engine = Engine(_CollectSites(), predicate, [], _TransposeHooks())
-    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     threaded = engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
     collects = engine.channels(threaded).collects
     constvars, consts, invars, eqns, outs, effects, dbg = _compat.jaxpr_parts(threaded)
@@ -87,7 +87,7 @@ def partition_out(closed_jaxpr: Any, outvar_indices: list[list[int]]) -> list[An
     Returns:
         A list of closed jaxprs with the original inputs.
     """
-    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     parts = []
     for group in outvar_indices:
         constvars, consts, invars, eqns, _, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
@@ -101,7 +101,7 @@ def strip_outputs(closed_jaxpr: Any, indices: Iterable[int]) -> Any:
     """``closed_jaxpr`` without the outputs at ``indices`` (and the code only
     they needed, also inside nested jaxprs)."""
     drop = set(indices)
-    n = len(_compat.jaxpr_parts(closed_jaxpr)[4])
+    n = len(_compat.jaxpr_parts(closed_jaxpr).outvars)
     return partition_out(closed_jaxpr, [[i for i in range(n) if i not in drop]])[0]
 
 

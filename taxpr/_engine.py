@@ -3,8 +3,10 @@
 One interpreter (``Engine.thread_eqns``) walks a jaxpr's equations; a tag
 that is selected is replaced by an inlined copy of the injector's jaxpr;
 a higher-order primitive whose sub-jaxprs contain a selected tag is handed
-to its rule in ``THREAD_RULES`` (one small rule per primitive, keyed by
-primitive name). Every other equation is kept as it is.
+to its thread rule (one small rule per primitive, keyed by the ``Primitive``
+object and registered with ``register_thread_rule``, which is public so that
+other libraries can add their primitives). Every other equation is kept as
+it is.
 
 The engine works by jaxpr surgery rather than by re-tracing the program:
 only the injector is traced (once per distinct signature), and inlining it
@@ -18,7 +20,7 @@ primitive needs (e.g. scan: after the consts / before the carry).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -91,6 +93,14 @@ class Level:
             eqn = eqn.replace(invars=[self.atom(v) for v in eqn.invars])
         self.eqns.append(eqn)
 
+    def emit_rebuilt(self, eqn: core.JaxprEqn, new_subs: dict, invars: Sequence[Any],
+                     outvars: Sequence[Any], **params: Any) -> None:
+        """Emit ``eqn`` with sub-jaxprs replaced (``new_subs``: ``{(key,
+        index): jaxpr}``, ``index`` None for a jaxpr-valued param), new
+        inputs and outputs and updated ``params``; its effects are
+        recomputed from the new sub-jaxprs."""
+        _emit_rebuilt(self, eqn, new_subs, invars, outvars, **params)
+
     def hoisted(self) -> tuple[list, list]:
         pairs = list(self.consts.values())
         return [v for v, _ in pairs], [c for _, c in pairs]
@@ -150,9 +160,84 @@ class Hooks:
                              f"different values: {collects}")
 
 
-# rule(engine, eqn, level, ctx, subs) -> new ctx atoms
-ThreadRule = Callable[["Engine", core.JaxprEqn, Level, list, list], list]
-THREAD_RULES: dict[str, ThreadRule] = {}
+class ThreadRule(Protocol):
+    """How to thread a context through one higher-order primitive.
+
+    The engine calls the rule for an equation of the primitive only when one
+    of its sub-jaxprs contains a selected tag; other equations are kept as
+    they are.
+    """
+
+    def __call__(self, engine: "Engine", eqn: core.JaxprEqn, level: Level,
+                 ctx: list, subs: list) -> list:
+        """Emit the rewritten ``eqn`` into ``level``; return the ctx after it.
+
+        Arguments:
+            engine: the ``Engine``. ``engine.thread_jaxpr(sub, path, in_pos,
+                out_pos, level.context)`` gives a sub-jaxpr that takes the ctx
+                leaves as inputs at ``in_pos`` and returns them at
+                ``out_pos`` (a closed jaxpr; consts the engine added are
+                attached); ``engine.thread_read_only(sub, path, in_pos,
+                level.context)`` one that takes the ctx leaves but returns only
+                its own outputs (for primitives whose outputs are fixed).
+                ``engine.fresh_ctx()`` gives new variables for the
+                ctx after the equation; ``engine.ctx_avals`` their types;
+                ``engine.pass_channels(level, threaded)`` connects values
+                that the threaded sub-jaxpr collects or is fed (harvest's
+                reap/plant) and returns the equation's extra (inputs,
+                outputs); ``engine.has_selected(sub)`` says whether a
+                sub-jaxpr contains a selected tag.
+            eqn: the equation, as in the jaxpr being rewritten. Its inputs
+                are variables of the enclosing jaxpr (``level`` substitutes
+                renamed ones when the equation is emitted).
+            level: the jaxpr under construction: ``level.emit(eqn)`` appends
+                an equation, ``level.emit_rebuilt(eqn, new_subs, invars,
+                outvars, **params)`` one with new sub-jaxprs, ``level.path`` is the path of enclosing
+                primitives (for sub-jaxpr paths and error messages),
+                ``level.context`` the tracing context to pass on.
+            ctx: the ctx leaves (atoms of the enclosing jaxpr) before ``eqn``.
+            subs: ``[(Sub(key, index, label), jaxpr), ...]``, the sub-jaxprs
+                of ``eqn`` as ``taxpr._traverse.subjaxprs`` finds them
+                (``label`` is the path element naming the sub-jaxpr).
+
+        Returns:
+            The ctx leaves after ``eqn`` (one atom per leaf of ``ctx``).
+        """
+        ...
+
+
+# Keyed by the Primitive object: names are not unique (two libraries may
+# define a "call"), objects are.
+THREAD_RULES: dict[core.Primitive, ThreadRule] = {}
+
+
+def register_thread_rule(primitive: core.Primitive, rule: ThreadRule) -> ThreadRule:
+    """Teach taxpr to thread state, reaps/plants and ``inject``'s ctx
+    through a higher-order primitive.
+
+    Arguments:
+        primitive: the ``jax.extend.core.Primitive`` (the object an
+            equation's ``eqn.primitive`` is, not its name).
+        rule: a ``ThreadRule``: ``rule(engine, eqn, level, ctx, subs) ->
+            ctx_out`` emits the rewritten equation and returns the ctx after
+            it. A rule registered again for the same primitive replaces the
+            previous one.
+
+    Returns:
+        ``rule`` itself.
+
+    Raises:
+        TypeError: ``primitive`` is not a JAX ``Primitive`` or ``rule`` is not
+            callable.
+    """
+    if not isinstance(primitive, core.Primitive):
+        raise TypeError(f"taxpr.register_thread_rule: expected a jax Primitive, got "
+                        f"{type(primitive).__name__}: {primitive!r}")
+    if not callable(rule):
+        raise TypeError(f"taxpr.register_thread_rule: the rule for '{primitive.name}' "
+                        f"must be callable, got {type(rule).__name__}")
+    THREAD_RULES[primitive] = rule
+    return rule
 
 
 class Engine:
@@ -181,7 +266,7 @@ class Engine:
         if hit is not None:
             return hit[1]
         found = False
-        for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             if is_selected(eqn, self.predicate):
                 found = True
                 break
@@ -202,12 +287,14 @@ class Engine:
             else:
                 subs = _traverse.subjaxprs(eqn)
                 if subs and any(self.has_selected(sj) for _, sj in subs):
-                    rule = THREAD_RULES.get(prim.name)
+                    rule = THREAD_RULES.get(prim)
                     if rule is None:
                         raise NotImplementedError(
                             f"taxpr: cannot thread a context through primitive "
                             f"'{prim.name}' at {format_path(level.path)}: it contains "
-                            f"selected tags and taxpr has no rule for it")
+                            f"selected tags and taxpr has no rule for it. Register one "
+                            f"with taxpr.register_thread_rule(primitive, rule) (see "
+                            f"'Adding a primitive' in taxpr's README)")
                     ctx = rule(self, eqn, level, ctx, subs)
                     continue
             level.emit(eqn)
@@ -244,6 +331,32 @@ class Engine:
                 tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
         self._threaded[key] = (jaxpr, result, context)
         return result
+
+    def thread_read_only(self, jaxpr: Any, path: tuple[str, ...], in_pos: int,
+                         context: Callable | None = None) -> Any:
+        """``jaxpr`` taking the ctx leaves as inputs at ``in_pos`` and
+        returning only its own outputs, for primitives whose outputs are
+        fixed (e.g. ``custom_linear_solve``): the tags in it may read ctx but
+        not change it.
+
+        Raises:
+            NotImplementedError: a selected tag in ``jaxpr`` changes ctx, or
+                collects or is fed values (names the tags and ``path``).
+        """
+        n_out = len(_compat.jaxpr_parts(jaxpr).outvars)
+        threaded = self.thread_jaxpr(jaxpr, path, in_pos, n_out, context)
+        parts = _compat.jaxpr_parts(threaded)
+        n = len(self.ctx_avals)
+        ctx_in, ctx_out = parts.invars[in_pos:in_pos + n], parts.outvars[n_out:n_out + n]
+        changed = any(o is not i for o, i in zip(ctx_out, ctx_in))
+        if changed or self.channels(threaded) != NO_CHANNELS:
+            tags = [_describe(user_params(e.params), path + p)
+                    for e, p in _traverse.iter_eqns(jaxpr) if is_selected(e, self.predicate)]
+            raise NotImplementedError(
+                f"taxpr: the selected tags in {format_path(path)} change the context or "
+                f"collect/feed values, but there it can only be read: {'; '.join(tags)}")
+        return _compat.make_closed(parts.constvars, parts.consts, parts.invars, parts.eqns,
+                                   parts.outvars[:n_out], parts.effects, parts.debug_info)
 
     def channels(self, threaded: Any) -> Channels:
         return self._channels.get(id(threaded), NO_CHANNELS)
@@ -305,7 +418,8 @@ def _call_rule(key: str, sharded: bool):
         n = len(ctx)
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
-        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]), level.context)
+        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub).outvars),
+                                  level.context)
         ctx_out = engine.fresh_ctx()
         feeds, collects = engine.pass_channels(level, new)
         updates = {}
@@ -327,10 +441,9 @@ def _call_rule(key: str, sharded: bool):
     return rule
 
 
-THREAD_RULES["jit"] = _call_rule("jaxpr", sharded=True)
-THREAD_RULES["pjit"] = THREAD_RULES["jit"]
-THREAD_RULES["closed_call"] = _call_rule("call_jaxpr", sharded=False)
-THREAD_RULES["eval_jaxpr"] = THREAD_RULES["closed_call"]
+register_thread_rule(_compat.jit_p, _call_rule("jaxpr", sharded=True))
+for _p in _compat.CLOSED_CALL_PRIMITIVES:
+    register_thread_rule(_p, _call_rule("call_jaxpr", sharded=False))
 
 
 def _scan_rule(engine, eqn, level, ctx, subs):
@@ -344,9 +457,6 @@ def _scan_rule(engine, eqn, level, ctx, subs):
     ctx_out = engine.fresh_ctx()
     feeds, collects = engine.pass_channels(level, body, length=p["length"])
     updates = _compat.scan_params(p, nc, nk + n, nx + len(feeds), ny + len(collects))
-    if "linear" in p:
-        lin = tuple(p["linear"])
-        updates["linear"] = lin[:nc] + (False,) * n + lin[nc:] + (False,) * len(feeds)
     updates = {k: v for k, v in updates.items() if k != "jaxpr"}
     _emit_rebuilt(level, eqn, {("jaxpr", None): body},
                   [*eqn.invars[:nc], *ctx, *eqn.invars[nc:], *feeds],
@@ -354,7 +464,7 @@ def _scan_rule(engine, eqn, level, ctx, subs):
     return ctx_out
 
 
-THREAD_RULES["scan"] = _scan_rule
+register_thread_rule(_compat.scan_p, _scan_rule)
 
 
 def _with_unused_inputs(closed, at: int, avals) -> Any:
@@ -400,12 +510,12 @@ def _while_rule(engine, eqn, level, ctx, subs):
     body_effects = _traverse.effects_of_eqns(inner.eqns)
     new_body = _compat.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_carry], inner.eqns,
                                    [*ctx3, pred2, *carry2], body_effects,
-                                   _compat.jaxpr_parts(p["body_jaxpr"])[6])
+                                   _compat.jaxpr_parts(p["body_jaxpr"]).debug_info)
     c_ctx = engine.fresh_ctx()
     c_pred = _compat.new_var(v_pred.aval)
     c_carry = [_compat.new_var(v.aval) for v in carry]
     new_cond = _compat.make_closed([], [], [*c_ctx, c_pred, *c_carry], [], [c_pred],
-                                   core.no_effects, _compat.jaxpr_parts(p["cond_jaxpr"])[6])
+                                   core.no_effects, _compat.jaxpr_parts(p["cond_jaxpr"]).debug_info)
     _emit_rebuilt(level, eqn, {("cond_jaxpr", None): new_cond, ("body_jaxpr", None): new_body},
                   [*cconsts, *bconsts, *ctx1, pred0, *carry],
                   [*ctx_out, core.DropVar(v_pred.aval), *eqn.outvars],
@@ -413,7 +523,7 @@ def _while_rule(engine, eqn, level, ctx, subs):
     return ctx_out
 
 
-THREAD_RULES["while"] = _while_rule
+register_thread_rule(_compat.while_p, _while_rule)
 
 
 def _cond_rule(engine, eqn, level, ctx, subs):
@@ -422,7 +532,7 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     threaded = []
     for i, b in enumerate(branches):
         path = level.path + (_label(subs, "branches", i),)
-        threaded.append(engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b)[4]),
+        threaded.append(engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b).outvars),
                                             level.context))
     chans = [engine.channels(t) for t in threaded]
     engine.hooks.branches([c.collects for c in chans], level.path)
@@ -457,7 +567,7 @@ def _with_feeds(engine, threaded, has: tuple, want: dict) -> Any:
                                effects, dbg)
 
 
-THREAD_RULES["cond"] = _cond_rule
+register_thread_rule(_compat.cond_p, _cond_rule)
 
 
 def _open_call_rule(key: str, extra_in_params: Callable | None = None,
@@ -469,7 +579,7 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
         context = body_context(eqn) if body_context else level.context
-        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub)[4]), context)
+        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub).outvars), context)
         constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
         new = _compat.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
                                       effects, dbg)
@@ -485,7 +595,7 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
     return rule
 
 
-THREAD_RULES["remat2"] = _open_call_rule("jaxpr")
+register_thread_rule(_compat.remat_p, _open_call_rule("jaxpr"))
 
 
 class ShardMapBody:
@@ -508,9 +618,8 @@ def _shard_map_specs(eqn, n_hoisted: int, n_ctx: int, n_feeds: int, n_collects: 
                 out_specs=tuple(p["out_specs"]) + (rep,) * (n_ctx + n_collects))
 
 
-THREAD_RULES["shard_map"] = _open_call_rule("jaxpr", _shard_map_specs,
-                                            lambda eqn: ShardMapBody(eqn.params))
-THREAD_RULES["checkpoint"] = THREAD_RULES["remat2"]
+register_thread_rule(_compat.shard_map_p, _open_call_rule(
+    "jaxpr", _shard_map_specs, lambda eqn: ShardMapBody(eqn.params)))
 
 
 def _custom_jvp_rule(engine, eqn, level, ctx, subs):
@@ -555,7 +664,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             return [*outs, *out_t, *rest_t]
 
         closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
-        n_rest = len(_compat.jaxpr_parts(threaded)[4]) - n_out
+        n_rest = len(_compat.jaxpr_parts(threaded).outvars) - n_out
         result = (*_compat.open_with_constvars(closed), [False] * (n_out + n_rest))
         cache[zeros] = result
         return result
@@ -572,7 +681,7 @@ def _jvp_split(fn, primals, tangents, n_out):
     return outs[:n_out] + outs[n_out:], (outs_t[:n_out], outs_t[n_out:])
 
 
-THREAD_RULES["custom_jvp_call"] = _custom_jvp_rule
+register_thread_rule(_compat.custom_jvp_call_p, _custom_jvp_rule)
 
 
 def _custom_vjp_rule(engine, eqn, level, ctx, subs):
@@ -662,4 +771,4 @@ def _add_ct(a, b) -> Any:
     return a + b
 
 
-THREAD_RULES["custom_vjp_call"] = _custom_vjp_rule
+register_thread_rule(_compat.custom_vjp_call_p, _custom_vjp_rule)

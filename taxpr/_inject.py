@@ -101,7 +101,7 @@ class _InjectSites:
 
     def _check(self, closed, found, params, tree, token_avals, path):
         where = _describe(params, path)
-        out_avals = [v.aval for v in _compat.jaxpr_parts(closed)[4]]
+        out_avals = [v.aval for v in _compat.jaxpr_parts(closed).outvars]
         if found["token"] != tree:
             raise InjectError(f"taxpr.inject: the injector for {where} returned a token of "
                               f"structure {found['token']}, expected {tree}")
@@ -216,7 +216,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals)
     engine = Engine(sites, predicate, ctx_avals)
-    outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
+    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 
 

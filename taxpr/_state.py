@@ -212,7 +212,7 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state)
     leaves = jax.tree_util.tree_leaves(zeros)
-    n_out = len(_compat.jaxpr_parts(closed)[4])
+    n_out = len(_compat.jaxpr_parts(closed).outvars)
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
     final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
     static = static_inits or {}

@@ -30,23 +30,19 @@ def _scan_label(eqn, key, index):
 
 _LINEAR_SOLVE_PARTS = ("matvec", "vecmat", "solve", "transpose_solve")
 
-# Path labels by primitive name (names are stable across JAX versions where
-# the primitive objects are not, e.g. closed_call vs eval_jaxpr).
+# Path labels by primitive name (one label for both of 0.10's call
+# primitives, closed_call and eval_jaxpr).
 PATH_LABELS: dict[str, Callable[[core.JaxprEqn, str, int | None], str]] = {
     "jit": lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
-    "pjit": lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
     "scan": _scan_label,
     "while": lambda e, k, i: "while[cond]" if k == "cond_jaxpr" else "while[body]",
     "cond": lambda e, k, i: f"cond[branch={i}]",
     "remat2": lambda e, k, i: "checkpoint",
-    "checkpoint": lambda e, k, i: "checkpoint",
     "custom_jvp_call": lambda e, k, i: "custom_jvp",
     "custom_vjp_call": lambda e, k, i: "custom_vjp",
-    "custom_vjp_call_jaxpr": lambda e, k, i: "custom_vjp",
     "shard_map": lambda e, k, i: "shard_map",
     "closed_call": lambda e, k, i: "closed_call",
     "eval_jaxpr": lambda e, k, i: "closed_call",
-    "core_call": lambda e, k, i: "core_call",
     "custom_linear_solve": lambda e, k, i: (
         f"custom_linear_solve[{_LINEAR_SOLVE_PARTS[i]}]"
         if i is not None and i < 4 else f"custom_linear_solve[{k}]"),
@@ -115,7 +111,7 @@ def _changed_effects(effects, old: set, new: set):
 def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:
     """Every equation of ``jaxpr`` and its nested jaxprs, in program order,
     with the path of enclosing primitives."""
-    for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
         yield eqn, path
         for sub, sj in subjaxprs(eqn):
             yield from iter_eqns(sj, path + (sub.label,))

@@ -153,7 +153,7 @@ def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) ->
 
     def walk(j, in_scan: bool, in_while: bool) -> dict:
         counts: dict = {}
-        for eqn in _compat.jaxpr_parts(j)[3]:
+        for eqn in _compat.jaxpr_parts(j).eqns:
             if eqn.primitive is tag_p and select(eqn.params):
                 name, mode = eqn.params["name"], eqn.params["mode"]
                 if in_while and mode not in ("clobber", "cond_clobber"):
@@ -431,7 +431,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
     site_rule = _Sites(reaped, planted, ctx_index)
     engine = Engine(site_rule, select, ctx_avals, _HarvestHooks(site_rule))
-    threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed)[4]))
+    threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed).outvars))
     if exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
     chans = engine.channels(threaded)

@@ -32,6 +32,28 @@ def tag_paths(j, **match) -> list[tuple[str, ...]]:
             if all(s.params.get(k) == v for k, v in match.items())]
 
 
+def cpu_devices(n: int = 4) -> list:
+    """``n`` CPU devices (the simulated host devices of conftest.py) whatever
+    the default backend is, so multi-device tests run the same on a GPU
+    machine; skips the test when fewer exist."""
+    import pytest
+
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        pytest.skip(f"needs {n} CPU devices, found {len(devices)} (set XLA_FLAGS="
+                    f"--xla_force_host_platform_device_count={n} before importing jax)",
+                    allow_module_level=True)
+    return devices[:n]
+
+
+def cpu_mesh(axis: str, n: int = 4):
+    """A 1-d ``Mesh`` of ``n`` CPU devices named ``axis`` (see ``cpu_devices``)."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(cpu_devices(n)), (axis,))
+
+
 def shard_map():
     """``shard_map`` from wherever this JAX version has it."""
     if hasattr(jax, "shard_map"):

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from jax._src import core
 from jax.extend.core import Primitive
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import taxpr as tx
 from taxpr import harvest as h
+
+from helpers import cpu_mesh
 
 shard_map = getattr(jax, "shard_map", None)
 if shard_map is None:  # pragma: no cover - older JAX
@@ -47,7 +49,7 @@ def _state(fn, *args):
 
 
 def _shard_map_ctx():
-    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    mesh = cpu_mesh("x")
     f = shard_map(lambda x: x + tx.tag(jnp.sum(x), op="store"), mesh=mesh,
                   in_specs=P("x"), out_specs=P("x"))
     return lambda: tx.injected(f, lambda c, t, p: (t, c + t))(np.float32(0), jnp.arange(8.0))

@@ -9,11 +9,11 @@ import pytest
 from jax._src import core
 from jax.core import ShapedArray
 from jax.extend.core import jaxpr_as_fun
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import taxpr as tx
-from helpers import MERGED_JAXPR, all_effects, check, closed_call, shard_map
+from helpers import (MERGED_JAXPR, all_effects, check, closed_call, cpu_devices, cpu_mesh,
+                     shard_map)
 
 X = jnp.linspace(-1.0, 1.0, 4)
 
@@ -98,7 +98,7 @@ def p_checkpoint(x):
 
 
 def p_shard_map(x):
-    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    mesh = cpu_mesh("i")
     return shard_map()(lambda y: tg(y, "sm") * 2, mesh=mesh, in_specs=P("i"),
                        out_specs=P("i"))(x)
 
@@ -131,7 +131,7 @@ def p_linear_solve(x):
 
 
 def p_pmap(x):
-    return jax.pmap(lambda y: tg(y, "pm") * 2)(x)
+    return jax.pmap(lambda y: tg(y, "pm") * 2, devices=cpu_devices(4))(x)
 
 
 def p_nested(x):

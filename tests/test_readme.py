@@ -22,7 +22,10 @@ def test_readme_has_python_blocks():
 
 
 @pytest.mark.parametrize("line,code", _blocks(), ids=[f"line{n}" for n, _ in _blocks()])
-def test_readme_block_runs(line, code, capsys):
+def test_readme_block_runs(line, code, capsys, monkeypatch):
+    # A block may register a thread rule: keep it out of the other tests.
+    from taxpr import _engine
+    monkeypatch.setattr(_engine, "THREAD_RULES", dict(_engine.THREAD_RULES))
     namespace = {"__name__": f"readme_block_line{line}"}
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
 
