@@ -297,7 +297,7 @@ def _hashable(x: Any) -> Any:
 def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
                static_argnames: str | Sequence[str] = (), axis_env=None,
                return_shape: bool = False, return_only_write: bool = False):
-    """``jax.make_jaxpr`` for stateful functions (brainstate's contract).
+    """``jax.make_jaxpr`` for stateful functions: the pure program and its states.
 
     Arguments:
         fun: a function that may use ``get_state`` / ``set_state``.

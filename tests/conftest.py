@@ -4,8 +4,28 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_checks", True)
 # Tests compare programs with eager/NumPy references at float32 tolerances:
 # full float32 matmuls on every backend (GPUs default to TF32).
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# The everyday subset, `python -m pytest -q -m "not slow"` (under two minutes
+# of CPU on 2 cores), leaves out the tests marked `slow`: these modules (the
+# differential fuzzer, the benchmark smoke run and the examples compile whole
+# programs many times: more than half of the full run), the cross product
+# of inject's predicates and programs (each program alone stays, in
+# test_matches_eager) and every `long` test. Marked here, in one place,
+# rather than in each module.
+SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py"})
+SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager")})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if (item.path.name in SLOW_MODULES or (item.path.name, name) in SLOW_TESTS
+                or item.get_closest_marker("long")):
+            item.add_marker(pytest.mark.slow)
