@@ -90,7 +90,9 @@ def test_signatures():
     assert s["tag"] == (K, E) and s["name"] == (K, E)
     for fn in (h.reap, h.call_and_reap, h.plant, h.harvest):
         s = _sig(fn)
-        assert list(s) == ["f", "tag", "allowlist", "blocklist", "exclusive"], fn
+        # oryx's signature, plus taxpr's keyword-only ``strict`` last
+        assert list(s) == ["f", "tag", "allowlist", "blocklist", "exclusive", "strict"], fn
+        assert s["strict"] == (K, False)
         assert s["tag"] == (K, E)
         assert s["allowlist"] == (K, None)
         assert tuple(s["blocklist"][1]) == () and s["blocklist"][0] == K
@@ -734,6 +736,59 @@ def test_while_in_scan_clobber():
     assert_tree_allclose(reaps, {"w": 3.0, "a": np.array([2.0, 0.0, 3.0])})
 
 
+def _while_two_sows(init):
+    def body(c):
+        i, val, val2 = c
+        val = h.sow(val, tag=T, name="x", mode="clobber")
+        val2 = h.sow(val2, tag=T, name="y", mode="clobber")
+        return i + 1, val + 1.0, val + val2
+    return jax.lax.while_loop(lambda c: c[0] < 5, body, init)
+
+
+def _while_two_sows_eager(x_plant=None):
+    """_while_two_sows with a Python loop: (out, last y sown)."""
+    i, val, val2, y = 0, 0.0, 0.0, None
+    while i < 5:
+        val = val if x_plant is None else x_plant
+        y = val2
+        i, val, val2 = i + 1, val + 1.0, val + val2
+    return (i, val, val2), y
+
+
+@pytest.mark.parametrize("disable_jit", [False, True])
+def test_reap_of_plant_reaps_the_unplanted_sow_in_while(disable_jit):
+    want_out, want_y = _while_two_sows_eager(x_plant=5.0)
+    with jax.disable_jit(disable_jit):
+        out, reaps = h.call_and_reap(h.plant(_while_two_sows, tag=T), tag=T)(
+            {"x": 5.0}, (0, 0.0, 0.0))
+    assert int(out[0]) == want_out[0]
+    allclose(out[1:], want_out[1:])
+    assert list(reaps) == ["y"]  # the planted "x" is consumed by the plant
+    allclose(reaps["y"], want_y)
+
+
+def test_plant_of_reap_and_nested_plants_compose():
+    want_out, want_y = _while_two_sows_eager(x_plant=5.0)
+    # reap inside plant: the outer plant replaces "x", the inner reap gets "y"
+    out, reaps = h.plant(h.call_and_reap(_while_two_sows, tag=T, allowlist=["y"]), tag=T)(
+        {"x": 5.0}, (0, 0.0, 0.0))
+    allclose(out[1:], want_out[1:])
+    assert_tree_allclose(reaps, {"y": want_y})
+    # plant inside plant: each plants its own name
+    both = h.plant(h.plant(_while_two_sows, tag=T), tag=T)
+    i, val, val2, y = 0, 0.0, 0.0, None
+    while i < 5:  # x planted 5.0, y planted 1.0
+        i, val, val2 = i + 1, 6.0, 5.0 + 1.0
+    out = both({"y": 1.0}, {"x": 5.0}, (0, 0.0, 0.0))
+    allclose(out[1:], (val, val2))
+    # a harvest of another tag in between does not see or drop ours
+    mixed = h.call_and_reap(h.plant(_while_two_sows, tag="other"), tag=T)
+    out, reaps = mixed({}, (0, 0.0, 0.0))
+    want_out, _ = _while_two_sows_eager()
+    allclose(out[1:], want_out[1:])
+    assert_tree_allclose(reaps, {"x": 4.0, "y": 6.0})
+
+
 # ---- cond / switch -------------------------------------------------------------------
 
 def _switch(mk):
@@ -808,9 +863,23 @@ def test_cond_inside_scan_plant():
     allclose(h.plant(_cond_in_scan, tag=T)({"y": jnp.array([1.0, 2.0, 4.0])}, xs), 7.0)
 
 
-def test_cond_missing_sow():
+def test_cond_missing_sow_names_the_later_branchs_sow_as_oryx():
+    # oryx compares each later branch with the first and names the later
+    # branch's sow that the first lacks: here branch 1's "b".
     f = _switch(lambda i, x: h.sow(x, tag=T, name="a" if i != 1 else "b"))
-    raises(ValueError, "^Missing sow in branch: 'a'.$", h.reap(f, tag=T), 0, 2.0)
+    raises(ValueError, "^Missing sow in branch: 'b'.$", h.reap(f, tag=T), 0, 2.0)
+    raises(ValueError, "^Missing sow in branch: 'b'.$", h.plant(f, tag=T), {}, 0, 2.0)
+
+
+def test_cond_missing_sow_names_the_true_branchs_sow_as_oryx():
+    # lax.cond's branches are (false, true): the true branch is the later one.
+    def f(pred, x):
+        return jax.lax.cond(pred, lambda x: h.sow(x, tag=T, name="x") + 1.0,
+                            lambda x: h.sow(x, tag=T, name="y") + 2.0, x)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.reap(f, tag=T), True, 1.0)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.plant(f, tag=T), {}, True, 1.0)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.plant(f, tag=T), {"x": 3.0}, True,
+           1.0)
 
 
 def test_cond_mismatching_number():
@@ -1178,6 +1247,59 @@ def test_plant_python_scalars_accepted():
                                                                           jnp.float32(1)), 6.0)
     allclose(h.plant(lambda x: h.sow(x * 2, tag=T, name="a") + 1, tag=T)({"a": 5},
                                                                           jnp.int32(1)), 6)
+
+
+def _int_sow(x):
+    y = h.sow(717, tag=T, name="y")  # a Python int: a weakly typed int32 sow
+    x = h.sow(x, tag=T, name="x")
+    return x + y
+
+
+@pytest.mark.parametrize("y", [15.0, 15.5, -3.25])
+def test_plant_float_into_sown_python_int_promotes_like_oryx(y):
+    # As if the Python float had been written in place of 717 (oryx: 17.0 for 15.0).
+    eager = 2.0 + y
+    out = h.plant(_int_sow, tag=T)({"x": 2.0, "y": y}, 1.0)
+    assert out.dtype == jnp.float32
+    allclose(out, eager)
+    out = jax.jit(h.plant(_int_sow, tag=T))({"x": 2.0, "y": y}, 1.0)
+    allclose(out, eager)
+    # a float32 array is accepted too (promotion gives float32)
+    allclose(h.plant(_int_sow, tag=T)({"y": jnp.float32(y)}, 1.0), 1.0 + y)
+    assert h.plant(_int_sow, tag=T)({}, 1.0) == 718.0
+
+
+def test_plant_into_sown_python_int_keeps_int_arithmetic_for_int_plants():
+    f = lambda i: h.sow(3, tag=T, name="k") * i  # an int program
+    out = h.plant(f, tag=T)({"k": jnp.int8(2)}, jnp.int8(5))
+    assert out.dtype == jnp.int8 and int(out) == 10
+    assert int(h.plant(f, tag=T)({"k": 4}, 5)) == 20
+
+
+def test_plant_python_scalar_converts_to_the_sows_dtype():
+    # 2.0 + float16 is float16 in JAX: a Python float planted into a float16 sow
+    f = lambda x: h.sow(x * 2, tag=T, name="a") + 1
+    out = h.plant(f, tag=T)({"a": 2.0}, jnp.float16(1))
+    assert out.dtype == jnp.float16 and float(out) == 3.0
+    # 3 into a float32 sow becomes 3.0
+    out = h.plant(f, tag=T)({"a": 3}, jnp.float32(1))
+    assert out.dtype == jnp.float32 and float(out) == 4.0
+
+
+def test_plant_refuses_what_promotion_would_change():
+    f = lambda x: h.sow(x, tag=T, name="i") + 1
+    # 2.5 with int32 promotes to float: the int sow cannot take it
+    raises(ValueError, r"'i'.*float32\[\].*int32\[\]", h.plant(f, tag=T), {"i": 2.5},
+           jnp.int32(1))
+    # a strongly typed value of another dtype into a strongly typed sow
+    raises(ValueError, r"'i'.*float16\[\].*int32\[\]", h.plant(f, tag=T),
+           {"i": jnp.float16(2)}, jnp.int32(1))
+    # a sown Python float cannot become an int (promotion gives float)
+    g = lambda x: h.sow(1.0, tag=T, name="w") * x
+    raises(ValueError, r"'w'.*int32\[\].*float32\[\] \(weakly typed\)", h.plant(g, tag=T),
+           {"w": jnp.int32(2)}, 1.0)
+    # shapes are never promoted
+    raises(ValueError, r"'y'.*float32\[2\]", h.plant(_int_sow, tag=T), {"y": jnp.ones(2)}, 1.0)
 
 
 def test_plant_append_shape_checked():
