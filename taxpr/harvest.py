@@ -491,6 +491,23 @@ class PlantRows:
         return "rows(mask=..., values=...)"
 
 
+def _rows_flatten(r: PlantRows):
+    if r.index_values is not None:
+        keys = tuple(r.index_values)
+        return tuple(r.index_values[k] for k in keys), ("index", keys)
+    return (r.mask, r.values), ("mask", None)
+
+
+def _rows_unflatten(aux, children) -> PlantRows:
+    if aux[0] == "index":
+        return PlantRows(dict(zip(aux[1], children)), None, None)
+    return PlantRows(None, *children)
+
+
+# A pytree (rows are static, values may be traced), so it passes through jit.
+jax.tree_util.register_pytree_node(PlantRows, _rows_flatten, _rows_unflatten)
+
+
 def rows(index_values: dict | None = None, *, mask: Any = None, values: Any = None) -> PlantRows:
     """A plant value for an ``append`` sow that overrides selected rows of its
     stack, e.g. one layer of a scan-over-layers model.

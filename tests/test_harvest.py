@@ -284,6 +284,50 @@ def test_other_tag_plants_ignored():
     allclose(h.plant(_two_tags, tag="a")({"z": 100.0}, 1.0), 4.0)
 
 
+# ---- strict=True: typos raise --------------------------------------------------------
+
+def test_typos_pass_by_default_as_in_oryx():
+    assert_tree_allclose(h.reap(_basic, tag=T, allowlist=["aa"])(3.0), {})
+    allclose(h.plant(_basic, tag=T)({"bb": 1.0}, 3.0), 42.0)
+
+
+def test_strict_reap_raises_on_misspelled_allowlist_name():
+    msg = (r"^taxpr.harvest \(strict=True\), tag 't': allowlist names \['aa'\] match no sow. "
+           r"Sows of tag 't' in this program: \['a', 'b'\]$")
+    raises(ValueError, msg, h.reap(_basic, tag=T, allowlist=["a", "aa"], strict=True), 3.0)
+    raises(ValueError, msg, h.call_and_reap(_basic, tag=T, allowlist=["aa"], strict=True), 3.0)
+    raises(ValueError, r"blocklist names \['c'\] match no sow",
+           h.reap(_basic, tag=T, blocklist=["c"], strict=True), 3.0)
+
+
+def test_strict_plant_raises_on_a_name_no_sow_has():
+    msg = (r"planted names \['bb'\] were never planted \(no selected sow has them\)\. "
+           r"Sows of tag 't' in this program: \['a', 'b'\]$")
+    raises(ValueError, msg, h.plant(_basic, tag=T, strict=True), {"a": 1.0, "bb": 1.0}, 3.0)
+    raises(ValueError, msg, h.harvest(_basic, tag=T, strict=True), {"bb": 1.0}, 3.0)
+    # a name that exists but is blocklisted is never planted either
+    raises(ValueError, r"planted names \['b'\]",
+           h.plant(_basic, tag=T, blocklist=["b"], strict=True), {"b": 1.0}, 3.0)
+    # under jit too
+    raises(ValueError, msg.rstrip("$"), jax.jit(h.plant(_basic, tag=T, strict=True)), {"bb": 1.0},
+           3.0)
+
+
+def test_strict_accepts_correct_names_and_nest_scopes():
+    a, b = 3.0 * 2, 3.0 * 2 + 1
+    assert_tree_allclose(h.reap(_basic, tag=T, allowlist=["a"], strict=True)(3.0), {"a": a})
+    allclose(h.plant(_basic, tag=T, strict=True)({"a": 1.0}, 3.0), 1.0 * 2.0)
+    out, reaps = h.harvest(_basic, tag=T, strict=True)({"b": 5.0}, 3.0)
+    allclose(out, a * 5.0)
+    assert_tree_allclose(reaps, {"a": a})
+    nested = h.nest(_basic, scope="s")
+    allclose(h.plant(nested, tag=T, strict=True)({"s": {"a": 1.0}}, 3.0), 2.0)
+    assert_tree_allclose(h.reap(nested, tag=T, allowlist=["s"], strict=True)(3.0),
+                         {"s": {"a": a, "b": b}})
+    raises(ValueError, r"planted names \['s.c'\]", h.plant(nested, tag=T, strict=True),
+           {"s": {"c": 1.0}}, 3.0)
+
+
 # ---- nest ---------------------------------------------------------------------------
 
 def _layer(x):
@@ -1320,6 +1364,83 @@ def test_plant_append_leading_size_checked():
         h.plant(g, tag=T)({"x": jnp.ones((1, 2))}, jnp.ones(2))
     with pytest.raises(ValueError, match="'x'"):
         h.plant(g, tag=T)({"x": jnp.ones((3, 2))}, jnp.ones(2))
+
+
+def _layers(x, ws):
+    """A scan over layers whose activations are append sows."""
+    def layer(x, w):
+        a = h.sow(jnp.tanh(w * x), tag=T, name="act", mode="append")
+        return a, a
+    return jax.lax.scan(layer, x, ws)
+
+
+def _layers_eager(x, ws, patch: dict):
+    acts = []
+    for i, w in enumerate(np.asarray(ws)):
+        x = patch.get(i, np.tanh(w * x))
+        acts.append(x)
+    return x, np.stack(acts)
+
+
+def test_rows_plant_overrides_only_selected_iterations():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5, 0.5])
+    for patch in ({1: np.array([1.0, 0.0])}, {0: np.zeros(2), 3: np.ones(2)},
+                  {-1: np.full(2, 0.5)}):
+        want = _layers_eager(np.asarray(x), ws, {i % 4: v for i, v in patch.items()})
+        got = h.plant(_layers, tag=T)({"act": h.rows(patch)}, x, ws)
+        assert_tree_allclose(got, want)
+        got = jax.jit(h.plant(_layers, tag=T))({"act": h.rows(patch)}, x, ws)
+        assert_tree_allclose(got, want)
+    # no rows: the program unchanged
+    assert_tree_allclose(h.plant(_layers, tag=T)({"act": h.rows({})}, x, ws),
+                         _layers_eager(np.asarray(x), ws, {}))
+
+
+def test_rows_plant_with_a_traced_mask():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    stack = jnp.arange(6.0).reshape(3, 2)
+    mask = jnp.array([False, True, False])
+    want = _layers_eager(np.asarray(x), ws, {1: np.asarray(stack[1])})
+    run = jax.jit(lambda m, v: h.plant(_layers, tag=T)({"act": h.rows(mask=m, values=v)}, x, ws))
+    assert_tree_allclose(run(mask, stack), want)
+    # differentiable with respect to the planted rows (and only those rows matter)
+    g = jax.grad(lambda v: run(mask, v)[0].sum())(stack)
+    eps = 1e-3
+    num = (run(mask, stack.at[1, 0].add(eps))[0].sum()
+           - run(mask, stack.at[1, 0].add(-eps))[0].sum()) / (2 * eps)
+    allclose(g[1, 0], num, rtol=1e-2)
+    allclose(g[0], [0.0, 0.0])
+    allclose(g[2], [0.0, 0.0])
+
+
+def test_rows_plant_inside_reap_and_with_nest():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    want_out, want_acts = _layers_eager(np.asarray(x), ws, {1: np.ones(2)})
+    # an outer reap sees the activations after the patch (another name's sows
+    # stay; the planted one is consumed, so reap a second sow of the result)
+    def model(x, ws):
+        out, acts = h.plant(_layers, tag=T)({"act": h.rows({1: jnp.ones(2)})}, x, ws)
+        return h.sow(acts, tag=T, name="seen")
+    assert_tree_allclose(h.reap(model, tag=T)(x, ws), {"seen": want_acts})
+    nested = h.nest(_layers, scope="m")
+    assert_tree_allclose(h.plant(nested, tag=T)({"m": {"act": h.rows({1: jnp.ones(2)})}}, x, ws),
+                         (want_out, want_acts))
+
+
+def test_rows_plant_errors():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    p = h.plant(_layers, tag=T)
+    raises(ValueError, r"'act'.*row 3 is out of range.*3 rows", p, {"act": h.rows({3: jnp.ones(2)})},
+           x, ws)
+    raises(ValueError, r"'act'.*float32\[3\]", p, {"act": h.rows({0: jnp.ones(3)})}, x, ws)
+    raises(ValueError, r"rows\(mask=\.\.\.\) for 'act'.*bool\[3\]", p,
+           {"act": h.rows(mask=jnp.ones(2, bool), values=jnp.ones((3, 2)))}, x, ws)
+    raises(ValueError, r"rows\(\.\.\.\) planted for 'a'.*'strict' mode", h.plant(_basic, tag=T),
+           {"a": h.rows({0: 1.0})}, 3.0)
+    with pytest.raises(TypeError, match="either"):
+        h.rows({0: 1.0}, mask=jnp.ones(1, bool))
+    with pytest.raises(TypeError, match="int row"):
+        h.rows({"0": 1.0})
 
 
 def test_plant_append_inside_scan():
