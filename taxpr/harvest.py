@@ -577,8 +577,9 @@ def _type_str(dtype, shape) -> str:
 def _plant_mismatch(name, value, aval, where: str) -> ValueError:
     return ValueError(
         f"Planted value for '{_disp(name)}' has type "
-        f"{_type_str(jax.dtypes.result_type(value), np.shape(value))}, but {where} has type "
-        f"{_type_str(aval.dtype, aval.shape)}{' (weakly typed)' if aval.weak_type else ''}; "
+        f"{_type_str(jax.dtypes.result_type(value), np.shape(value))}, but "
+        f"{where.format(type=_type_str(aval.dtype, aval.shape))}"
+        f"{' (weakly typed)' if aval.weak_type else ''}; "
         f"a planted value must have the sow's shape and dtype, or be weakly typed (a Python "
         f"scalar) of a kind that promotes to it, or replace a sown Python scalar with a value "
         f"of a kind it promotes to")
@@ -606,7 +607,7 @@ def _plant_value(name, value, site: _Site, allow_retype: bool) -> tuple[list, li
     if len(leaves) != len(site.avals):
         raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
                          f"expected {len(site.avals)}")
-    where = f"the sow at {format_path(site.path)}"
+    where = f"the sow at {format_path(site.path)} has type {{type}}"
     fitted = [_conform(name, v, a, where, allow_retype) for v, a in zip(leaves, site.avals)]
     if any(v is None for v, _ in fitted):
         return [], [t for _, t in fitted]
@@ -735,7 +736,7 @@ def _unflatten_value(site: "_Site", vals):
 
 def _rows_stack(name, plant: PlantRows, total: int, site: _Site) -> list:
     """``[mask, *stacked leaves]`` (``total`` rows each) for a rows(...) plant."""
-    where = f"a row of its append sows (at {format_path(site.path)})"
+    where = f"a row of its append sows (at {format_path(site.path)}) has type {{type}}"
     if plant.index_values is None:
         mask = jnp.asarray(plant.mask)
         if mask.shape != (total,) or mask.dtype != jnp.bool_:
@@ -786,8 +787,7 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     for v, a in zip(leaves, avals):
         row = a.update(shape=a.shape[1:]) if _is_stacked(key) else a
         want = core.ShapedArray((total, *row.shape), row.dtype)
-        where = (f"its append sows (at {format_path(sites[name].path)}) stack to "
-                 f"{_type_str(want.dtype, want.shape)}, which")
+        where = f"its append sows (at {format_path(sites[name].path)}) stack to {{type}}"
         v, _ = _conform(name, v, want, where, allow_retype=False)
         v = jnp.asarray(v)
         out.append(v[start:start + mine] if _is_stacked(key) else v[start])
