@@ -228,8 +228,42 @@ class _HarvestHooks(Hooks):
     numbered afresh in every enclosing jaxpr, so sows in different calls
     (two jits, two scans) never share a key."""
 
-    def __init__(self, sites: "_Sites"):
+    def __init__(self, sites: "_Sites", rules: "_JvpRules"):
         self.sites = sites
+        self.rules = rules
+
+    def prepare_rule(self, engine, rule, n_primals):
+        """Sows in the rule whose value depends on the tangents stay plain
+        identities (not reaped or planted), so reverse mode can linearize."""
+        dep = set(_compat.jaxpr_parts(rule)[2][n_primals:])
+
+        def rewrite(eqn, path, env):
+            if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
+                return None
+            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
+            ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+            if eqn.primitive is tag_p and engine.predicate(eqn.params):
+                for o, i in zip(eqn.outvars, ins):
+                    if not isinstance(o, core.DropVar):
+                        env[o] = i
+                return []
+            subs = _traverse.subjaxprs(eqn)
+            if subs:  # conservatively: every sow inside depends on the tangents
+                eqn = _traverse.with_subjaxprs(eqn, {
+                    (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+                    for sub, sj in subs})
+            return [eqn.replace(invars=ins)]
+
+        return _traverse.map_jaxpr(rule, rewrite)
+
+    def rule_has_selected(self, engine, eqn) -> bool:
+        # Only sows found nowhere but in JVP rules: the others (e.g. the
+        # function's own sows, when its rule calls it) are reaped from the
+        # function as usual.
+        rule = self.rules.jaxpr(eqn)
+        return rule is not None and any(
+            e.primitive is tag_p and engine.predicate(e.params) and e.params["name"] in
+            self.sites.rule_only for e, _ in _traverse.iter_eqns(rule))
 
     def rekey(self, key, level, stacked):
         kind, name, _, was_stacked = key
@@ -259,6 +293,8 @@ class _Sites:
         self.planted = planted  # name -> mode, for names to plant
         self.partial = partial  # planted names whose plant is ``rows(...)``
         self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
+        self.rewritten: set = set()  # names of the sows rewritten so far
+        self.rule_only: set = set()  # names sown only inside custom JVP rules
         self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
 
@@ -299,6 +335,10 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
+        if _RULE in level.path and name not in self.rule_only:
+            level.emit(eqn)  # reaped / planted where the function itself sows it
+            return ctx
+        self.rewritten.add(name)
         ins = [level.atom(v) for v in eqn.invars]
         value = ins[:-1] if mode == "cond_clobber" else ins
         ctx = list(ctx)
@@ -614,22 +654,64 @@ def _plant_value(name, value, site: _Site, allow_retype: bool) -> tuple[list, li
     return [v for v, _ in fitted], None
 
 
-def _find_sites(closed, select: _Filter, tag_) -> tuple[dict, list]:
-    """The selected sows (first occurrence of each name) and the names of all
-    sows of ``tag_``."""
+_RULE = "custom_jvp[rule]"  # the engine's path element for a custom JVP rule
+
+
+class _JvpRules:
+    """The JVP rules of ``custom_jvp_call`` equations, traced once each (as
+    JAX would when differentiating), to find the sows inside them."""
+
+    def __init__(self):
+        self._rules: dict = {}
+        # Equations inside traced rules: their own rules run only under a
+        # second derivative, and a rule may call its own function (recursion).
+        self._inside: set = set()
+
+    def jaxpr(self, eqn) -> Any:
+        """The rule's jaxpr (all input tangents nonzero), or None."""
+        if eqn.primitive.name != "custom_jvp_call" or id(eqn) in self._inside:
+            return None
+        hit = self._rules.get(id(eqn))
+        if hit is None:
+            fun = eqn.params["jvp_jaxpr_fun"]
+            n = len(eqn.invars) - eqn.params.get("num_consts", 0)
+            jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+            constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+            hit = (eqn, _compat.make_closed(constvars, consts, invars, eqns, outvars, effects,
+                                            dbg))
+            self._rules[id(eqn)] = hit
+            self._inside.update(id(e) for e, _ in _traverse.iter_eqns(hit[1]))
+        return hit[1]
+
+    def iter_eqns(self, closed, path=()):
+        """``_traverse.iter_eqns``, also into the JVP rules (``in_rule`` flag)."""
+        for eqn, p in _traverse.iter_eqns(closed, path):
+            yield eqn, p, False
+            rule = self.jaxpr(eqn)
+            if rule is not None:
+                for e, q, _ in self.iter_eqns(rule, (*p, _RULE)):
+                    yield e, q, True
+
+
+def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, list, set]:
+    """The selected sows (first occurrence of each name), the names of all
+    sows of ``tag_``, and the selected names found only in custom JVP rules."""
     sites: dict = {}
     all_names: dict = {}
-    for eqn, path in _traverse.iter_eqns(closed):
+    outside: set = set()
+    for eqn, path, in_rule in rules.iter_eqns(closed):
         if eqn.primitive is not tag_p or not _is_sow(eqn.params) or eqn.params["tag"] != tag_:
             continue
         all_names.setdefault(eqn.params["name"], None)
+        if not in_rule:
+            outside.add(eqn.params["name"])
         if select(eqn.params):
             mode, tree = eqn.params["mode"], eqn.params[TREE]
             if mode == "cond_clobber":  # the tag holds (value, pred)
                 tree = jax.tree_util.tree_structure(
                     jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)[0])
             sites.setdefault(eqn.params["name"], _Site(mode, _site_aval(eqn), path, tree))
-    return sites, list(all_names)
+    return sites, list(all_names), set(sites) - outside
 
 
 def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
@@ -638,7 +720,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
         closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype)
-        sites, all_names = _find_sites(closed, select, tag_)
+        rules = _JvpRules()
+        sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)
         for name in sites:  # oryx: a nest scope and a sow may not share a name
             if isinstance(name, tuple) and name[0] in sites:
                 verb = "planted" if _lookup_plant(plants, name[0]) is not _MISSING else "reaped"
@@ -685,7 +768,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         ctx_leaves.extend(value)
     ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
     site_rule = _Sites(reaped, planted, ctx_index, partial)
-    engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule))
+    site_rule.rule_only = rule_only
+    engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))
     threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed)[4]))
     if exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
@@ -712,8 +796,13 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         stacked = [_stack_occurrences([v[i] for _, v in items], [k for k, _ in items])
                    for i in range(len(items[0][1]))]
         reaps[name] = _unflatten_value(sites[name], stacked)
+    # oryx: a sow in a custom JVP rule is reaped only when the rule ran (JAX
+    # differentiated the call while this harvest evaluated it).
+    for name in rule_only & set(reaps):
+        if name not in site_rule.rewritten:
+            del reaps[name]
     for name, mode in reaped.items():  # append sows that never ran (e.g. zero-length scan)
-        if mode == "append" and name not in reaps:
+        if mode == "append" and name not in reaps and name not in rule_only:
             reaps[name] = _unflatten_value(
                 sites[name], [np.zeros((0, *a.shape), a.dtype) for a in sites[name].avals])
     return out, _nest_dict(reaps)

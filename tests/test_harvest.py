@@ -1119,6 +1119,81 @@ def test_grad_of_plant_append_in_scan():
 
 # ---- custom_jvp / custom_vjp ----------------------------------------------------------
 
+def _rule_sows():
+    """A custom_jvp function whose JVP rule (not its body) sows: the rule
+    sows 2x and scales the tangent by the (possibly planted) sown value."""
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        s = h.sow(x * 2.0, tag=T, name="s")
+        return jnp.sin(x), t * s
+
+    return f, f_jvp
+
+
+def test_sow_in_custom_jvp_rule_is_reaped_when_jax_differentiates_the_call():
+    f, f_jvp = _rule_sows()
+    (want_out, want_t) = f_jvp((2.0,), (1.0,))  # eager: the rule by hand (sow = identity)
+    (out, reaps), (out_t, reaps_t) = jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
+    allclose(out, want_out)
+    allclose(out_t, want_t)
+    assert_tree_allclose(reaps, {"s": 4.0})  # what the rule sowed
+    assert_tree_allclose(reaps_t, {"s": 0.0})  # a value sown in the rule is a constant
+    # the same under jit, and with the jvp taken inside the reaped function
+    (_, reaps), (_, reaps_t) = jax.jit(lambda x, t: jax.jvp(h.call_and_reap(f, tag=T), (x,),
+                                                            (t,)))(2.0, 1.0)
+    assert_tree_allclose((reaps, reaps_t), ({"s": 4.0}, {"s": 0.0}))
+    assert_tree_allclose(h.reap(lambda x, t: jax.jvp(f, (x,), (t,)), tag=T)(2.0, 1.0),
+                         {"s": 4.0})
+
+
+def test_sow_in_custom_jvp_rule_is_not_reaped_when_the_rule_does_not_run():
+    f, _ = _rule_sows()
+    out, reaps = h.call_and_reap(f, tag=T)(2.0)
+    allclose(out, np.sin(2.0))
+    assert reaps == {}  # as oryx: the rule never ran
+    assert jax.jit(h.reap(f, tag=T))(2.0) == {}
+
+
+def test_sow_in_custom_jvp_rule_under_grad():
+    f, f_jvp = _rule_sows()
+    # grad linearizes: the rule runs, the reaped value has derivative zero
+    def loss(x):
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        return out + reaps["s"]
+    allclose(jax.grad(loss)(2.0), f_jvp((2.0,), (1.0,))[1])
+    allclose(jax.value_and_grad(loss)(2.0)[0], np.sin(2.0) + 4.0)
+
+
+def test_plant_into_custom_jvp_rule_when_differentiated():
+    f, _ = _rule_sows()
+    planted = lambda x: h.plant(f, tag=T)({"s": 10.0}, x)
+    out, out_t = jax.jvp(planted, (2.0,), (1.0,))
+    allclose(out, np.sin(2.0))
+    allclose(out_t, 10.0)  # the rule's tangent uses the planted value
+    allclose(jax.grad(planted)(2.0), 10.0)
+    allclose(planted(2.0), np.sin(2.0))  # not differentiated: the rule never runs
+    raises(ValueError, r"^Planted value for 's' has type float32\[2\], but the sow at "
+           r"custom_jvp\[rule\] has type float32\[\]", h.plant(f, tag=T), {"s": jnp.ones(2)},
+           2.0)
+
+
+def test_append_sow_in_custom_jvp_rule_is_a_clear_error():
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]),
+                           t[0] * h.sow(p[0], tag=T, name="a", mode="append")))
+    with pytest.raises(NotImplementedError, match=r"custom_jvp\[rule\].*'a'"):
+        jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
+    jax_still_works()
+
+
 @jax.custom_jvp
 def _cjvp(x):
     return h.sow(jnp.sin(x), tag=T, name="s") * 2
@@ -1174,6 +1249,20 @@ def test_custom_jvp_sows_in_jvp_rule_reaped():
     allclose(out, 10.0)
     # under grad the tangent sow is transposed away (oryx drops it too)
     assert_tree_allclose(reaps, {"jvp_x": np.cos(0.5), "s": np.sin(0.5)})
+
+
+def test_custom_jvp_rule_sows_reaped_from_outside_primal_values_only():
+    # jvp / grad of call_and_reap: the rule runs; its sow of a primal value
+    # ("jvp_x") is reaped, its sow of a tangent ("jvp_t") is not (it would
+    # make a primal output depend on the tangents, which reverse mode cannot
+    # linearize); the function's own sow "s" is reaped as without the rule.
+    (out, reaps), (out_t, reaps_t) = jax.jvp(h.call_and_reap(_cjvp, tag=T), (0.5,), (1.0,))
+    allclose(out, 2 * np.sin(0.5), rtol=1e-6)
+    allclose(out_t, 10.0)  # the user's rule
+    assert_tree_allclose(reaps, {"jvp_x": np.cos(0.5), "s": np.sin(0.5)})
+    assert_tree_allclose(reaps_t, {"jvp_x": 0.0, "s": np.cos(0.5)})
+    loss = lambda x: (lambda o, r: o + r["jvp_x"] + r["s"])(*h.call_and_reap(_cjvp, tag=T)(x))
+    allclose(jax.grad(loss)(0.5), 10.0 + 0.0 + np.cos(0.5), rtol=1e-6)
 
 
 def test_custom_vjp_sows_in_fwd_and_bwd_reaped():
