@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
+from jax._src.interpreters import partial_eval as pe
 
 from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
@@ -661,36 +662,47 @@ class _JvpRules:
     """The JVP rules of ``custom_jvp_call`` equations, traced once each (as
     JAX would when differentiating), to find the sows inside them."""
 
-    def __init__(self):
-        self._rules: dict = {}
-        # Equations inside traced rules: their own rules run only under a
-        # second derivative, and a rule may call its own function (recursion).
-        self._inside: set = set()
+    def __init__(self, enabled: bool):
+        # Without a differentiation trace around this harvest, no rule runs
+        # while it evaluates the program: tracing them would be wasted.
+        self.enabled = enabled
+        self._rules: dict = {}  # id(eqn) -> (eqn, the rule's closed jaxpr)
 
     def jaxpr(self, eqn) -> Any:
-        """The rule's jaxpr (all input tangents nonzero), or None."""
-        if eqn.primitive.name != "custom_jvp_call" or id(eqn) in self._inside:
-            return None
+        """The rule of a ``custom_jvp_call`` seen by ``iter_eqns`` (all input
+        tangents nonzero), or None."""
         hit = self._rules.get(id(eqn))
-        if hit is None:
-            fun = eqn.params["jvp_jaxpr_fun"]
-            n = len(eqn.invars) - eqn.params.get("num_consts", 0)
-            jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
-            constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
-            hit = (eqn, _compat.make_closed(constvars, consts, invars, eqns, outvars, effects,
-                                            dbg))
-            self._rules[id(eqn)] = hit
-            self._inside.update(id(e) for e, _ in _traverse.iter_eqns(hit[1]))
-        return hit[1]
+        return None if hit is None else hit[1]
 
-    def iter_eqns(self, closed, path=()):
-        """``_traverse.iter_eqns``, also into the JVP rules (``in_rule`` flag)."""
-        for eqn, p in _traverse.iter_eqns(closed, path):
-            yield eqn, p, False
-            rule = self.jaxpr(eqn)
-            if rule is not None:
-                for e, q, _ in self.iter_eqns(rule, (*p, _RULE)):
-                    yield e, q, True
+    def _trace(self, eqn) -> Any:
+        fun = eqn.params["jvp_jaxpr_fun"]
+        n = len(eqn.invars) - eqn.params.get("num_consts", 0)
+        jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+        constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+        rule = _compat.make_closed(constvars, consts, invars, eqns, outvars, effects, dbg)
+        self._rules[id(eqn)] = (eqn, rule)
+        return rule
+
+    def iter_eqns(self, closed):
+        """``_traverse.iter_eqns`` of the program, also into the JVP rules of
+        its ``custom_jvp_call``s (``in_rule`` flag). Not into rules inside
+        rules (they run only under a second derivative, and a rule may call
+        its own function), nor inside ``shard_map`` (whose rules trace only
+        in the body's context)."""
+        for eqn, path in _traverse.iter_eqns(closed):
+            yield eqn, path, False
+            if (self.enabled and eqn.primitive.name == "custom_jvp_call"
+                    and "shard_map" not in path):
+                for e, p in _traverse.iter_eqns(self._trace(eqn), (*path, _RULE)):
+                    yield e, p, True
+
+
+def _may_differentiate(values) -> bool:
+    """Whether JAX may differentiate the program while a harvest evaluates
+    it: some input is a tracer of a trace that is not plain jit staging
+    (``jvp`` / ``grad`` / ``vmap`` / ..., conservatively)."""
+    return any(isinstance(x, core.Tracer) and not isinstance(x, pe.DynamicJaxprTracer)
+               for x in values)
 
 
 def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, list, set]:
@@ -720,7 +732,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
         closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype)
-        rules = _JvpRules()
+        rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed)[1],
+                                              *jax.tree_util.tree_leaves(plants)]))
         sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)
         for name in sites:  # oryx: a nest scope and a sow may not share a name
             if isinstance(name, tuple) and name[0] in sites:
