@@ -8,10 +8,13 @@ signatures, semantics and error messages. Built on taxpr's engine:
 * planted values of non-append sows are carried values, planted ``append``
   values are fed per site (``scan`` slices them along its axis).
 
-Better than oryx: planted values are shape/dtype-checked; plant of an
-``append`` sow inside a scan works; ``append`` outside loops stacks; sows in
-``shard_map`` work or raise a clear error; errors never corrupt JAX's trace
-state; cost grows linearly with nesting depth.
+Better than oryx: planted values are shape/dtype-checked (with JAX's
+weak-type promotion); plant of an ``append`` sow inside a scan works, also
+for selected rows only (``rows``); sows in ``shard_map`` work or raise a
+clear error; ``strict=True`` catches misspelled names; errors never corrupt
+JAX's trace state; cost grows linearly with nesting depth. Sows inside a
+``custom_jvp`` rule are threaded through the rule when JAX differentiates
+the call (the engine's ``rule_has_selected`` / ``prepare_rule`` hooks).
 """
 
 from __future__ import annotations
@@ -62,15 +65,32 @@ def _scope() -> tuple:
 def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = None) -> Any:
     """Mark ``value`` as an intermediate named ``name`` for harvests of ``tag``.
 
+    Outside a harvest, ``sow`` is the identity (in eager code and under any
+    JAX transformation). ``reap`` / ``call_and_reap`` collect sown values,
+    ``plant`` replaces them.
+
     Arguments:
-        value: a pytree of arrays.
-        tag: the harvest tag.
-        name: the value's name.
-        mode: ``"strict"``, ``"clobber"`` or ``"append"``.
-        key: accepted for oryx compatibility (a value the sow depends on).
+        value: a pytree of arrays (or Python scalars).
+        tag: the harvest tag (any hashable value); only harvests of this tag
+            see the sow.
+        name: the value's name (hashable) in the reaped / planted dict.
+        mode: ``"strict"`` (sown at most once per harvest, not in loops),
+            ``"clobber"`` (the last value wins; required in ``while_loop``)
+            or ``"append"`` (values stacked along a new leading axis, one row
+            per time the sow runs; inside ``scan`` one per iteration).
+        key: accepted for oryx compatibility and ignored.
 
     Returns:
         ``value``, or the planted value inside a ``plant``.
+
+    Raises:
+        ValueError: ``mode`` is ``"cond_clobber"`` (use ``sow_cond``) or unknown.
+
+    Example:
+        >>> def f(x):
+        ...     y = sow(x * 2, tag="t", name="y")
+        ...     return y + 1
+        >>> reap(f, tag="t")(1.0)  # {"y": 2.0}
     """
     del key
     if mode == "cond_clobber":
@@ -83,10 +103,28 @@ def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = Non
 def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any, mode: str = "cond_clobber",
              key: Any = None) -> Any:
     """Sow ``value`` in ``cond_clobber`` mode: a reap keeps the last value whose
-    ``pred`` was true (zeros if none).
+    ``pred`` was true (zeros if it never was), e.g. inside ``while_loop``.
+
+    Arguments:
+        value: a pytree of arrays.
+        pred: a boolean scalar (may be traced).
+        tag, name: as for ``sow``.
+        mode: must be ``"cond_clobber"`` (oryx's signature).
+        key: accepted for oryx compatibility and ignored.
 
     Returns:
-        ``value`` (or the planted value).
+        ``value``, or the planted value inside a ``plant``.
+
+    Raises:
+        ValueError: ``mode`` is not ``"cond_clobber"``.
+
+    Example:
+        >>> def f(xs):
+        ...     def body(c, x):
+        ...         sow_cond(x, x > 0, tag="t", name="last_positive")
+        ...         return c, None
+        ...     return jax.lax.scan(body, 0.0, xs)[0]
+        >>> reap(f, tag="t")(jnp.array([1.0, -2.0]))  # {"last_positive": 1.0}
     """
     del key
     if mode != "cond_clobber":
@@ -108,8 +146,28 @@ def _tag_sow(value, pred, tag_, name, mode):
 
 
 def nest(f: Callable, *, scope: str) -> Callable:
-    """``f`` with its sows' names nested under ``scope``: reaps come back as
-    ``{scope: {...}}`` and plants are read from ``plants[scope]``."""
+    """``f`` with the names of the sows it makes nested under ``scope``.
+
+    Reaps of ``nest(f, scope=s)`` come back as ``{s: {name: value}}``,
+    plants are read from ``plants[s][name]``, and an ``allowlist`` /
+    ``blocklist`` entry ``s`` selects the whole scope. Scopes nest.
+
+    Arguments:
+        f: the function whose sows are scoped (called with the same arguments).
+        scope: the scope's name; it may not also be a sow's name in the same
+            harvest.
+
+    Returns:
+        ``wrapped(*args, **kwargs) -> f(*args, **kwargs)``.
+
+    Raises:
+        ValueError (at harvest time): a sow and a scope share a name
+            ("Variable has already been reaped: ...", as oryx).
+
+    Example:
+        >>> g = nest(lambda x: sow(x, tag="t", name="a"), scope="layer1")
+        >>> reap(g, tag="t")(1.0)  # {"layer1": {"a": 1.0}}
+    """
 
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
