@@ -1403,6 +1403,21 @@ def test_plant_float_into_sown_python_int_promotes_like_oryx(y):
     assert h.plant(_int_sow, tag=T)({}, 1.0) == 718.0
 
 
+def test_plant_float_into_sown_python_int_composes_with_other_transformations():
+    eager = 1.0 + 15.5  # _int_sow with 15.5 written in place of 717
+    out, reaps = h.call_and_reap(h.plant(_int_sow, tag=T), tag=T)({"y": 15.5}, 1.0)
+    allclose(out, eager)
+    assert_tree_allclose(reaps, {"x": 1.0})
+    out, reaps = h.plant(h.call_and_reap(_int_sow, tag=T, allowlist=["x"]), tag=T)(
+        {"y": 15.5}, 1.0)
+    allclose(out, eager)
+    assert_tree_allclose(reaps, {"x": 1.0})
+    allclose(h.plant(h.nest(_int_sow, scope="s"), tag=T)({"s": {"y": 15.5}}, 1.0), eager)
+    allclose(jax.grad(lambda p: h.plant(_int_sow, tag=T)({"y": p}, 1.0))(15.5), 1.0)
+    allclose(jax.vmap(lambda p: h.plant(_int_sow, tag=T)({"y": p}, 1.0))(jnp.array([1.5, 2.5])),
+             [2.5, 3.5])
+
+
 def test_plant_into_sown_python_int_keeps_int_arithmetic_for_int_plants():
     f = lambda i: h.sow(3, tag=T, name="k") * i  # an int program
     out = h.plant(f, tag=T)({"k": jnp.int8(2)}, jnp.int8(5))
