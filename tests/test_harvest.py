@@ -1157,6 +1157,12 @@ def test_sow_in_custom_jvp_rule_is_not_reaped_when_the_rule_does_not_run():
     allclose(out, np.sin(2.0))
     assert reaps == {}  # as oryx: the rule never ran
     assert jax.jit(h.reap(f, tag=T))(2.0) == {}
+    # differentiated outside a jit that holds the harvest: the rule runs
+    # after the harvest returned, so the name is absent, and the derivative
+    # is the rule's
+    (out, reaps), (out_t, reaps_t) = jax.jvp(jax.jit(h.call_and_reap(f, tag=T)), (2.0,), (1.0,))
+    assert reaps == {} and reaps_t == {}
+    allclose(out_t, 4.0)  # t * s with s = 2x = 4
 
 
 def test_sow_in_custom_jvp_rule_under_grad():
