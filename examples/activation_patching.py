@@ -1,5 +1,6 @@
 """Capture per-layer activations of a scan-over-layers model with `reap`,
-then patch one layer's activation with `plant` and watch the output change.
+then patch one layer's activation with `plant` + `rows` and watch the
+output change.
 
 Run: python examples/activation_patching.py
 """
@@ -56,27 +57,12 @@ def main():
     np.testing.assert_allclose(acts, ref_acts, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out, ref_out, rtol=1e-5)
 
-    # Patch layer 1's activation. `plant` replaces every sow of "act" with
-    # its row of the planted stack, so the model lets only layer 1 take the
-    # planted value and the later layers recompute from it.
-    patched_row = jnp.ones(WIDTH)
-
-    def patched_model(params, x):
-        ws, bs = params
-
-        def layer(carry, wbi):
-            x = carry
-            w, b, i = wbi
-            a = jnp.tanh(w @ x + b)
-            planted = h.sow(a, tag="acts", name="act", mode="append")
-            # Only layer 1 takes the planted value; the others keep their own.
-            return jnp.where(i == 1, planted, a), None
-
-        x, _ = jax.lax.scan(layer, x, (ws, bs, jnp.arange(N_LAYERS)))
-        return x.sum()
-
-    plants = {"act": acts.at[1].set(patched_row)}
-    new_out = jax.jit(h.plant(patched_model, tag="acts"))(plants, params, x)
+    # Patch layer 1's activation: `h.rows({1: value})` replaces only row 1
+    # of the "act" stack (the scan's iteration 1); the other layers keep the
+    # activations the model computes, and the later layers recompute from
+    # the patched one. The model itself is unchanged.
+    plants = {"act": h.rows({1: jnp.ones(WIDTH)})}
+    new_out = jax.jit(h.plant(model, tag="acts"))(plants, params, x)
     ref_new, _ = reference(params, np.asarray(x), patch=(1, np.ones(WIDTH)))
     np.testing.assert_allclose(new_out, ref_new, rtol=1e-5, atol=1e-6)
     assert abs(float(new_out) - float(out)) > 1e-3

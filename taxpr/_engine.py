@@ -154,6 +154,18 @@ class Hooks:
         a scan stacks / slices it). Keys must stay distinct per site there."""
         return key
 
+    def rule_has_selected(self, engine: "Engine", eqn: core.JaxprEqn) -> bool:
+        """Whether the custom JVP rule of ``eqn`` (a ``custom_jvp_call``,
+        traced only when differentiated) holds selected tags; if so, ctx is
+        threaded through the rule when JAX differentiates ``eqn``."""
+        return False
+
+    def prepare_rule(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
+        """The custom JVP rule jaxpr ``rule`` (inputs: ``n_primals`` primals,
+        then tangents) as it should be threaded: its ctx outputs must not
+        depend on the tangents, or reverse mode cannot linearize it."""
+        return rule
+
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
         if len(set(collects)) > 1:
             raise ValueError(f"taxpr: cond branches at {format_path(path)} collect "
@@ -267,7 +279,7 @@ class Engine:
             return hit[1]
         found = False
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
-            if is_selected(eqn, self.predicate):
+            if is_selected(eqn, self.predicate) or self._rule_selected(eqn):
                 found = True
                 break
             if any(self.has_selected(sj) for _, sj in _traverse.subjaxprs(eqn)):
@@ -275,6 +287,9 @@ class Engine:
                 break
         self._selected[id(jaxpr)] = (jaxpr, found)
         return found
+
+    def _rule_selected(self, eqn) -> bool:
+        return eqn.primitive.name == "custom_jvp_call" and self.hooks.rule_has_selected(self, eqn)
 
     # ---- the interpreter ----------------------------------------------------
     def thread_eqns(self, eqns: Sequence[core.JaxprEqn], level: Level, ctx: list) -> list:
@@ -286,7 +301,8 @@ class Engine:
                     continue
             else:
                 subs = _traverse.subjaxprs(eqn)
-                if subs and any(self.has_selected(sj) for _, sj in subs):
+                if subs and (any(self.has_selected(sj) for _, sj in subs)
+                             or self._rule_selected(eqn)):
                     rule = THREAD_RULES.get(prim)
                     if rule is None:
                         raise NotImplementedError(
@@ -639,6 +655,9 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
     user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
     cache: dict = {}
+    rule_path = level.path + ("custom_jvp[rule]",)
+    rule_context = level.context
+    thread_rule = engine._rule_selected(eqn)
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
@@ -647,18 +666,35 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
+        rule = None
+        if thread_rule:  # tags in the user's rule: thread ctx through it too
+            rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, n_all - nc, rule_path,
+                                rule_context)
 
         def f(*args):
             primals, tangents = args[:k], iter(args[k:])
             per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
                          for a, z in zip(in_avals, zeros)]
             user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
-            res = core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[user], *user_t)
+            res = (core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[user], *user_t)
+                   if rule is None else None)
             # Tangents through ctx / fed values only (original inputs held).
             through = [_zeros(a.to_tangent_aval()) if n <= i < n + n_all else t
                        for i, (t, a) in enumerate(zip(per_input, in_avals))]
             outs, (outs_t_ctx, _) = _jvp_split(threaded_fn, primals, through, n_out)
             _, (_, rest_t) = _jvp_split(threaded_fn, primals, per_input, n_out)
+            if rule is not None:
+                # The rule's tags act on ctx after the function's; what they
+                # write is a constant (tangent zero), other entries keep theirs.
+                n_res = len(_compat.jaxpr_parts(jvp_jaxpr).outvars)
+                rule_fn = _compat.jaxpr_as_fun(rule)
+                args = [*primals[user], *user_t]
+                ctx_body = list(outs[n_out:n_out + n])
+                r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
+                                     list(rest_t[:n]))
+                res = r_out[:n_res]  # the rule's outputs (with its plants)
+                outs = [*outs[:n_out], *r_out[n_res:], *outs[n_out + n:]]
+                rest_t = [*r_t[n_res:], *rest_t[n:]]
             user_out_t = iter(res[len(out_zeros):])
             out_t = [t if z else next(user_out_t) + t for t, z in zip(outs_t_ctx, out_zeros)]
             return [*outs, *out_t, *rest_t]
@@ -674,6 +710,21 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                   [*eqn.outvars, *ctx_out, *collects], num_consts=0,
                   jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
     return ctx_out
+
+
+def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
+    """A custom JVP rule's jaxpr, threaded (ctx in first, out last)."""
+    constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jvp_jaxpr)
+    closed = _compat.make_closed(constvars, jvp_consts, invars, eqns, outvars, effects, dbg)
+    closed = engine.hooks.prepare_rule(engine, closed, n_primals)
+    rule = engine.thread_jaxpr(closed, path, 0, len(outvars), context)
+    ch = engine.channels(rule)
+    if ch.collects or ch.feeds:
+        raise NotImplementedError(
+            f"taxpr: tags in the custom_jvp rule at {format_path(path)} collect or are fed "
+            f"values per site ({(ch.collects or ch.feeds)[0][0]!r}); only values carried in "
+            f"ctx (e.g. non-append sows) are supported in a JVP rule")
+    return rule
 
 
 def _jvp_split(fn, primals, tangents, n_out):

@@ -8,10 +8,13 @@ signatures, semantics and error messages. Built on taxpr's engine:
 * planted values of non-append sows are carried values, planted ``append``
   values are fed per site (``scan`` slices them along its axis).
 
-Better than oryx: planted values are shape/dtype-checked; plant of an
-``append`` sow inside a scan works; ``append`` outside loops stacks; sows in
-``shard_map`` work or raise a clear error; errors never corrupt JAX's trace
-state; cost grows linearly with nesting depth.
+Better than oryx: planted values are shape/dtype-checked (with JAX's
+weak-type promotion); plant of an ``append`` sow inside a scan works, also
+for selected rows only (``rows``); sows in ``shard_map`` work or raise a
+clear error; ``strict=True`` catches misspelled names; errors never corrupt
+JAX's trace state; cost grows linearly with nesting depth. Sows inside a
+``custom_jvp`` rule are threaded through the rule when JAX differentiates
+the call (the engine's ``rule_has_selected`` / ``prepare_rule`` hooks).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
+from jax._src.interpreters import partial_eval as pe
 
 from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
@@ -32,7 +36,8 @@ from ._find import dissolve_tags
 from ._inject import trace_program
 from .primitives._tag import TREE, tag, tag_p
 
-__all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "sow_p"]
+__all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "rows",
+           "PlantRows", "sow_p"]
 
 sow_p = tag_p  # the primitive behind ``sow``
 
@@ -48,6 +53,9 @@ class _SowOp:
 
 SOW = _SowOp()
 _SCOPES = threading.local()
+# (tag, name) -> per-leaf avals a sow takes while a plant re-traces the
+# program (see ``_plant_types``); set only around that trace.
+_RETYPE = threading.local()
 
 
 def _scope() -> tuple:
@@ -57,47 +65,109 @@ def _scope() -> tuple:
 def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = None) -> Any:
     """Mark ``value`` as an intermediate named ``name`` for harvests of ``tag``.
 
+    Outside a harvest, ``sow`` is the identity (in eager code and under any
+    JAX transformation). ``reap`` / ``call_and_reap`` collect sown values,
+    ``plant`` replaces them.
+
     Arguments:
-        value: a pytree of arrays.
-        tag: the harvest tag.
-        name: the value's name.
-        mode: ``"strict"``, ``"clobber"`` or ``"append"``.
-        key: accepted for oryx compatibility (a value the sow depends on).
+        value: a pytree of arrays (or Python scalars).
+        tag: the harvest tag (any hashable value); only harvests of this tag
+            see the sow.
+        name: the value's name (hashable) in the reaped / planted dict.
+        mode: ``"strict"`` (sown at most once per harvest, not in loops),
+            ``"clobber"`` (the last value wins; required in ``while_loop``)
+            or ``"append"`` (values stacked along a new leading axis, one row
+            per time the sow runs; inside ``scan`` one per iteration).
+        key: accepted for oryx compatibility and ignored.
 
     Returns:
         ``value``, or the planted value inside a ``plant``.
+
+    Raises:
+        ValueError: ``mode`` is ``"cond_clobber"`` (use ``sow_cond``) or unknown.
+
+    Example:
+        >>> def f(x):
+        ...     y = sow(x * 2, tag="t", name="y")
+        ...     return y + 1
+        >>> reap(f, tag="t")(1.0)  # {"y": 2.0}
     """
     del key
     if mode == "cond_clobber":
         raise ValueError("For 'cond_clobber' mode, use `sow_cond`.")
     if mode not in ("strict", "clobber", "append"):
         raise ValueError(f"Invalid mode: {mode}")
-    return _tag_sow(value, tag, name, mode)
+    return _tag_sow(value, None, tag, name, mode)
 
 
 def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any, mode: str = "cond_clobber",
              key: Any = None) -> Any:
     """Sow ``value`` in ``cond_clobber`` mode: a reap keeps the last value whose
-    ``pred`` was true (zeros if none).
+    ``pred`` was true (zeros if it never was), e.g. inside ``while_loop``.
+
+    Arguments:
+        value: a pytree of arrays.
+        pred: a boolean scalar (may be traced).
+        tag, name: as for ``sow``.
+        mode: must be ``"cond_clobber"`` (oryx's signature).
+        key: accepted for oryx compatibility and ignored.
 
     Returns:
-        ``value`` (or the planted value).
+        ``value``, or the planted value inside a ``plant``.
+
+    Raises:
+        ValueError: ``mode`` is not ``"cond_clobber"``.
+
+    Example:
+        >>> def f(xs):
+        ...     def body(c, x):
+        ...         sow_cond(x, x > 0, tag="t", name="last_positive")
+        ...         return c, None
+        ...     return jax.lax.scan(body, 0.0, xs)[0]
+        >>> reap(f, tag="t")(jnp.array([1.0, -2.0]))  # {"last_positive": 1.0}
     """
     del key
     if mode != "cond_clobber":
         raise ValueError(f"sow_cond only supports mode='cond_clobber', got {mode!r}")
-    out = _tag_sow((value, jnp.asarray(pred, bool)), tag, name, "cond_clobber")
-    return out[0]
+    return _tag_sow(value, jnp.asarray(pred, bool), tag, name, "cond_clobber")
 
 
-def _tag_sow(value, tag_, name, mode):
+def _tag_sow(value, pred, tag_, name, mode):
     full = (*_scope(), name) if _scope() else name
-    return tag(value, op=SOW, tag=tag_, name=full, mode=mode)
+    retype = getattr(_RETYPE, "map", {}).get((tag_, full))
+    if retype is not None:  # a plant re-traces this sow with the planted value's type
+        leaves, tree = jax.tree_util.tree_flatten(value)
+        value = jax.tree_util.tree_unflatten(tree, [
+            x if t is None else _compat.cast_weak_type(jax.lax.convert_element_type(x, t.dtype), t)
+            for x, t in zip(leaves, retype)])
+    if pred is None:
+        return tag(value, op=SOW, tag=tag_, name=full, mode=mode)
+    return tag((value, pred), op=SOW, tag=tag_, name=full, mode=mode)[0]
 
 
 def nest(f: Callable, *, scope: str) -> Callable:
-    """``f`` with its sows' names nested under ``scope``: reaps come back as
-    ``{scope: {...}}`` and plants are read from ``plants[scope]``."""
+    """``f`` with the names of the sows it makes nested under ``scope``.
+
+    Reaps of ``nest(f, scope=s)`` come back as ``{s: {name: value}}``,
+    plants are read from ``plants[s][name]``, and an ``allowlist`` /
+    ``blocklist`` entry ``s`` selects the whole scope. Scopes nest.
+
+    Arguments:
+        f: the function whose sows are scoped (called with the same arguments).
+        scope: the scope's name; it may not also be a sow's name in the same
+            harvest.
+
+    Returns:
+        ``wrapped(*args, **kwargs) -> f(*args, **kwargs)``.
+
+    Raises:
+        ValueError (at harvest time): a sow and a scope share a name
+            ("Variable has already been reaped: ...", as oryx).
+
+    Example:
+        >>> g = nest(lambda x: sow(x, tag="t", name="a"), scope="layer1")
+        >>> reap(g, tag="t")(1.0)  # {"layer1": {"a": 1.0}}
+    """
 
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
@@ -147,20 +217,23 @@ def _disp(name) -> str:
     return ".".join(map(str, name)) if isinstance(name, tuple) else str(name)
 
 
-def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) -> None:
+def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> None:
     """oryx's static rules: strict sows once per scope, no strict in scan,
-    only clobber modes in while, every cond branch sows alike."""
+    only clobber modes in while (for the ``transformed`` names), and every
+    cond branch sows alike (for every ``select``-ed name, as oryx checks)."""
 
     def walk(j, in_scan: bool, in_while: bool) -> dict:
         counts: dict = {}
         for eqn in _compat.jaxpr_parts(j).eqns:
             if eqn.primitive is tag_p and select(eqn.params):
                 name, mode = eqn.params["name"], eqn.params["mode"]
-                if in_while and mode not in ("clobber", "cond_clobber"):
-                    raise ValueError(f"Must use clobber or cond_clobber mode for "
-                                     f"'{_disp(name)}' inside of a `while_loop`.")
-                if in_scan and mode == "strict":
-                    raise ValueError(f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
+                if name in transformed:
+                    if in_while and mode not in ("clobber", "cond_clobber"):
+                        raise ValueError(f"Must use clobber or cond_clobber mode for "
+                                         f"'{_disp(name)}' inside of a `while_loop`.")
+                    if in_scan and mode == "strict":
+                        raise ValueError(
+                            f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
                 _count(counts, name, mode, _site_aval(eqn))
                 continue
             subs = _traverse.subjaxprs(eqn)
@@ -170,8 +243,7 @@ def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) ->
             inner = [walk(sj, in_scan or prim == "scan", in_while or prim == "while")
                      for _, sj in subs]
             if prim == "cond":
-                if check_branches:
-                    _check_branches(inner)
+                _check_branches(inner)
                 merged = {}
                 for branch in inner:
                     for k, v in branch.items():
@@ -186,7 +258,7 @@ def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) ->
 
     def _count(counts, name, mode, avals):
         n, _, _ = counts.get(name, (0, mode, avals))
-        if n and mode == "strict":
+        if n and mode == "strict" and name in transformed:
             raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
         counts[name] = (n + 1, mode, avals)
 
@@ -194,17 +266,19 @@ def _check(jaxpr: Any, select: _Filter, verb: Callable, check_branches: bool) ->
 
 
 def _check_branches(branches: list[dict]) -> None:
+    """oryx's order: each later branch is compared name by name with the
+    first one (``branches[0]``; for ``lax.cond`` that is the false branch)."""
     first = branches[0]
     for other in branches[1:]:
         if len(other) != len(first):
             raise ValueError("Mismatching number of `sow`s between branches.")
-        for name, (_, _, avals) in first.items():
-            if name not in other:
+        for name, (_, _, avals) in other.items():
+            if name not in first:
                 raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
-            o = other[name][2]
-            if [a.shape for a in avals] != [a.shape for a in o]:
+            f = first[name][2]
+            if [a.shape for a in avals] != [a.shape for a in f]:
                 raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'.")
-            if [a.dtype for a in avals] != [a.dtype for a in o]:
+            if [a.dtype for a in avals] != [a.dtype for a in f]:
                 raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
 
 
@@ -213,8 +287,42 @@ class _HarvestHooks(Hooks):
     numbered afresh in every enclosing jaxpr, so sows in different calls
     (two jits, two scans) never share a key."""
 
-    def __init__(self, sites: "_Sites"):
+    def __init__(self, sites: "_Sites", rules: "_JvpRules"):
         self.sites = sites
+        self.rules = rules
+
+    def prepare_rule(self, engine, rule, n_primals):
+        """Sows in the rule whose value depends on the tangents stay plain
+        identities (not reaped or planted), so reverse mode can linearize."""
+        dep = set(_compat.jaxpr_parts(rule)[2][n_primals:])
+
+        def rewrite(eqn, path, env):
+            if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
+                return None
+            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
+            ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+            if eqn.primitive is tag_p and engine.predicate(eqn.params):
+                for o, i in zip(eqn.outvars, ins):
+                    if not isinstance(o, core.DropVar):
+                        env[o] = i
+                return []
+            subs = _traverse.subjaxprs(eqn)
+            if subs:  # conservatively: every sow inside depends on the tangents
+                eqn = _traverse.with_subjaxprs(eqn, {
+                    (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+                    for sub, sj in subs})
+            return [eqn.replace(invars=ins)]
+
+        return _traverse.map_jaxpr(rule, rewrite)
+
+    def rule_has_selected(self, engine, eqn) -> bool:
+        # Only sows found nowhere but in JVP rules: the others (e.g. the
+        # function's own sows, when its rule calls it) are reaped from the
+        # function as usual.
+        rule = self.rules.jaxpr(eqn)
+        return rule is not None and any(
+            e.primitive is tag_p and engine.predicate(e.params) and e.params["name"] in
+            self.sites.rule_only for e, _ in _traverse.iter_eqns(rule))
 
     def rekey(self, key, level, stacked):
         kind, name, _, was_stacked = key
@@ -239,10 +347,13 @@ class _HarvestHooks(Hooks):
 class _Sites:
     """Rewrites selected sows: reap (record) and/or plant (replace)."""
 
-    def __init__(self, reaped: dict, planted: dict, ctx_index: dict):
+    def __init__(self, reaped: dict, planted: dict, ctx_index: dict, partial: frozenset = frozenset()):
         self.reaped = reaped  # name -> mode, for names to reap
         self.planted = planted  # name -> mode, for names to plant
+        self.partial = partial  # planted names whose plant is ``rows(...)``
         self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
+        self.rewritten: set = set()  # names of the sows rewritten so far
+        self.rule_only: set = set()  # names sown only inside custom JVP rules
         self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
 
@@ -270,6 +381,11 @@ class _Sites:
             name = eqn.params["name"]
             n = len(eqn.invars) // 2
             tangents = [level.atom(v) for v in eqn.invars[n:]]
+            if name in self.partial:
+                raise NotImplementedError(
+                    f"taxpr.harvest: a rows(...) plant for '{_disp(name)}' at "
+                    f"{format_path(level.path)} reaches a derivative of its sow taken inside the "
+                    f"planted function; plant the whole stack there instead")
             if name in self.planted:
                 tangents = self._apply(level, "zeros", lambda *t: [jnp.zeros_like(x) for x in t],
                                        tangents)
@@ -278,17 +394,30 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
+        if _RULE in level.path and name not in self.rule_only:
+            level.emit(eqn)  # reaped / planted where the function itself sows it
+            return ctx
+        self.rewritten.add(name)
         ins = [level.atom(v) for v in eqn.invars]
         value = ins[:-1] if mode == "cond_clobber" else ins
         ctx = list(ctx)
         if name in self.planted:
+            want = tuple(v.aval for v in eqn.outvars[:len(value)])
             if mode == "append":
                 key = ("plant", name, self.next_occurrence(level, "plant", name), False)
-                value = level.feed(key, [_aval(a) for a in value])
+                if name in self.partial:
+                    # rows(...): a mask row says whether this iteration takes
+                    # the fed value or keeps the computed one.
+                    fed = level.feed(key, [core.ShapedArray((), jnp.bool_),
+                                           *(_aval(a) for a in value)])
+                    value = self._apply(level, ("rows", want), _keep_unmasked(want),
+                                        [*fed, *value])
+                else:
+                    value = level.feed(key, [_aval(a) for a in value])
             else:
                 value = [ctx[i] for i in self.ctx_index[("plant", name)]]
-            value = self._apply(level, "cast", _casts([_aval(a) for a in value],
-                                                       [v.aval for v in eqn.outvars]), value)
+            value = self._apply(level, ("cast", want), _casts([_aval(a) for a in value], want),
+                                value)
         elif name in self.reaped:
             if mode == "append":
                 if level.context is not None:
@@ -319,6 +448,14 @@ def _aval(atom):
     return atom.aval
 
 
+def _keep_unmasked(want) -> Callable:
+    def fn(mask, *planted_and_computed):
+        n = len(want)
+        return [jnp.where(mask, p, c).astype(w.dtype)
+                for p, c, w in zip(planted_and_computed[:n], planted_and_computed[n:], want)]
+    return fn
+
+
 def _select(pred, vc):
     n = len(vc) // 2
     return [jnp.where(pred, v, c) for v, c in zip(vc[:n], vc[n:])]
@@ -347,9 +484,16 @@ def _replicated_check(name, path) -> Callable:
 
 # ---- the transformations ------------------------------------------------------------
 
-def _flat_trace(fn: Callable, args, kwargs):
+def _flat_trace(fn: Callable, args, kwargs, retype: dict):
+    """Trace ``fn``; while tracing, the sows named in ``retype`` produce the
+    given types (added to those an enclosing plant's trace asked for)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves])
+    outer = getattr(_RETYPE, "map", {})
+    _RETYPE.map = {**outer, **retype}
+    try:
+        closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves])
+    finally:
+        _RETYPE.map = outer
     return closed, out_tree, leaves
 
 
@@ -381,6 +525,48 @@ def _lookup_plant(plants: dict, name: Any) -> Any:
     return d
 
 
+def _plant_names(plants: dict, site_names) -> list:
+    """The names a plants dict gives values for (a nest scope's dict is
+    descended into; any other value is one name's value)."""
+    scopes = {n[:i] for n in site_names if isinstance(n, tuple) for i in range(1, len(n))}
+    out: list = []
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            path = (*prefix, k)
+            if isinstance(v, dict) and path in scopes:
+                walk(v, path)
+            else:
+                out.append(path if prefix else k)
+
+    walk(plants or {}, ())
+    return out
+
+
+def _list(names) -> str:
+    return "[" + ", ".join(repr(_disp(n)) for n in sorted(names, key=_disp)) + "]"
+
+
+def _strict_check(tag_, all_names, allowlist, blocklist, plants, planted) -> None:
+    """``strict=True``: every allowlist / blocklist entry and every planted
+    name must match a sow of ``tag_`` in the program (a typo raises)."""
+    def matches(entry):
+        return any(n == entry or (isinstance(n, tuple) and n[0] == entry) for n in all_names)
+
+    problems = []
+    for what, entries in (("allowlist", allowlist or ()), ("blocklist", blocklist or ())):
+        missing = [e for e in entries if not matches(e)]
+        if missing:
+            problems.append(f"{what} names {_list(missing)} match no sow")
+    unplanted = [n for n in _plant_names(plants, all_names) if n not in planted]
+    if unplanted:
+        problems.append(f"planted names {_list(unplanted)} were never planted (no selected sow "
+                        f"has them)")
+    if problems:
+        raise ValueError(f"taxpr.harvest (strict=True), tag {tag_!r}: " + "; ".join(problems)
+                         + f". Sows of tag {tag_!r} in this program: {_list(all_names)}")
+
+
 class _Site(NamedTuple):
     mode: str
     avals: tuple
@@ -388,30 +574,258 @@ class _Site(NamedTuple):
     tree: Any  # the sown value's pytree structure
 
 
-def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
-         want_reaps: bool, args, kwargs):
-    closed, out_tree, leaves = _flat_trace(fn, args, kwargs)
-    select = _Filter(tag_, allowlist, blocklist)
+class PlantRows:
+    """A planted value that replaces only some rows of an ``append`` sow's
+    stack (the iterations of a scan, in order); the other rows keep the
+    value the program computes. Made by ``rows``."""
+
+    __slots__ = ("index_values", "mask", "values")
+
+    def __init__(self, index_values: dict | None, mask: Any, values: Any):
+        self.index_values, self.mask, self.values = index_values, mask, values
+
+    def __repr__(self) -> str:
+        if self.index_values is not None:
+            return f"rows({{{', '.join(map(str, self.index_values))}: ...}})"
+        return "rows(mask=..., values=...)"
+
+
+def _rows_flatten(r: PlantRows):
+    if r.index_values is not None:
+        keys = tuple(r.index_values)
+        return tuple(r.index_values[k] for k in keys), ("index", keys)
+    return (r.mask, r.values), ("mask", None)
+
+
+def _rows_unflatten(aux, children) -> PlantRows:
+    if aux[0] == "index":
+        return PlantRows(dict(zip(aux[1], children)), None, None)
+    return PlantRows(None, *children)
+
+
+# A pytree (rows are static, values may be traced), so it passes through jit.
+jax.tree_util.register_pytree_node(PlantRows, _rows_flatten, _rows_unflatten)
+
+
+def rows(index_values: dict | None = None, *, mask: Any = None, values: Any = None) -> PlantRows:
+    """A plant value for an ``append`` sow that overrides selected rows of its
+    stack, e.g. one layer of a scan-over-layers model.
+
+    The stack of an ``append`` sow has one row per time the sow ran (inside
+    ``scan``: one per iteration, in order). ``plant`` normally replaces every
+    row; with ``rows`` the unselected rows keep what the program computes
+    (the program is not changed and no ``jnp.where`` is needed in it).
+
+    Arguments:
+        index_values: ``{row: value}``; each ``value`` has the sow's shape and
+            dtype (one row). Negative rows count from the end.
+        mask: instead of ``index_values``, a boolean array with one entry per
+            row (may be traced) ...
+        values: ... and the full stack the selected rows are taken from.
+
+    Returns:
+        A value to put in a ``plant`` / ``harvest`` plants dict.
+
+    Raises:
+        ValueError (at ``plant`` time) if the sow is not in ``append`` mode, a row
+        is out of range, or a value's shape/dtype differs from the sow's.
+
+    Example:
+        >>> patched = plant(model, tag="acts")({"layer": rows({1: jnp.zeros(8)})}, x)
+    """
+    if (index_values is None) == (mask is None):
+        raise TypeError("rows() takes either {row: value} or mask=..., values=...")
+    if mask is not None and values is None:
+        raise TypeError("rows(mask=...) needs values=... (the stack to take rows from)")
+    if index_values is not None:
+        if not isinstance(index_values, dict) or not all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in index_values):
+            raise TypeError(f"rows() takes a dict {{int row: value}}, got {index_values!r}")
+    return PlantRows(None if index_values is None else dict(index_values), mask, values)
+
+
+class _Like:
+    """An aval as an argument of ``jax.dtypes.result_type`` (weak type kept)."""
+
+    def __init__(self, aval):
+        self.aval, self.dtype, self.shape = aval, aval.dtype, aval.shape
+
+
+def _plant_fit(value: Any, aval: Any) -> str:
+    """How a planted leaf fits a sow leaf of type ``aval`` (shapes equal):
+    ``"same"`` dtype; ``"convert"``: the value is weakly typed (a Python
+    scalar) and JAX's promotion with the sow's type gives the sow's dtype, so
+    it becomes that dtype; ``"retype"``: the sow is weakly typed (it sowed a
+    Python scalar) and promotion gives the planted dtype, so the sow takes the
+    planted type (the program is traced again); ``""``: refused."""
+    vd, v_weak = jax.dtypes.result_type(value, return_weak_type_flag=True)
+    if vd == aval.dtype:
+        return "same"
+    both = jax.dtypes.result_type(value, _Like(aval))
+    if v_weak and both == aval.dtype:
+        return "convert"
+    if getattr(aval, "weak_type", False) and both == vd:
+        return "retype"
+    return ""
+
+
+def _type_str(dtype, shape) -> str:
+    return f"{np.dtype(dtype).name}{list(shape)}"
+
+
+def _plant_mismatch(name, value, aval, where: str) -> ValueError:
+    return ValueError(
+        f"Planted value for '{_disp(name)}' has type "
+        f"{_type_str(jax.dtypes.result_type(value), np.shape(value))}, but "
+        f"{where.format(type=_type_str(aval.dtype, aval.shape))}"
+        f"{' (weakly typed)' if aval.weak_type else ''}; "
+        f"a planted value must have the sow's shape and dtype, or be weakly typed (a Python "
+        f"scalar) of a kind that promotes to it, or replace a sown Python scalar with a value "
+        f"of a kind it promotes to")
+
+
+def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool) -> tuple[Any, Any]:
+    """(the planted leaf in the sow's type, or ``None`` if the sow must take
+    the planted type; that type)."""
+    if tuple(np.shape(value)) != tuple(aval.shape):
+        raise _plant_mismatch(name, value, aval, where)
+    fit = _plant_fit(value, aval)
+    if fit == "same":
+        return value, None
+    if fit == "convert":
+        return _compat.cast_weak_type(jax.lax.convert_element_type(value, aval.dtype), aval), None
+    if fit == "retype" and allow_retype:
+        vd, v_weak = jax.dtypes.result_type(value, return_weak_type_flag=True)
+        return None, core.ShapedArray(aval.shape, vd, weak_type=v_weak)
+    raise _plant_mismatch(name, value, aval, where)
+
+
+def _plant_value(name, value, site: _Site, allow_retype: bool) -> tuple[list, list | None]:
+    """Checked leaves of a non-append plant, or the types its sow must take."""
+    leaves = jax.tree_util.tree_leaves(value)
+    if len(leaves) != len(site.avals):
+        raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
+                         f"expected {len(site.avals)}")
+    where = f"the sow at {format_path(site.path)} has type {{type}}"
+    fitted = [_conform(name, v, a, where, allow_retype) for v, a in zip(leaves, site.avals)]
+    if any(v is None for v, _ in fitted):
+        return [], [t for _, t in fitted]
+    return [v for v, _ in fitted], None
+
+
+_RULE = "custom_jvp[rule]"  # the engine's path element for a custom JVP rule
+
+
+class _JvpRules:
+    """The JVP rules of ``custom_jvp_call`` equations, traced once each (as
+    JAX would when differentiating), to find the sows inside them."""
+
+    def __init__(self, enabled: bool):
+        # Without a differentiation trace around this harvest, no rule runs
+        # while it evaluates the program: tracing them would be wasted.
+        self.enabled = enabled
+        self._rules: dict = {}  # id(eqn) -> (eqn, the rule's closed jaxpr)
+
+    def jaxpr(self, eqn) -> Any:
+        """The rule of a ``custom_jvp_call`` seen by ``iter_eqns`` (all input
+        tangents nonzero), or None."""
+        hit = self._rules.get(id(eqn))
+        return None if hit is None else hit[1]
+
+    def _trace(self, eqn) -> Any:
+        fun = eqn.params["jvp_jaxpr_fun"]
+        n = len(eqn.invars) - eqn.params.get("num_consts", 0)
+        jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+        constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+        rule = _compat.make_closed(constvars, consts, invars, eqns, outvars, effects, dbg)
+        self._rules[id(eqn)] = (eqn, rule)
+        return rule
+
+    def iter_eqns(self, closed):
+        """``_traverse.iter_eqns`` of the program, also into the JVP rules of
+        its ``custom_jvp_call``s (``in_rule`` flag). Not into rules inside
+        rules (they run only under a second derivative, and a rule may call
+        its own function), nor inside ``shard_map`` (whose rules trace only
+        in the body's context)."""
+        for eqn, path in _traverse.iter_eqns(closed):
+            yield eqn, path, False
+            if (self.enabled and eqn.primitive.name == "custom_jvp_call"
+                    and "shard_map" not in path):
+                for e, p in _traverse.iter_eqns(self._trace(eqn), (*path, _RULE)):
+                    yield e, p, True
+
+
+def _may_differentiate(values) -> bool:
+    """Whether JAX may differentiate the program while a harvest evaluates
+    it: some input is a tracer of a trace that is not plain jit staging
+    (``jvp`` / ``grad`` / ``vmap`` / ..., conservatively)."""
+    return any(isinstance(x, core.Tracer) and not isinstance(x, pe.DynamicJaxprTracer)
+               for x in values)
+
+
+def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, list, set]:
+    """The selected sows (first occurrence of each name), the names of all
+    sows of ``tag_``, and the selected names found only in custom JVP rules."""
     sites: dict = {}
-    for eqn, path in _traverse.iter_eqns(closed):
-        if eqn.primitive is tag_p and select(eqn.params):
+    all_names: dict = {}
+    outside: set = set()
+    for eqn, path, in_rule in rules.iter_eqns(closed):
+        if eqn.primitive is not tag_p or not _is_sow(eqn.params) or eqn.params["tag"] != tag_:
+            continue
+        all_names.setdefault(eqn.params["name"], None)
+        if not in_rule:
+            outside.add(eqn.params["name"])
+        if select(eqn.params):
             mode, tree = eqn.params["mode"], eqn.params[TREE]
             if mode == "cond_clobber":  # the tag holds (value, pred)
                 tree = jax.tree_util.tree_structure(
                     jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)[0])
             sites.setdefault(eqn.params["name"], _Site(mode, _site_aval(eqn), path, tree))
-    for name in sites:  # oryx: a nest scope and a sow may not share a name
-        if isinstance(name, tuple) and name[0] in sites:
-            verb = "planted" if _lookup_plant(plants, name[0]) is not _MISSING else "reaped"
-            raise ValueError(f"Variable has already been {verb}: {_disp(name[0])}")
-    plants = {n: v for n in sites if (v := _lookup_plant(plants, n)) is not _MISSING}
-    planted = {n: sites[n].mode for n in plants}
-    reaped = {n: s.mode for n, s in sites.items() if n not in plants} if want_reaps else {}
-    # Only the sows this call transforms follow oryx's static rules.
+    return sites, list(all_names), set(sites) - outside
+
+
+def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
+         want_reaps: bool, strict: bool, args, kwargs):
+    select = _Filter(tag_, allowlist, blocklist)
+    retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
+    while True:
+        closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype)
+        rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed)[1],
+                                              *jax.tree_util.tree_leaves(plants)]))
+        sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)
+        for name in sites:  # oryx: a nest scope and a sow may not share a name
+            if isinstance(name, tuple) and name[0] in sites:
+                verb = "planted" if _lookup_plant(plants, name[0]) is not _MISSING else "reaped"
+                raise ValueError(f"Variable has already been {verb}: {_disp(name[0])}")
+        planted_values = {n: v for n in sites if (v := _lookup_plant(plants, n)) is not _MISSING}
+        if strict:
+            _strict_check(tag_, all_names, allowlist, blocklist, plants, planted_values)
+        ctx_plants, more = {}, {}
+        for name, value in planted_values.items():
+            site = sites[name]
+            if isinstance(value, PlantRows) and site.mode != "append":
+                raise ValueError(f"rows(...) planted for '{_disp(name)}', but its sow at "
+                                 f"{format_path(site.path)} is in {site.mode!r} mode; rows "
+                                 f"select rows of an 'append' sow's stack")
+            if site.mode == "append":
+                continue
+            # A sow already re-traced keeps its type: a mismatch now is an error.
+            fitted, types = _plant_value(name, value, site, (tag_, name) not in retype)
+            if types is not None:
+                more[(tag_, name)] = types
+            ctx_plants[name] = fitted
+        if not more:
+            break
+        retype.update(more)
+    planted = {n: sites[n].mode for n in planted_values}
+    partial = frozenset(n for n, v in planted_values.items() if isinstance(v, PlantRows))
+    reaped = {n: s.mode for n, s in sites.items() if n not in planted} if want_reaps else {}
+    # Only the sows this call transforms are rewritten (the others stay, for
+    # an enclosing harvest) and follow oryx's static rules.
     transformed = _Filter(tag_, allowlist, blocklist)
     transformed.allow = set(planted) | set(reaped)
-    _check(closed, transformed, lambda name: "planted" if name in planted else "reaped",
-           check_branches=want_reaps)
+    _check(closed, select, set(transformed.allow),
+           lambda name: "planted" if name in planted else "reaped")
 
     # ctx: carried reaps (zeros first) and planted non-append values.
     ctx_leaves, ctx_index = [], {}
@@ -420,24 +834,20 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
             avals = sites[name].avals
             ctx_index[("reap", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
             ctx_leaves.extend(np.zeros(a.shape, a.dtype) for a in avals)
-    for name, mode in planted.items():
-        avals, path = sites[name].avals, sites[name].path
-        value = jax.tree_util.tree_leaves(plants[name])
-        if mode == "append":
-            continue
-        _check_plant(name, value, avals, path)
-        ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(avals)))
+    for name, value in ctx_plants.items():
+        ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(value)))
         ctx_leaves.extend(value)
     ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
-    site_rule = _Sites(reaped, planted, ctx_index)
-    engine = Engine(site_rule, select, ctx_avals, _HarvestHooks(site_rule))
+    site_rule = _Sites(reaped, planted, ctx_index, partial)
+    site_rule.rule_only = rule_only
+    engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))
     threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed).outvars))
     if exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
     chans = engine.channels(threaded)
     feeds = []
     for key, avals in chans.feeds:
-        feeds.extend(_plant_for_feed(key, avals, plants, sites, chans.feeds))
+        feeds.extend(_plant_for_feed(key, avals, planted_values, sites, chans.feeds))
     outs = _compat.jaxpr_as_fun(threaded)(*ctx_leaves, *leaves, *feeds)
     n_out = out_tree.num_leaves
     out = jax.tree_util.tree_unflatten(out_tree, outs[:n_out])
@@ -457,8 +867,13 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         stacked = [_stack_occurrences([v[i] for _, v in items], [k for k, _ in items])
                    for i in range(len(items[0][1]))]
         reaps[name] = _unflatten_value(sites[name], stacked)
+    # oryx: a sow in a custom JVP rule is reaped only when the rule ran (JAX
+    # differentiated the call while this harvest evaluated it).
+    for name in rule_only & set(reaps):
+        if name not in site_rule.rewritten:
+            del reaps[name]
     for name, mode in reaped.items():  # append sows that never ran (e.g. zero-length scan)
-        if mode == "append" and name not in reaps:
+        if mode == "append" and name not in reaps and name not in rule_only:
             reaps[name] = _unflatten_value(
                 sites[name], [np.zeros((0, *a.shape), a.dtype) for a in sites[name].avals])
     return out, _nest_dict(reaps)
@@ -479,16 +894,33 @@ def _unflatten_value(site: "_Site", vals):
     return jax.tree_util.tree_unflatten(site.tree, [jnp.asarray(v) for v in vals])
 
 
-def _check_plant(name, value, avals, path) -> None:
-    if len(value) != len(avals):
-        raise ValueError(f"Planted value for '{_disp(name)}' has {len(value)} leaves, "
-                         f"expected {len(avals)}")
-    for v, a in zip(value, avals):
-        if tuple(np.shape(v)) != tuple(a.shape) or jnp.result_type(v) != a.dtype:
-            raise ValueError(
-                f"Planted value for '{_disp(name)}' has type "
-                f"{jnp.result_type(v).name}{list(np.shape(v))}, but the sow at "
-                f"{format_path(path)} has type {np.dtype(a.dtype).name}{list(a.shape)}")
+def _rows_stack(name, plant: PlantRows, total: int, site: _Site) -> list:
+    """``[mask, *stacked leaves]`` (``total`` rows each) for a rows(...) plant."""
+    where = f"a row of its append sows (at {format_path(site.path)}) has type {{type}}"
+    if plant.index_values is None:
+        mask = jnp.asarray(plant.mask)
+        if mask.shape != (total,) or mask.dtype != jnp.bool_:
+            raise ValueError(f"rows(mask=...) for '{_disp(name)}' has type "
+                             f"{_type_str(mask.dtype, mask.shape)}, but its append sows (at "
+                             f"{format_path(site.path)}) stack to {total} rows: want "
+                             f"bool[{total}]")
+        return [mask, *jax.tree_util.tree_leaves(plant.values)]
+    mask = np.zeros((total,), bool)
+    stacks = [jnp.zeros((total, *a.shape), a.dtype) for a in site.avals]
+    for row, value in plant.index_values.items():
+        if not -total <= row < total:
+            raise ValueError(f"rows(...) for '{_disp(name)}': row {row} is out of range; its "
+                             f"append sows (at {format_path(site.path)}) stack to {total} rows")
+        row %= total
+        mask[row] = True
+        leaves = jax.tree_util.tree_leaves(value)
+        if len(leaves) != len(site.avals):
+            raise ValueError(f"Planted row {row} for '{_disp(name)}' has {len(leaves)} leaves, "
+                             f"expected {len(site.avals)}")
+        for i, (v, a) in enumerate(zip(leaves, site.avals)):
+            v, _ = _conform(name, v, a, where, allow_retype=False)
+            stacks[i] = stacks[i].at[row].set(v)
+    return [jnp.asarray(mask), *stacks]
 
 
 def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
@@ -504,35 +936,82 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
         if k == key:
             start, mine = total, size
         total += size
+    value = plants[name]
+    if isinstance(value, PlantRows):
+        value = _rows_stack(name, value, total, sites[name])
     out = []
-    for v, a in zip(jax.tree_util.tree_leaves(plants[name]), avals):
+    leaves = jax.tree_util.tree_leaves(value)
+    if len(leaves) != len(avals):
+        raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
+                         f"expected {len(avals)}")
+    for v, a in zip(leaves, avals):
+        row = a.update(shape=a.shape[1:]) if _is_stacked(key) else a
+        want = core.ShapedArray((total, *row.shape), row.dtype)
+        where = f"its append sows (at {format_path(sites[name].path)}) stack to {{type}}"
+        v, _ = _conform(name, v, want, where, allow_retype=False)
         v = jnp.asarray(v)
-        want = (total, *(a.shape[1:] if _is_stacked(key) else a.shape))
-        if tuple(v.shape) != want or v.dtype != a.dtype:
-            raise ValueError(
-                f"Planted value for '{_disp(name)}' has type {v.dtype.name}{list(v.shape)}, "
-                f"but its append sows (at {format_path(sites[name].path)}) stack to "
-                f"{np.dtype(a.dtype).name}{list(want)}")
         out.append(v[start:start + mine] if _is_stacked(key) else v[start])
     return out
 
 
-def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
-                  blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
-    """``call_and_reap(f, tag=t)(*args) -> (out, reaps)``."""
+_TRANSFORM_ARGS = """
+    Arguments:
+        f: the function to transform (any JAX-traceable function; raw
+            ``scan`` / ``while_loop`` / ``cond`` / ``jit`` / ``shard_map`` /
+            custom derivatives inside are handled).
+        tag: only sows with this ``tag`` are transformed.
+        allowlist: if given, only sows with these names (or nest scopes) are
+            transformed.
+        blocklist: sows with these names (or nest scopes) are left alone.
+        exclusive: also remove the sows this call does not transform (of any
+            tag), so enclosing harvests see none of them.
+        strict: raise if a name in ``allowlist`` / ``blocklist``{plants} matches
+            no sow of ``tag`` (a typo); oryx, and the default, return normally."""
 
+
+def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+                  blocklist: Iterable = frozenset(), exclusive: bool = False,
+                  strict: bool = False) -> Callable:
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, {}, True, args, kwargs)
+        return _run(f, tag, allowlist, blocklist, exclusive, {}, True, strict, args, kwargs)
 
     return wrapped
 
 
+call_and_reap.__doc__ = """Run ``f`` and collect the values it sows with ``tag``.
+
+    ``call_and_reap(f, tag=t)(*args, **kwargs) -> (out, reaps)``: ``out`` is
+    ``f(*args, **kwargs)``; ``reaps`` maps each sow's name to its value:
+    ``strict`` / ``clobber``: the (last) sown value; ``cond_clobber``: the last
+    value whose predicate was true (zeros if none); ``append``: the values
+    stacked along a new leading axis (inside ``scan``: one row per
+    iteration). Names under ``nest`` scopes come back nested:
+    ``{scope: {name: value}}``. Reaped sows are removed from the result.
+""" + _TRANSFORM_ARGS.format(plants="") + """
+
+    Returns:
+        ``wrapped(*args, **kwargs) -> (out, reaps)``.
+
+    Raises:
+        ValueError: oryx's errors (a strict sow twice, strict mode in ``scan``,
+            non-clobber mode in ``while_loop``, ``cond`` branches that sow
+            differently), a value that differs across ``shard_map`` shards,
+            ``strict=True`` and an unmatched name.
+
+    Example:
+        >>> def f(x):
+        ...     y = sow(x * 2, tag="t", name="y")
+        ...     return y + 1
+        >>> call_and_reap(f, tag="t")(1.0)  # (3.0, {"y": 2.0})
+"""
+
+
 def reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
-         blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
-    """``reap(f, tag=t)(*args) -> reaps``: the values sown with ``tag``."""
+         blocklist: Iterable = frozenset(), exclusive: bool = False,
+         strict: bool = False) -> Callable:
     car = call_and_reap(f, tag=tag, allowlist=allowlist, blocklist=blocklist,
-                        exclusive=exclusive)
+                        exclusive=exclusive, strict=strict)
 
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
@@ -541,24 +1020,89 @@ def reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
     return wrapped
 
 
-def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
-          blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
-    """``plant(f, tag=t)(plants, *args) -> out`` with sown values replaced."""
+reap.__doc__ = """The values ``f`` sows with ``tag`` (``call_and_reap`` without ``out``).
+""" + _TRANSFORM_ARGS.format(plants="") + """
 
+    Returns:
+        ``wrapped(*args, **kwargs) -> reaps``, a dict name -> value (see
+        ``call_and_reap``).
+
+    Raises:
+        ValueError: as ``call_and_reap``.
+
+    Example:
+        >>> reap(lambda x: sow(x * 2, tag="t", name="y") + 1, tag="t")(1.0)  # {"y": 2.0}
+"""
+
+
+def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+          blocklist: Iterable = frozenset(), exclusive: bool = False,
+          strict: bool = False) -> Callable:
     @functools.wraps(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, plants, False, args, kwargs)[0]
+        return _run(f, tag, allowlist, blocklist, exclusive, plants, False, strict, args,
+                    kwargs)[0]
 
     return wrapped
+
+
+_PLANTS_DOC = """
+    Planted values: a non-``append`` sow takes ``plants[name]`` everywhere it
+    runs; an ``append`` sow's plant is a stack with one row per time it runs
+    (inside ``scan``: one per iteration); ``rows({i: value})`` replaces only
+    some rows. Names under ``nest`` scopes are read from ``plants[scope]``.
+    A planted value must have the sow's shape and dtype, with JAX's weak-type
+    promotion: a weakly typed value (a Python scalar) is converted to the
+    sow's dtype when promotion with it gives that dtype (``2.0`` into a
+    ``float16`` sow); a sow of a Python scalar takes the planted value's type
+    when promotion gives the planted dtype (``15.0`` into ``sow(717)``, the
+    program is traced again so later arithmetic promotes as it would with
+    ``15.0`` written there). Names with no plant keep their sown value, and
+    stay sows for an enclosing harvest. Planted values have derivative zero
+    with respect to the sown value and their own derivative flows through.
+"""
+
+
+plant.__doc__ = """``f`` with the values sown with ``tag`` replaced by planted ones.
+""" + _PLANTS_DOC + _TRANSFORM_ARGS.format(plants=", or a key of ``plants``") + """
+
+    Returns:
+        ``wrapped(plants, *args, **kwargs) -> out``.
+
+    Raises:
+        ValueError: a planted value of the wrong structure, shape or dtype
+            (naming the sow and where it is), the static errors of
+            ``call_and_reap`` for the planted names, ``cond`` branches that
+            sow differently, ``strict=True`` and an unmatched name.
+
+    Example:
+        >>> f = lambda x: sow(x * 2, tag="t", name="y") + 1
+        >>> plant(f, tag="t")({"y": 10.0}, 1.0)  # 11.0
+"""
 
 
 def harvest(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
-            blocklist: Iterable = frozenset(), exclusive: bool = False) -> Callable:
-    """``harvest(f, tag=t)(plants, *args) -> (out, reaps)``; planted names are
-    not reaped."""
-
+            blocklist: Iterable = frozenset(), exclusive: bool = False,
+            strict: bool = False) -> Callable:
     @functools.wraps(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, plants, True, args, kwargs)
+        return _run(f, tag, allowlist, blocklist, exclusive, plants, True, strict, args, kwargs)
 
     return wrapped
+
+
+harvest.__doc__ = """``plant`` and ``call_and_reap`` in one: plant some names, reap the others.
+""" + _PLANTS_DOC + _TRANSFORM_ARGS.format(plants=", or a key of ``plants``") + """
+
+    Returns:
+        ``wrapped(plants, *args, **kwargs) -> (out, reaps)``; planted names
+        are not reaped.
+
+    Raises:
+        ValueError: as ``plant`` and ``call_and_reap``.
+
+    Example:
+        >>> def f(x):
+        ...     return sow(x, tag="t", name="a") + sow(x * 2, tag="t", name="b")
+        >>> harvest(f, tag="t")({"a": 5.0}, 1.0)  # (7.0, {"b": 2.0})
+"""

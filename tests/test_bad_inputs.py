@@ -129,7 +129,8 @@ def _jax_still_works():
     assert core.trace_state_clean()
     assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
     assert float(jax.grad(lambda x: jnp.sin(x) * x)(0.0)) == 0.0
-    assert jax.make_jaxpr(lambda x: x + 1)(1.0) is not None
+    closed = jax.make_jaxpr(lambda x: x + 1)(1.0)
+    assert [e.primitive.name for e in closed.jaxpr.eqns] == ["add"]
 
 
 @pytest.mark.parametrize("case", list(CASES))

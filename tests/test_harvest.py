@@ -90,7 +90,9 @@ def test_signatures():
     assert s["tag"] == (K, E) and s["name"] == (K, E)
     for fn in (h.reap, h.call_and_reap, h.plant, h.harvest):
         s = _sig(fn)
-        assert list(s) == ["f", "tag", "allowlist", "blocklist", "exclusive"], fn
+        # oryx's signature, plus taxpr's keyword-only ``strict`` last
+        assert list(s) == ["f", "tag", "allowlist", "blocklist", "exclusive", "strict"], fn
+        assert s["strict"] == (K, False)
         assert s["tag"] == (K, E)
         assert s["allowlist"] == (K, None)
         assert tuple(s["blocklist"][1]) == () and s["blocklist"][0] == K
@@ -280,6 +282,50 @@ def test_plant_keys_matching_no_sow_are_ignored():
 
 def test_other_tag_plants_ignored():
     allclose(h.plant(_two_tags, tag="a")({"z": 100.0}, 1.0), 4.0)
+
+
+# ---- strict=True: typos raise --------------------------------------------------------
+
+def test_typos_pass_by_default_as_in_oryx():
+    assert_tree_allclose(h.reap(_basic, tag=T, allowlist=["aa"])(3.0), {})
+    allclose(h.plant(_basic, tag=T)({"bb": 1.0}, 3.0), 42.0)
+
+
+def test_strict_reap_raises_on_misspelled_allowlist_name():
+    msg = (r"^taxpr.harvest \(strict=True\), tag 't': allowlist names \['aa'\] match no sow. "
+           r"Sows of tag 't' in this program: \['a', 'b'\]$")
+    raises(ValueError, msg, h.reap(_basic, tag=T, allowlist=["a", "aa"], strict=True), 3.0)
+    raises(ValueError, msg, h.call_and_reap(_basic, tag=T, allowlist=["aa"], strict=True), 3.0)
+    raises(ValueError, r"blocklist names \['c'\] match no sow",
+           h.reap(_basic, tag=T, blocklist=["c"], strict=True), 3.0)
+
+
+def test_strict_plant_raises_on_a_name_no_sow_has():
+    msg = (r"planted names \['bb'\] were never planted \(no selected sow has them\)\. "
+           r"Sows of tag 't' in this program: \['a', 'b'\]$")
+    raises(ValueError, msg, h.plant(_basic, tag=T, strict=True), {"a": 1.0, "bb": 1.0}, 3.0)
+    raises(ValueError, msg, h.harvest(_basic, tag=T, strict=True), {"bb": 1.0}, 3.0)
+    # a name that exists but is blocklisted is never planted either
+    raises(ValueError, r"planted names \['b'\]",
+           h.plant(_basic, tag=T, blocklist=["b"], strict=True), {"b": 1.0}, 3.0)
+    # under jit too
+    raises(ValueError, msg.rstrip("$"), jax.jit(h.plant(_basic, tag=T, strict=True)), {"bb": 1.0},
+           3.0)
+
+
+def test_strict_accepts_correct_names_and_nest_scopes():
+    a, b = 3.0 * 2, 3.0 * 2 + 1
+    assert_tree_allclose(h.reap(_basic, tag=T, allowlist=["a"], strict=True)(3.0), {"a": a})
+    allclose(h.plant(_basic, tag=T, strict=True)({"a": 1.0}, 3.0), 1.0 * 2.0)
+    out, reaps = h.harvest(_basic, tag=T, strict=True)({"b": 5.0}, 3.0)
+    allclose(out, a * 5.0)
+    assert_tree_allclose(reaps, {"a": a})
+    nested = h.nest(_basic, scope="s")
+    allclose(h.plant(nested, tag=T, strict=True)({"s": {"a": 1.0}}, 3.0), 2.0)
+    assert_tree_allclose(h.reap(nested, tag=T, allowlist=["s"], strict=True)(3.0),
+                         {"s": {"a": a, "b": b}})
+    raises(ValueError, r"planted names \['s.c'\]", h.plant(nested, tag=T, strict=True),
+           {"s": {"c": 1.0}}, 3.0)
 
 
 # ---- nest ---------------------------------------------------------------------------
@@ -734,6 +780,59 @@ def test_while_in_scan_clobber():
     assert_tree_allclose(reaps, {"w": 3.0, "a": np.array([2.0, 0.0, 3.0])})
 
 
+def _while_two_sows(init):
+    def body(c):
+        i, val, val2 = c
+        val = h.sow(val, tag=T, name="x", mode="clobber")
+        val2 = h.sow(val2, tag=T, name="y", mode="clobber")
+        return i + 1, val + 1.0, val + val2
+    return jax.lax.while_loop(lambda c: c[0] < 5, body, init)
+
+
+def _while_two_sows_eager(x_plant=None):
+    """_while_two_sows with a Python loop: (out, last y sown)."""
+    i, val, val2, y = 0, 0.0, 0.0, None
+    while i < 5:
+        val = val if x_plant is None else x_plant
+        y = val2
+        i, val, val2 = i + 1, val + 1.0, val + val2
+    return (i, val, val2), y
+
+
+@pytest.mark.parametrize("disable_jit", [False, True])
+def test_reap_of_plant_reaps_the_unplanted_sow_in_while(disable_jit):
+    want_out, want_y = _while_two_sows_eager(x_plant=5.0)
+    with jax.disable_jit(disable_jit):
+        out, reaps = h.call_and_reap(h.plant(_while_two_sows, tag=T), tag=T)(
+            {"x": 5.0}, (0, 0.0, 0.0))
+    assert int(out[0]) == want_out[0]
+    allclose(out[1:], want_out[1:])
+    assert list(reaps) == ["y"]  # the planted "x" is consumed by the plant
+    allclose(reaps["y"], want_y)
+
+
+def test_plant_of_reap_and_nested_plants_compose():
+    want_out, want_y = _while_two_sows_eager(x_plant=5.0)
+    # reap inside plant: the outer plant replaces "x", the inner reap gets "y"
+    out, reaps = h.plant(h.call_and_reap(_while_two_sows, tag=T, allowlist=["y"]), tag=T)(
+        {"x": 5.0}, (0, 0.0, 0.0))
+    allclose(out[1:], want_out[1:])
+    assert_tree_allclose(reaps, {"y": want_y})
+    # plant inside plant: each plants its own name
+    both = h.plant(h.plant(_while_two_sows, tag=T), tag=T)
+    i, val, val2, y = 0, 0.0, 0.0, None
+    while i < 5:  # x planted 5.0, y planted 1.0
+        i, val, val2 = i + 1, 6.0, 5.0 + 1.0
+    out = both({"y": 1.0}, {"x": 5.0}, (0, 0.0, 0.0))
+    allclose(out[1:], (val, val2))
+    # a harvest of another tag in between does not see or drop ours
+    mixed = h.call_and_reap(h.plant(_while_two_sows, tag="other"), tag=T)
+    out, reaps = mixed({}, (0, 0.0, 0.0))
+    want_out, _ = _while_two_sows_eager()
+    allclose(out[1:], want_out[1:])
+    assert_tree_allclose(reaps, {"x": 4.0, "y": 6.0})
+
+
 # ---- cond / switch -------------------------------------------------------------------
 
 def _switch(mk):
@@ -808,9 +907,23 @@ def test_cond_inside_scan_plant():
     allclose(h.plant(_cond_in_scan, tag=T)({"y": jnp.array([1.0, 2.0, 4.0])}, xs), 7.0)
 
 
-def test_cond_missing_sow():
+def test_cond_missing_sow_names_the_later_branchs_sow_as_oryx():
+    # oryx compares each later branch with the first and names the later
+    # branch's sow that the first lacks: here branch 1's "b".
     f = _switch(lambda i, x: h.sow(x, tag=T, name="a" if i != 1 else "b"))
-    raises(ValueError, "^Missing sow in branch: 'a'.$", h.reap(f, tag=T), 0, 2.0)
+    raises(ValueError, "^Missing sow in branch: 'b'.$", h.reap(f, tag=T), 0, 2.0)
+    raises(ValueError, "^Missing sow in branch: 'b'.$", h.plant(f, tag=T), {}, 0, 2.0)
+
+
+def test_cond_missing_sow_names_the_true_branchs_sow_as_oryx():
+    # lax.cond's branches are (false, true): the true branch is the later one.
+    def f(pred, x):
+        return jax.lax.cond(pred, lambda x: h.sow(x, tag=T, name="x") + 1.0,
+                            lambda x: h.sow(x, tag=T, name="y") + 2.0, x)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.reap(f, tag=T), True, 1.0)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.plant(f, tag=T), {}, True, 1.0)
+    raises(ValueError, "^Missing sow in branch: 'x'.$", h.plant(f, tag=T), {"x": 3.0}, True,
+           1.0)
 
 
 def test_cond_mismatching_number():
@@ -1006,6 +1119,87 @@ def test_grad_of_plant_append_in_scan():
 
 # ---- custom_jvp / custom_vjp ----------------------------------------------------------
 
+def _rule_sows():
+    """A custom_jvp function whose JVP rule (not its body) sows: the rule
+    sows 2x and scales the tangent by the (possibly planted) sown value."""
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        s = h.sow(x * 2.0, tag=T, name="s")
+        return jnp.sin(x), t * s
+
+    return f, f_jvp
+
+
+def test_sow_in_custom_jvp_rule_is_reaped_when_jax_differentiates_the_call():
+    f, f_jvp = _rule_sows()
+    (want_out, want_t) = f_jvp((2.0,), (1.0,))  # eager: the rule by hand (sow = identity)
+    (out, reaps), (out_t, reaps_t) = jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
+    allclose(out, want_out)
+    allclose(out_t, want_t)
+    assert_tree_allclose(reaps, {"s": 4.0})  # what the rule sowed
+    assert_tree_allclose(reaps_t, {"s": 0.0})  # a value sown in the rule is a constant
+    # the same under jit, and with the jvp taken inside the reaped function
+    (_, reaps), (_, reaps_t) = jax.jit(lambda x, t: jax.jvp(h.call_and_reap(f, tag=T), (x,),
+                                                            (t,)))(2.0, 1.0)
+    assert_tree_allclose((reaps, reaps_t), ({"s": 4.0}, {"s": 0.0}))
+    assert_tree_allclose(h.reap(lambda x, t: jax.jvp(f, (x,), (t,)), tag=T)(2.0, 1.0),
+                         {"s": 4.0})
+
+
+def test_sow_in_custom_jvp_rule_is_not_reaped_when_the_rule_does_not_run():
+    f, _ = _rule_sows()
+    out, reaps = h.call_and_reap(f, tag=T)(2.0)
+    allclose(out, np.sin(2.0))
+    assert reaps == {}  # as oryx: the rule never ran
+    assert jax.jit(h.reap(f, tag=T))(2.0) == {}
+    # differentiated outside a jit that holds the harvest: the rule runs
+    # after the harvest returned, so the name is absent, and the derivative
+    # is the rule's
+    (out, reaps), (out_t, reaps_t) = jax.jvp(jax.jit(h.call_and_reap(f, tag=T)), (2.0,), (1.0,))
+    assert reaps == {} and reaps_t == {}
+    allclose(out_t, 4.0)  # t * s with s = 2x = 4
+
+
+def test_sow_in_custom_jvp_rule_under_grad():
+    f, f_jvp = _rule_sows()
+    # grad linearizes: the rule runs, the reaped value has derivative zero
+    def loss(x):
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        return out + reaps["s"]
+    allclose(jax.grad(loss)(2.0), f_jvp((2.0,), (1.0,))[1])
+    allclose(jax.value_and_grad(loss)(2.0)[0], np.sin(2.0) + 4.0)
+
+
+def test_plant_into_custom_jvp_rule_when_differentiated():
+    f, _ = _rule_sows()
+    planted = lambda x: h.plant(f, tag=T)({"s": 10.0}, x)
+    out, out_t = jax.jvp(planted, (2.0,), (1.0,))
+    allclose(out, np.sin(2.0))
+    allclose(out_t, 10.0)  # the rule's tangent uses the planted value
+    allclose(jax.grad(planted)(2.0), 10.0)
+    allclose(planted(2.0), np.sin(2.0))  # not differentiated: the rule never runs
+    bad = lambda x: h.plant(f, tag=T)({"s": jnp.ones(2)}, x)
+    raises(ValueError, r"^Planted value for 's' has type float32\[2\], but the sow at "
+           r"custom_jvp\[rule\] has type float32\[\]", jax.grad(bad), 2.0)
+
+
+def test_append_sow_in_custom_jvp_rule_is_a_clear_error():
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]),
+                           t[0] * h.sow(p[0], tag=T, name="a", mode="append")))
+    with pytest.raises(NotImplementedError, match=r"custom_jvp\[rule\].*'a'"):
+        jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
+    jax_still_works()
+
+
 @jax.custom_jvp
 def _cjvp(x):
     return h.sow(jnp.sin(x), tag=T, name="s") * 2
@@ -1063,6 +1257,20 @@ def test_custom_jvp_sows_in_jvp_rule_reaped():
     assert_tree_allclose(reaps, {"jvp_x": np.cos(0.5), "s": np.sin(0.5)})
 
 
+def test_custom_jvp_rule_sows_reaped_from_outside_primal_values_only():
+    # jvp / grad of call_and_reap: the rule runs; its sow of a primal value
+    # ("jvp_x") is reaped, its sow of a tangent ("jvp_t") is not (it would
+    # make a primal output depend on the tangents, which reverse mode cannot
+    # linearize); the function's own sow "s" is reaped as without the rule.
+    (out, reaps), (out_t, reaps_t) = jax.jvp(h.call_and_reap(_cjvp, tag=T), (0.5,), (1.0,))
+    allclose(out, 2 * np.sin(0.5), rtol=1e-6)
+    allclose(out_t, 10.0)  # the user's rule
+    assert_tree_allclose(reaps, {"jvp_x": np.cos(0.5), "s": np.sin(0.5)})
+    assert_tree_allclose(reaps_t, {"jvp_x": 0.0, "s": np.cos(0.5)})
+    loss = lambda x: (lambda o, r: o + r["jvp_x"] + r["s"])(*h.call_and_reap(_cjvp, tag=T)(x))
+    allclose(jax.grad(loss)(0.5), 10.0 + 0.0 + np.cos(0.5), rtol=1e-6)
+
+
 def test_custom_vjp_sows_in_fwd_and_bwd_reaped():
     out, reaps = h.call_and_reap(jax.grad(_cvjp), tag=T)(0.5)
     allclose(out, 7.0)
@@ -1085,13 +1293,9 @@ def test_append_sow_in_custom_rule_function(kind):
     else:
         fn = jax.custom_vjp(body)
         fn.defvjp(lambda x: (fn(x), None), lambda _, g: (g,))
-    try:
-        reaps = h.reap(fn, tag=T)(1.0)
-    except ValueError as e:
-        assert kind in str(e) and "while_loop" not in str(e), str(e)
-        jax_still_works()
-    else:
-        assert_tree_allclose(reaps, {"a": np.array([2.0])})
+    # eager: the body runs once, sowing 1.0 * 2 in append mode
+    assert_tree_allclose(h.reap(fn, tag=T)(1.0), {"a": np.array([2.0])})
+    allclose(h.plant(fn, tag=T)({"a": jnp.array([5.0])}, 1.0), 6.0)
 
 
 def test_custom_vjp_in_scan_reap():
@@ -1161,15 +1365,20 @@ def test_nested_checkpoint_in_scan():
 # ---- better than oryx ----------------------------------------------------------------
 
 def test_plant_shape_checked():
-    raises(ValueError, "'a'", h.plant(_basic, tag=T), {"a": jnp.ones(3)}, 3.0)
-    raises(ValueError, "'a'", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
+    raises(ValueError, r"^Planted value for 'a' has type float32\[3\], but the sow at <top level> "
+           r"has type float32\[\] \(weakly typed\);", h.plant(_basic, tag=T),
+           {"a": jnp.ones(3)}, 3.0)
+    raises(ValueError, r"^Planted value for 'a' has type float32\[2, 2\], but the sow at <top "
+           r"level> has type float32\[2\];", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
            {"a": jnp.ones((2, 2))}, jnp.ones(2))
 
 
 def test_plant_dtype_checked():
-    raises(ValueError, "'i'", h.plant(lambda x: h.sow(x, tag=T, name="i") + 1, tag=T),
+    raises(ValueError, r"^Planted value for 'i' has type float32\[\], but the sow at <top level> "
+           r"has type int32\[\];", h.plant(lambda x: h.sow(x, tag=T, name="i") + 1, tag=T),
            {"i": jnp.float32(1.0)}, jnp.int32(1))
-    raises(ValueError, "'a'", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
+    raises(ValueError, r"^Planted value for 'a' has type int32\[\], but the sow at <top level> "
+           r"has type float32\[\];", h.plant(lambda x: h.sow(x, tag=T, name="a") + 1, tag=T),
            {"a": jnp.int32(3)}, jnp.float32(1))
 
 
@@ -1180,24 +1389,174 @@ def test_plant_python_scalars_accepted():
                                                                           jnp.int32(1)), 6)
 
 
+def _int_sow(x):
+    y = h.sow(717, tag=T, name="y")  # a Python int: a weakly typed int32 sow
+    x = h.sow(x, tag=T, name="x")
+    return x + y
+
+
+@pytest.mark.parametrize("y", [15.0, 15.5, -3.25])
+def test_plant_float_into_sown_python_int_promotes_like_oryx(y):
+    # As if the Python float had been written in place of 717 (oryx: 17.0 for 15.0).
+    eager = 2.0 + y
+    out = h.plant(_int_sow, tag=T)({"x": 2.0, "y": y}, 1.0)
+    assert out.dtype == jnp.float32
+    allclose(out, eager)
+    out = jax.jit(h.plant(_int_sow, tag=T))({"x": 2.0, "y": y}, 1.0)
+    allclose(out, eager)
+    # a float32 array is accepted too (promotion gives float32)
+    allclose(h.plant(_int_sow, tag=T)({"y": jnp.float32(y)}, 1.0), 1.0 + y)
+    assert h.plant(_int_sow, tag=T)({}, 1.0) == 718.0
+
+
+def test_plant_float_into_sown_python_int_composes_with_other_transformations():
+    eager = 1.0 + 15.5  # _int_sow with 15.5 written in place of 717
+    out, reaps = h.call_and_reap(h.plant(_int_sow, tag=T), tag=T)({"y": 15.5}, 1.0)
+    allclose(out, eager)
+    assert_tree_allclose(reaps, {"x": 1.0})
+    out, reaps = h.plant(h.call_and_reap(_int_sow, tag=T, allowlist=["x"]), tag=T)(
+        {"y": 15.5}, 1.0)
+    allclose(out, eager)
+    assert_tree_allclose(reaps, {"x": 1.0})
+    allclose(h.plant(h.nest(_int_sow, scope="s"), tag=T)({"s": {"y": 15.5}}, 1.0), eager)
+    allclose(jax.grad(lambda p: h.plant(_int_sow, tag=T)({"y": p}, 1.0))(15.5), 1.0)
+    allclose(jax.vmap(lambda p: h.plant(_int_sow, tag=T)({"y": p}, 1.0))(jnp.array([1.5, 2.5])),
+             [2.5, 3.5])
+
+
+def test_plant_into_sown_python_int_keeps_int_arithmetic_for_int_plants():
+    f = lambda i: h.sow(3, tag=T, name="k") * i  # an int program
+    out = h.plant(f, tag=T)({"k": jnp.int8(2)}, jnp.int8(5))
+    assert out.dtype == jnp.int8 and int(out) == 10
+    assert int(h.plant(f, tag=T)({"k": 4}, 5)) == 20
+
+
+def test_plant_python_scalar_converts_to_the_sows_dtype():
+    # 2.0 + float16 is float16 in JAX: a Python float planted into a float16 sow
+    f = lambda x: h.sow(x * 2, tag=T, name="a") + 1
+    out = h.plant(f, tag=T)({"a": 2.0}, jnp.float16(1))
+    assert out.dtype == jnp.float16 and float(out) == 3.0
+    # 3 into a float32 sow becomes 3.0
+    out = h.plant(f, tag=T)({"a": 3}, jnp.float32(1))
+    assert out.dtype == jnp.float32 and float(out) == 4.0
+
+
+def test_plant_refuses_what_promotion_would_change():
+    f = lambda x: h.sow(x, tag=T, name="i") + 1
+    # 2.5 with int32 promotes to float: the int sow cannot take it
+    raises(ValueError, r"'i'.*float32\[\].*int32\[\]", h.plant(f, tag=T), {"i": 2.5},
+           jnp.int32(1))
+    # a strongly typed value of another dtype into a strongly typed sow
+    raises(ValueError, r"'i'.*float16\[\].*int32\[\]", h.plant(f, tag=T),
+           {"i": jnp.float16(2)}, jnp.int32(1))
+    # a sown Python float cannot become an int (promotion gives float)
+    g = lambda x: h.sow(1.0, tag=T, name="w") * x
+    raises(ValueError, r"'w'.*int32\[\].*float32\[\] \(weakly typed\)", h.plant(g, tag=T),
+           {"w": jnp.int32(2)}, 1.0)
+    # shapes are never promoted
+    raises(ValueError, r"'y'.*float32\[2\]", h.plant(_int_sow, tag=T), {"y": jnp.ones(2)}, 1.0)
+
+
 def test_plant_append_shape_checked():
     f = lambda x: jax.lax.scan(lambda c, xi: (c + h.sow(xi, tag=T, name="v", mode="append"),
                                                None), x, jnp.arange(3.0))[0]
-    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones(2)}, 0.0)
-    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones((3, 2))}, 0.0)
-    raises(ValueError, "'v'", h.plant(f, tag=T), {"v": jnp.ones(3, jnp.int32)}, 0.0)
+    msg = (r"^Planted value for 'v' has type {}, but its append sows \(at scan\[length=3\]\) "
+           r"stack to float32\[3\];")
+    raises(ValueError, msg.format(r"float32\[2\]"), h.plant(f, tag=T), {"v": jnp.ones(2)}, 0.0)
+    raises(ValueError, msg.format(r"float32\[3, 2\]"), h.plant(f, tag=T), {"v": jnp.ones((3, 2))},
+           0.0)
+    raises(ValueError, msg.format(r"int32\[3\]"), h.plant(f, tag=T),
+           {"v": jnp.ones(3, jnp.int32)}, 0.0)
 
 
 def test_plant_append_leading_size_checked():
     f = lambda x: jax.lax.scan(lambda c, xi: (c + h.sow(xi, tag=T, name="v", mode="append"),
                                                None), x, jnp.arange(3.0))[0]
-    with pytest.raises(ValueError, match="'v'"):
-        h.plant(f, tag=T)({"v": jnp.ones(4)}, 0.0)
-    g = _twice("append")
-    with pytest.raises(ValueError, match="'x'"):
-        h.plant(g, tag=T)({"x": jnp.ones((1, 2))}, jnp.ones(2))
-    with pytest.raises(ValueError, match="'x'"):
-        h.plant(g, tag=T)({"x": jnp.ones((3, 2))}, jnp.ones(2))
+    raises(ValueError, r"^Planted value for 'v' has type float32\[4\], but its append sows \(at "
+           r"scan\[length=3\]\) stack to float32\[3\];", h.plant(f, tag=T), {"v": jnp.ones(4)},
+           0.0)
+    g = _twice("append")  # two sows at the top level: a stack of 2 rows
+    msg = (r"^Planted value for 'x' has type float32\[{}, 2\], but its append sows \(at "
+           r"<top level>\) stack to float32\[2, 2\];")
+    raises(ValueError, msg.format(1), h.plant(g, tag=T), {"x": jnp.ones((1, 2))}, jnp.ones(2))
+    raises(ValueError, msg.format(3), h.plant(g, tag=T), {"x": jnp.ones((3, 2))}, jnp.ones(2))
+
+
+def _layers(x, ws):
+    """A scan over layers whose activations are append sows."""
+    def layer(x, w):
+        a = h.sow(jnp.tanh(w * x), tag=T, name="act", mode="append")
+        return a, a
+    return jax.lax.scan(layer, x, ws)
+
+
+def _layers_eager(x, ws, patch: dict):
+    acts = []
+    for i, w in enumerate(np.asarray(ws)):
+        x = patch.get(i, np.tanh(w * x))
+        acts.append(x)
+    return x, np.stack(acts)
+
+
+def test_rows_plant_overrides_only_selected_iterations():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5, 0.5])
+    for patch in ({1: np.array([1.0, 0.0])}, {0: np.zeros(2), 3: np.ones(2)},
+                  {-1: np.full(2, 0.5)}):
+        want = _layers_eager(np.asarray(x), ws, {i % 4: v for i, v in patch.items()})
+        got = h.plant(_layers, tag=T)({"act": h.rows(patch)}, x, ws)
+        assert_tree_allclose(got, want)
+        got = jax.jit(h.plant(_layers, tag=T))({"act": h.rows(patch)}, x, ws)
+        assert_tree_allclose(got, want)
+    # no rows: the program unchanged
+    assert_tree_allclose(h.plant(_layers, tag=T)({"act": h.rows({})}, x, ws),
+                         _layers_eager(np.asarray(x), ws, {}))
+
+
+def test_rows_plant_with_a_traced_mask():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    stack = jnp.arange(6.0).reshape(3, 2)
+    mask = jnp.array([False, True, False])
+    want = _layers_eager(np.asarray(x), ws, {1: np.asarray(stack[1])})
+    run = jax.jit(lambda m, v: h.plant(_layers, tag=T)({"act": h.rows(mask=m, values=v)}, x, ws))
+    assert_tree_allclose(run(mask, stack), want)
+    # differentiable with respect to the planted rows (and only those rows matter)
+    g = jax.grad(lambda v: run(mask, v)[0].sum())(stack)
+    eps = 1e-3
+    num = (run(mask, stack.at[1, 0].add(eps))[0].sum()
+           - run(mask, stack.at[1, 0].add(-eps))[0].sum()) / (2 * eps)
+    allclose(g[1, 0], num, rtol=1e-2)
+    allclose(g[0], [0.0, 0.0])
+    allclose(g[2], [0.0, 0.0])
+
+
+def test_rows_plant_inside_reap_and_with_nest():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    want_out, want_acts = _layers_eager(np.asarray(x), ws, {1: np.ones(2)})
+    # an outer reap sees the activations after the patch (another name's sows
+    # stay; the planted one is consumed, so reap a second sow of the result)
+    def model(x, ws):
+        out, acts = h.plant(_layers, tag=T)({"act": h.rows({1: jnp.ones(2)})}, x, ws)
+        return h.sow(acts, tag=T, name="seen")
+    assert_tree_allclose(h.reap(model, tag=T)(x, ws), {"seen": want_acts})
+    nested = h.nest(_layers, scope="m")
+    assert_tree_allclose(h.plant(nested, tag=T)({"m": {"act": h.rows({1: jnp.ones(2)})}}, x, ws),
+                         (want_out, want_acts))
+
+
+def test_rows_plant_errors():
+    x, ws = jnp.array([0.3, -0.2]), jnp.array([1.0, 2.0, -1.5])
+    p = h.plant(_layers, tag=T)
+    raises(ValueError, r"'act'.*row 3 is out of range.*3 rows", p, {"act": h.rows({3: jnp.ones(2)})},
+           x, ws)
+    raises(ValueError, r"'act'.*float32\[3\]", p, {"act": h.rows({0: jnp.ones(3)})}, x, ws)
+    raises(ValueError, r"rows\(mask=\.\.\.\) for 'act'.*bool\[3\]", p,
+           {"act": h.rows(mask=jnp.ones(2, bool), values=jnp.ones((3, 2)))}, x, ws)
+    raises(ValueError, r"rows\(\.\.\.\) planted for 'a'.*'strict' mode", h.plant(_basic, tag=T),
+           {"a": h.rows({0: 1.0})}, 3.0)
+    with pytest.raises(TypeError, match="either"):
+        h.rows({0: 1.0}, mask=jnp.ones(1, bool))
+    with pytest.raises(TypeError, match="int row"):
+        h.rows({"0": 1.0})
 
 
 def test_plant_append_inside_scan():
@@ -1286,13 +1645,9 @@ def test_shard_map_grad_of_reaped_value():
 def test_shard_map_plant_into_varying_sow():
     f = shard_map()(lambda x: x + h.sow(jnp.sum(x), tag=T, name="s"), mesh=_sm_mesh(),
                     in_specs=P("x"), out_specs=P("x"))
-    try:
-        out = h.plant(f, tag=T)({"s": 5.0}, jnp.arange(8.0))
-    except ValueError as e:
-        assert "'s'" in str(e) and "shard_map" in str(e), str(e)
-        jax_still_works()
-    else:
-        allclose(out, np.arange(8.0) + 5.0)
+    # the planted value is the same on every shard: each shard adds 5
+    allclose(h.plant(f, tag=T)({"s": 5.0}, jnp.arange(8.0)), np.arange(8.0) + 5.0)
+    allclose(jax.jit(h.plant(f, tag=T))({"s": 5.0}, jnp.arange(8.0)), np.arange(8.0) + 5.0)
 
 
 def test_shard_map_varying_sow_is_clear_error():
@@ -1316,25 +1671,28 @@ def test_shard_map_sow_never_silently_ignored():
     f = shard_map()(lambda x: x + h.sow(jax.lax.psum(jnp.sum(x), "x"), tag=T, name="s",
                                         mode="append"),
                     mesh=_sm_mesh(), in_specs=P("x"), out_specs=P("x"))
-    try:
-        reaps = h.reap(f, tag=T)(jnp.arange(8.0))
-    except ValueError:
-        jax_still_works()
-    else:
-        assert_tree_allclose(reaps, {"s": np.array([28.0])})
+    # reaped (one sow: one row holding the psum, 0 + 1 + ... + 7), and the
+    # sow is gone from the reaped program rather than left unreaped
+    assert_tree_allclose(h.reap(f, tag=T)(jnp.arange(8.0)), {"s": np.array([28.0])})
+    closed = jax.make_jaxpr(h.reap(f, tag=T))(jnp.arange(8.0))
+    assert not [e for e, _ in _traverse.iter_eqns(closed) if e.primitive is h.sow_p]
 
 
 def test_errors_leave_jax_working_after_each_error():
     bad = [
-        (h.reap(_twice("strict"), tag=T), (1.0,)),
-        (h.reap(functools.partial(_while, mode="append"), tag=T), (1.0, 3)),
-        (h.reap(_switch(lambda i, x: h.sow(x, tag=T, name=str(i))), tag=T), (0, 1.0)),
-        (h.plant(_basic, tag=T), ({"a": jnp.ones(2)}, 1.0)),
+        (h.reap(_twice("strict"), tag=T), (1.0,), "^Variable has already been reaped: x"),
+        (h.reap(functools.partial(_while, mode="append"), tag=T), (1.0, 3),
+         "^Must use clobber or cond_clobber mode for 'v' inside of a `while_loop`."),
+        (h.reap(_switch(lambda i, x: h.sow(x, tag=T, name=str(i))), tag=T), (0, 1.0),
+         "^Missing sow in branch: '1'."),
+        (h.plant(_basic, tag=T), ({"a": jnp.ones(2)}, 1.0),
+         r"^Planted value for 'a' has type float32\[2\], but the sow at <top level> has type "
+         r"float32\[\]"),
     ]
-    for fn, args in bad:
-        with pytest.raises(ValueError):
+    for fn, args, msg in bad:
+        with pytest.raises(ValueError, match=msg):
             fn(*args)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=msg):
             jax.jit(fn)(*args)
         jax_still_works()
         # harvest itself still works too

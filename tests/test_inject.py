@@ -1144,7 +1144,7 @@ def test_wrong_injector_output_is_a_clear_error(kind):
     jax_still_works()
     # the same error from injected(), also when called under jit
     pure = tx.injected(f, _bad(kind), predicate=lambda p, s: p["op"] == "push")
-    with pytest.raises(tx.InjectError):
+    with pytest.raises(tx.InjectError, match=re.escape(msg.split("\n")[0])):
         jax.jit(pure)(ctx0(), f32(1.0))
     jax_still_works()
 
