@@ -294,7 +294,7 @@ class _HarvestHooks(Hooks):
     def prepare_rule(self, engine, rule, n_primals):
         """Sows in the rule whose value depends on the tangents stay plain
         identities (not reaped or planted), so reverse mode can linearize."""
-        dep = set(_compat.jaxpr_parts(rule)[2][n_primals:])
+        dep = set(_compat.jaxpr_parts(rule).invars[n_primals:])
 
         def rewrite(eqn, path, env):
             if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
@@ -790,7 +790,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
         closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype)
-        rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed)[1],
+        rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed).consts,
                                               *jax.tree_util.tree_leaves(plants)]))
         sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)
         for name in sites:  # oryx: a nest scope and a sow may not share a name
