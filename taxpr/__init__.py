@@ -1,5 +1,6 @@
 """taxpr: a tag-and-inject effect system for JAX."""
 
+from . import _guards as _guards  # registers the vmap batching rules of cond/while
 from . import harvest as harvest
 
 from ._dataflow import (

@@ -26,7 +26,8 @@ from ._engine import format_path
 from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
-from .primitives._tag import BATCHED, keep_tags, tag, tag_p, user_params
+from ._inject import guarded_place
+from .primitives._tag import BATCHED, GUARD, keep_tags, tag, tag_p, user_params
 
 
 class StateOp:
@@ -124,6 +125,13 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
              if eqn.primitive is tag_p and _is_state(eqn.params)]
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
+        if p["op"] is SET and GUARD in p:
+            raise StateError(
+                f"taxpr: state {p['name']!r}: set_state at {format_path(path)} is inside "
+                f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
+                f"take it, so the state's new value would differ per example, and a state is "
+                f"not batched (compute the new value with jnp.where and set it outside the "
+                f"cond/while, or vmap the pure function over a batch of states)")
         if p["op"] is SET and p.get(BATCHED):
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
@@ -176,6 +184,14 @@ def _init_injector(ctx: dict, token: Any, params: dict):
     return token, {**ctx, name: (token, initial, yes)}
 
 
+def _reached_by_any_example(guard, old: list, new: list) -> list:
+    """A first use inside a cond/while whose predicate vmap batches (reads
+    only: sets there are errors) counts when any example reaches it; the
+    recorded values are unbatched, the same for every example."""
+    reached = jnp.any(guard)
+    return [jax.lax.select_n(reached, o, n) for o, n in zip(old, new)]
+
+
 def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict:
     if values is None:
         return {n: jax.ShapeDtypeStruct(s.shape, s.dtype) for n, s in states.items()}
@@ -194,7 +210,8 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     zeros."""
     zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
-    init = inject(closed, _init_injector, zeros, predicate=_is_state)
+    init = inject(closed, _init_injector, zeros, predicate=_is_state,
+                  _guard_merge=_reached_by_any_example)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed)[4])
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)

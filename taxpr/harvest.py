@@ -30,7 +30,8 @@ from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
 from ._find import dissolve_tags
 from ._inject import trace_program
-from .primitives._tag import TREE, tag, tag_p
+from ._inject import guarded_place
+from .primitives._tag import GUARD, TREE, n_values, tag, tag_p
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "sow_p"]
 
@@ -137,7 +138,7 @@ class _Filter:
 
 def _site_aval(eqn) -> tuple:
     """(value avals, mode) of a sow equation (cond_clobber drops the pred)."""
-    avals = tuple(v.aval for v in eqn.invars)
+    avals = tuple(v.aval for v in eqn.invars[:n_values(eqn.params, len(eqn.invars))])
     if eqn.params["mode"] == "cond_clobber":
         avals = avals[:-1]
     return avals
@@ -278,9 +279,19 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
-        ins = [level.atom(v) for v in eqn.invars]
+        n = n_values(eqn.params, len(eqn.invars))
+        ins = [level.atom(v) for v in eqn.invars[:n]]
+        guard = level.atom(eqn.invars[n]) if n < len(eqn.invars) else None
         value = ins[:-1] if mode == "cond_clobber" else ins
         ctx = list(ctx)
+        if guard is not None and mode == "append" and (name in self.planted
+                                                       or name in self.reaped):
+            raise ValueError(
+                f"taxpr.harvest: append-mode sow '{_disp(name)}' at {format_path(level.path)} "
+                f"is inside {guarded_place(eqn.params)} whose predicate is batched by vmap: "
+                f"vmap runs it for every example although only some examples take it, and "
+                f"the appended rows would differ per example; use clobber mode there, or "
+                f"reap/plant inside the vmap")
         if name in self.planted:
             if mode == "append":
                 key = ("plant", name, self.next_occurrence(level, "plant", name), False)
@@ -304,6 +315,13 @@ class _Sites:
                                                                        *(ctx[i] for i in pos)])
                 else:
                     new = value
+                if guard is not None:  # only the examples that take the branch/iteration
+                    old = [ctx[i] for i in pos]
+                    records = eqn.params[GUARD]
+                    new = self._apply(
+                        level, ("guarded", records),
+                        _guarded_update(name, level.path, eqn.params, len(new)),
+                        [guard, *new, *old])
                 new = self._apply(level, "replicated", _replicated_check(name, level.path),
                                   new) if level.context is not None else new
                 for i, a in zip(pos, new):
@@ -322,6 +340,37 @@ def _aval(atom):
 def _select(pred, vc):
     n = len(vc) // 2
     return [jnp.where(pred, v, c) for v, c in zip(vc[:n], vc[n:])]
+
+
+def _guarded_update(name, path, params: dict, n: int) -> Callable:
+    """``(guard, *new, *old) -> leaves``: ``new`` where the guard holds, per
+    example. A guarded tag's batched operands have their batch axes in front
+    (outermost first), and ``params[GUARD]`` says which leaf each vmap level
+    batched, so the guard is aligned with each leaf's leading axes."""
+    levels = params[GUARD][::-1]  # outermost first, as the guard's axes
+
+    def fn(guard, *leaves):
+        out = []
+        for k, (new, old) in enumerate(zip(leaves[:n], leaves[n:])):
+            index = []
+            for guard_batched, *leaf_batched in levels:
+                if leaf_batched[k]:
+                    index.append(slice(None))
+                elif guard_batched:
+                    raise ValueError(
+                        f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is "
+                        f"inside {guarded_place(params)} whose predicate is batched by vmap, "
+                        f"and sows a value that vmap does not batch: the reaped value would "
+                        f"differ per example (the sown value where the example takes the "
+                        f"branch, the previous one elsewhere) but has the sown value's "
+                        f"unbatched shape; sow a batched value, or reap inside the vmap")
+                else:
+                    index.append(0)  # the guard is the same along this axis
+            g = guard[tuple(index)]
+            g = g.reshape(g.shape + (1,) * (jnp.ndim(new) - g.ndim))
+            out.append(jax.lax.select_n(jnp.broadcast_to(g, jnp.shape(new)), old, new))
+        return out
+    return fn
 
 
 def _casts(got, want) -> Callable:
