@@ -93,22 +93,44 @@ def guard_jaxpr(closed: Any, label: str) -> Any:
 # ---- cond ---------------------------------------------------------------------------
 
 def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
-    if dims[0] is None or "branches_platforms" in params and params["branches_platforms"] \
+    """JAX's rule runs every branch and selects; here every branch's tags are
+    guarded by ``index == i``. Unlike JAX's rule, unbatched operands stay
+    unbatched (JAX broadcasts them, which would make e.g. a state's init read
+    in a branch look per-example)."""
+    if dims[0] is None or params.get("branches_platforms") \
             or not any(has_tags(b) for b in branches):
         return original(axis_data, args, dims, branches=branches, **params)
-    index_aval = core.ShapedArray((), args[0].dtype)
+    index = _compat.batch_at_front(args[0], dims[0], axis_data)
+    ops = [x if d is None else _compat.batch_at_front(x, d, axis_data)
+           for x, d in zip(args[1:], dims[1:])]
+    op_axes = [None if d is None else 0 for d in dims[1:]]
+    index_aval = core.ShapedArray((), index.dtype)
     op_avals = _compat.in_avals(branches[0])
-    new_branches = []
+    n_out = len(_compat.jaxpr_parts(branches[0])[4])
+    outs = []
     for i, branch in enumerate(branches):
         guarded = _compat.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
 
         def fn(index, *ops, guarded=guarded, i=i):
             return guarded(jnp.equal(index, i), *ops)
 
-        new_branches.append(_compat.trace_flat(fn, [index_aval, *op_avals], "guarded_branch"))
-    # The index becomes an operand of every branch too (each computes its guard).
-    return original(axis_data, [args[0], *args], [dims[0], *dims],
-                    branches=tuple(new_branches), **params)
+        per_example = _compat.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
+        batched = _compat.batch_closed_jaxpr(per_example, axis_data, [0, *op_axes],
+                                             [0] * n_out)
+        # As JAX's rule: an example's inputs to an untaken branch do not
+        # get derivatives (no NaN gradients from the untaken branch).
+        taken = jnp.equal(index, i)
+        safe = [x if a is None else jax.lax.select_n(_bcast(taken, x), jax.lax.stop_gradient(x), x)
+                for x, a in zip(ops, op_axes)]
+        outs.append(_compat.jaxpr_as_fun(batched)(index, *safe))
+    return [jax.lax.select_n(_bcast(index, o[0]), *o) for o in zip(*outs)], [0] * n_out
+
+
+def _bcast(pred, x):
+    """``pred`` (batch axis only) broadcast to the shape of ``x``."""
+    if jnp.ndim(x) == jnp.ndim(pred):
+        return pred
+    return jax.lax.broadcast_in_dim(pred, jnp.shape(x), (0,))
 
 
 # ---- while --------------------------------------------------------------------------
