@@ -318,7 +318,8 @@ def test_batched_cond_inside_batched_while():
     def f(x):
         def body(c):
             c = jax.lax.cond(c > 1, lambda c: h.sow(c, tag="t", name="a", mode="clobber") + 1,
-                             lambda c: h.sow(-c, tag="t", name="a", mode="clobber") + 1, c)
+                             lambda c: h.sow(-c, tag="t", name="a", mode="clobber") * 0 + c + 1,
+                             c)
             return c
         return jax.lax.while_loop(lambda c: c < x, body, 0.0)
 
