@@ -351,3 +351,12 @@ def batch_at_front(x: Any, dim: Any, axis_data: Any) -> Any:
 
 def in_avals(closed: Any) -> list:
     return [v.aval for v in jaxpr_parts(closed)[2]]
+
+
+def shard_map_checks_vma(params: dict) -> bool:
+    """Whether a shard_map eqn checks varying manual axes (``check_vma``);
+    without it (e.g. ``jax.pmap``) types do not say what varies per shard."""
+    for key in ("check_vma", "check_rep"):
+        if key in params:
+            return bool(params[key])
+    return True

@@ -31,6 +31,9 @@ class _InjectSites:
         # the new ctx: ``guard_merge(guard, old_leaves, new_leaves) -> leaves``
         # (traced); None: such a site is an InjectError.
         self.guard_merge = guard_merge
+        # Refuse ctx changes computed from the token in a shard_map without
+        # vma checking (off for the state layer's one-off run recording inits).
+        self.check_per_shard = True
         self.ctx_tree = ctx_tree
         self.ctx_avals = list(ctx_avals)
         self._traced: dict = {}
@@ -149,6 +152,8 @@ class _InjectSites:
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
             if n < len(eqn.invars):
                 new_ctx = self._guarded(eqn, level, level.atom(eqn.invars[n]), ctx, new_ctx)
+            if self.check_per_shard and not getattr(level.context, "checks_vma", True):
+                self._check_unchecked_shard_map(eqn, level, closed, ctx, new_ctx)
         else:
             kind = "cotangent" if eqn.primitive is tag_cotangent_p else "tangent"
             closed, needs_ctx = self._trace(kind, params, tree, token_avals, level.path,
@@ -169,6 +174,29 @@ class _InjectSites:
             if not isinstance(o, core.DropVar):
                 level.env[o] = a
         return list(new_ctx)
+
+    def _check_unchecked_shard_map(self, eqn, level: Level, closed, ctx: list,
+                                   new_ctx: list) -> None:
+        """Inside a shard_map without vma checking (``check_vma=False``,
+        ``jax.pmap``) a ctx leaf may only change to a value computed from ctx
+        alone (the same on every shard): a value computed from the token
+        may differ per shard, and only one shard's would be kept."""
+        ntok = len(_compat.jaxpr_parts(closed)[4]) - len(ctx)
+        for i, (a, b) in enumerate(zip(ctx, new_ctx)):
+            if a is b:
+                continue
+            mask = [False] * (ntok + len(ctx))
+            mask[ntok + i] = True
+            used = _compat.used_invars(_compat.dce_closed(closed, mask))
+            if any(used[len(ctx):]):
+                raise InjectError(
+                    f"taxpr.inject: the injector for "
+                    f"{_describe(user_params(eqn.params), level.path)} stores a value computed "
+                    f"from the token into ctx leaf {i} inside a shard_map without vma checking "
+                    f"(check_vma=False, as jax.pmap uses): taxpr cannot tell whether it is the "
+                    f"same on every shard, and ctx leaves shard_map replicated (only one "
+                    f"shard's value would be kept); use shard_map with check_vma=True, or "
+                    f"move the effect out of the shard_map / pmap")
 
     def _guarded(self, eqn, level: Level, guard, ctx: list, new_ctx: list) -> list:
         """The ctx after a guarded site: unchanged leaves pass; changed ones
@@ -242,7 +270,8 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
-           predicate: Predicate | None = None, *, _guard_merge: Callable | None = None) -> Any:
+           predicate: Predicate | None = None, *, _guard_merge: Callable | None = None,
+           _check_per_shard: bool = True) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -271,6 +300,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge)
+    sites.check_per_shard = _check_per_shard
     engine = Engine(sites, predicate, ctx_avals)
     outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))

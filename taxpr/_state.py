@@ -138,6 +138,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
+    _check_unchecked_shard_maps(closed)
     states: dict[str, StateInfo] = {}
     first: dict[str, Any] = {}
     for eqn, path in sites:
@@ -162,6 +163,26 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         states[name] = dataclasses.replace(info, read=info.read or op == GET,
                                            written=info.written or op == SET)
     return dict(sorted(states.items()))
+
+
+def _check_unchecked_shard_maps(jaxpr: Any, path: tuple = (), unchecked: bool = False) -> None:
+    """A set_state inside a shard_map without vma checking (``check_vma=False``,
+    as ``jax.pmap`` uses) is an error: the value may differ per shard and a
+    state is one value (only one shard's would be kept)."""
+    for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+        if unchecked and eqn.primitive is tag_p and _is_state(eqn.params) \
+                and eqn.params["op"] is SET:
+            raise StateError(
+                f"taxpr: state {eqn.params['name']!r}: set_state at {format_path(path)} is "
+                f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
+                f"uses): taxpr cannot tell whether the value is the same on every shard, and "
+                f"a state holds one value (only one shard's would be kept); use shard_map "
+                f"with check_vma=True (a value that differs per shard is then a clear error), "
+                f"or set the state outside the shard_map / pmap")
+        inner = unchecked or (eqn.primitive.name == "shard_map"
+                              and not _compat.shard_map_checks_vma(eqn.params))
+        for sub, sj in _traverse.subjaxprs(eqn):
+            _check_unchecked_shard_maps(sj, path + (sub.label,), inner)
 
 
 def _state_injector(ctx: dict, token: Any, params: dict):
@@ -211,7 +232,10 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state,
-                  _guard_merge=_reached_by_any_example)
+                  _guard_merge=_reached_by_any_example,
+                  # sets in a shard_map without vma checking are refused by
+                  # collect_states; reads record their (replicated) init
+                  _check_per_shard=False)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed)[4])
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)

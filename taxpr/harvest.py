@@ -304,7 +304,7 @@ class _Sites:
             if mode == "append":
                 if level.context is not None:
                     value = self._apply(level, "replicated",
-                                        _replicated_check(name, level.path), value)
+                                        _replicated_check(name, level.path, _checks_vma(level)), value)
                 level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
                               value)
             else:
@@ -322,7 +322,7 @@ class _Sites:
                         level, ("guarded", records),
                         _guarded_update(name, level.path, eqn.params, len(new)),
                         [guard, *new, *old])
-                new = self._apply(level, "replicated", _replicated_check(name, level.path),
+                new = self._apply(level, "replicated", _replicated_check(name, level.path, _checks_vma(level)),
                                   new) if level.context is not None else new
                 for i, a in zip(pos, new):
                     ctx[i] = a
@@ -382,8 +382,19 @@ def _casts(got, want) -> Callable:
     return fn
 
 
-def _replicated_check(name, path) -> Callable:
+def _checks_vma(level: Level) -> bool:
+    return getattr(level.context, "checks_vma", True)
+
+
+def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
     def fn(*xs):
+        if not checks_vma:
+            raise ValueError(
+                f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is reaped inside a "
+                f"shard_map without vma checking (check_vma=False, as jax.pmap uses): taxpr "
+                f"cannot tell whether the value is the same on every shard (only one shard's "
+                f"value would be reaped); use shard_map with check_vma=True, or reap outside "
+                f"the shard_map / pmap")
         for x in xs:
             if _compat.varying_axes(core.typeof(x)):
                 raise ValueError(
