@@ -1375,7 +1375,7 @@ def ci_settings(n: int):
 
 # Programs per check in CI; the long profile splits LONG_EXAMPLES in these proportions.
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50, "vmap_inside": 60}
+          "derivatives": 50, "vmap_inside": 30}
 
 
 def long_settings(n: int):
