@@ -404,3 +404,11 @@ def test_vmap_with_batched_predicate_and_no_tags_is_jaxs_own_rule():
 
     a = jax.make_jaxpr(jax.vmap(f))(XS)
     np.testing.assert_allclose(jaxpr_as_fun(a)(XS)[0], jnp.where(XS > 0, jnp.sin(XS), jnp.cos(XS)))
+
+
+def test_transpose_of_a_tag_in_batched_branch_is_an_error():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: tx.tag(x, name="b"), lambda x: x, x)
+
+    with pytest.raises(ValueError, match="batched by vmap"):
+        tx.transpose(jax.make_jaxpr(jax.vmap(f))(XS))
