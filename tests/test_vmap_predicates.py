@@ -412,3 +412,16 @@ def test_transpose_of_a_tag_in_batched_branch_is_an_error():
 
     with pytest.raises(ValueError, match="batched by vmap"):
         tx.transpose(jax.make_jaxpr(jax.vmap(f))(XS))
+
+
+def test_switch_inside_while_with_batched_predicate_reaps_the_taken_case():
+    def f(x):
+        def body(c):
+            cases = [lambda c, k=k: h.sow(c * 10.0 ** k, tag="t", name="s", mode="clobber") + 1
+                     for k in range(3)]
+            return jax.lax.switch(jnp.int32(c) % 3, cases, c)
+        return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["s"], [0.0, 10.0, 0.0, 10.0])  # JAX alone: 100 (case 2)
