@@ -303,8 +303,9 @@ class _Sites:
         elif name in self.reaped:
             if mode == "append":
                 if level.context is not None:
-                    value = self._apply(level, "replicated",
-                                        _replicated_check(name, level.path, _checks_vma(level)), value)
+                    value = self._apply(
+                        level, "replicated",
+                        _replicated_check(name, level.path, _checks_vma(level)), value)
                 level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
                               value)
             else:
@@ -322,8 +323,9 @@ class _Sites:
                         level, ("guarded", records),
                         _guarded_update(name, level.path, eqn.params, len(new)),
                         [guard, *new, *old])
-                new = self._apply(level, "replicated", _replicated_check(name, level.path, _checks_vma(level)),
-                                  new) if level.context is not None else new
+                if level.context is not None:
+                    new = self._apply(level, "replicated",
+                                      _replicated_check(name, level.path, _checks_vma(level)), new)
                 for i, a in zip(pos, new):
                     ctx[i] = a
         outs = value if mode != "cond_clobber" else [*value, ins[-1]]

@@ -87,7 +87,8 @@ def test_injector_counting_from_ctx_alone_in_shard_map_without_vma_check():
     check(new)
     out, n = jaxpr_as_fun(new)(jnp.int32(0), jnp.arange(8.0))
     assert int(n) == 1  # the same on every shard: the program's one tag ran once
-    np.testing.assert_allclose(out, jnp.arange(8.0) + jnp.repeat(jnp.arange(8.0).reshape(4, 2).sum(1), 2))
+    shard_sums = jnp.repeat(jnp.arange(8.0).reshape(4, 2).sum(1), 2)
+    np.testing.assert_allclose(out, jnp.arange(8.0) + shard_sums)
 
 
 def test_injector_storing_the_token_in_shard_map_without_vma_check_is_an_inject_error():
