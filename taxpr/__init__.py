@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from . import _guards as _guards  # registers the vmap batching rules of cond/while
 from . import harvest as harvest
 
 from ._dataflow import (

@@ -371,3 +371,61 @@ def register_linearization(prim, primal_fn: Callable, tangent_fn: Callable) -> N
         return out, nzs_out, list(primals), linearized
 
     _ad.primitive_linearizations[prim] = lin
+
+
+# ---- batching rules of control flow (vmap with a batched predicate) -----------
+
+def control_flow_primitives() -> tuple[Any, Any]:
+    """``(cond_p, while_p)``."""
+    return cond_p, while_p
+
+
+def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s batching rule by ``wrapper(original, axis_data,
+    args, dims, **params)``; ``original`` takes ``(axis_data, args, dims,
+    **params)`` too."""
+    from jax._src.interpreters import batching
+    if hasattr(batching, "fancy_primitive_batchers") and prim in batching.fancy_primitive_batchers:
+        original = batching.fancy_primitive_batchers[prim]
+        if getattr(original, "_taxpr_wrapped", False):
+            return
+        rule = lambda axis_data, args, dims, **params: wrapper(  # noqa: E731
+            original, axis_data, args, dims, **params)
+        rule._taxpr_wrapped = True
+        batching.fancy_primitive_batchers[prim] = rule
+        return
+    raise NotImplementedError(  # a JAX without axis-data batching rules
+        f"taxpr: cannot find the batching rule of {prim}")
+
+
+def batch_closed_jaxpr(closed: Any, axis_data: Any, in_axes: Sequence[Any],
+                       out_axes: Sequence[Any]) -> Any:
+    """``closed`` batched by ``axis_data`` (in/out batch axes, None unbatched)."""
+    from jax._src.interpreters import batching
+    return batching.batch_jaxpr_axes(closed, axis_data, list(in_axes), list(out_axes))[0]
+
+
+def batched_outputs(closed: Any, axis_data: Any, in_batched: Sequence[bool],
+                    instantiate: Any) -> list[bool]:
+    """Which outputs of ``closed`` are batched given which inputs are."""
+    from jax._src.interpreters import batching
+    return list(batching.batch_jaxpr(closed, axis_data, list(in_batched), instantiate)[1])
+
+
+def batch_at_front(x: Any, dim: Any, axis_data: Any) -> Any:
+    """``x`` with its batch axis first (broadcast when unbatched)."""
+    from jax._src.interpreters import batching
+    return batching.bdim_at_front(x, dim, axis_data.size)
+
+
+def in_avals(closed: Any) -> list:
+    return [v.aval for v in jaxpr_parts(closed).invars]
+
+
+def shard_map_checks_vma(params: dict) -> bool:
+    """Whether a shard_map eqn checks varying manual axes (``check_vma``);
+    without it (e.g. ``jax.pmap``) types do not say what varies per shard."""
+    for key in ("check_vma", "check_rep"):
+        if key in params:
+            return bool(params[key])
+    return True

@@ -11,7 +11,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, Hooks, Level, format_path
 from ._find import Predicate, tag_shape
-from .primitives._tag import TREE, tag_p, user_params
+from .primitives._tag import GUARD, TREE, tag_p, user_params
 
 
 class _TransposeHooks(Hooks):
@@ -38,6 +38,12 @@ class _CollectSites:
 
     def __call__(self, engine, eqn, level: Level, ctx):
         ins = [level.atom(v) for v in eqn.invars]
+        if eqn.primitive is tag_p and GUARD in eqn.params:
+            raise ValueError(
+                f"taxpr.transpose: tag {user_params(eqn.params)} at {format_path(level.path)} "
+                f"is inside a cond/while whose predicate is batched by vmap: it has a value "
+                f"only for the examples that take its branch; transpose needs a value for "
+                f"every tag")
         if eqn.primitive is tag_p:
             self.count += 1
             params = tuple(sorted(user_params(eqn.params).items()))

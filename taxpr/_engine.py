@@ -619,6 +619,9 @@ class ShardMapBody:
 
     def __init__(self, params: dict):
         self.params = params
+        # Without vma checking, values carry no varying axes: site rules
+        # cannot see whether a value is the same on every shard.
+        self.checks_vma = _compat.shard_map_checks_vma(params)
 
     def __call__(self):
         return _compat.shard_map_body_context(self.params)

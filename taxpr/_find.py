@@ -9,7 +9,7 @@ import jax
 from jax._src import core
 
 from . import _traverse
-from .primitives._tag import TREE, tag_cotangent_p, tag_p, tag_tangent_p, user_params
+from .primitives._tag import TREE, n_values, tag_cotangent_p, tag_p, tag_tangent_p, user_params
 
 Predicate = Callable[[dict, Any], bool]
 
@@ -35,6 +35,8 @@ def tag_shape(eqn: core.JaxprEqn) -> Any:
     avals = [v.aval for v in eqn.invars]
     if eqn.primitive is not tag_p:  # tangent/cotangent: (*primals, *tangents)
         avals = avals[: len(avals) // 2]
+    else:  # a guarded tag's last operand is its guard, not part of the value
+        avals = avals[:n_values(eqn.params, len(avals))]
     return jax.tree_util.tree_unflatten(eqn.params[TREE], avals)
 
 
@@ -93,7 +95,8 @@ def dissolve_tags(jaxpr: Any, predicate: Predicate | None = None) -> Any:
     def rewrite(eqn, path, env):
         if not is_selected(eqn, predicate):
             return None
-        ins = eqn.invars if eqn.primitive is tag_p else eqn.invars[len(eqn.invars) // 2:]
+        ins = (eqn.invars[:n_values(eqn.params, len(eqn.invars))] if eqn.primitive is tag_p
+               else eqn.invars[len(eqn.invars) // 2:])
         for o, i in zip(eqn.outvars, ins):
             if not isinstance(o, core.DropVar):
                 env[o] = env.get(i, i) if type(i) is core.Var else i

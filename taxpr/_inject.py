@@ -11,7 +11,8 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import TREE, keep_tags, tag_cotangent_p, tag_p, user_params
+from .primitives._tag import (GUARD_FROM, TREE, keep_tags, n_values, tag_cotangent_p, tag_p,
+                              user_params)
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
 
@@ -23,8 +24,16 @@ def _aval_str(a) -> str:
 class _InjectSites:
     """The site rule of ``inject``: inline the (cached) injector jaxpr."""
 
-    def __init__(self, injector: Injector, ctx_tree, ctx_avals):
+    def __init__(self, injector: Injector, ctx_tree, ctx_avals,
+                 guard_merge: Callable | None = None):
         self.injector = injector
+        # How a guarded site (see ``taxpr._guards``) that changes ctx merges
+        # the new ctx: ``guard_merge(guard, old_leaves, new_leaves) -> leaves``
+        # (traced); None: such a site is an InjectError.
+        self.guard_merge = guard_merge
+        # Refuse ctx changes computed from the token in a shard_map without
+        # vma checking (off for the state layer's one-off run recording inits).
+        self.check_per_shard = True
         self.ctx_tree = ctx_tree
         self.ctx_avals = list(ctx_avals)
         self._traced: dict = {}
@@ -132,14 +141,19 @@ class _InjectSites:
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
         params = user_params(eqn.params)
         tree = eqn.params[TREE]
-        ins = [level.atom(v) for v in eqn.invars]
-        token_avals = tuple(v.aval for v in eqn.invars)
+        n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
+        ins = [level.atom(v) for v in eqn.invars[:n]]
+        token_avals = tuple(v.aval for v in eqn.invars[:n])
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
                                     level.context)
             level.site_ctx[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
+            if n < len(eqn.invars):
+                new_ctx = self._guarded(eqn, level, level.atom(eqn.invars[n]), ctx, new_ctx)
+            if self.check_per_shard and not getattr(level.context, "checks_vma", True):
+                self._check_unchecked_shard_map(eqn, level, closed, ctx, new_ctx)
         else:
             kind = "cotangent" if eqn.primitive is tag_cotangent_p else "tangent"
             closed, needs_ctx = self._trace(kind, params, tree, token_avals, level.path,
@@ -160,6 +174,76 @@ class _InjectSites:
             if not isinstance(o, core.DropVar):
                 level.env[o] = a
         return list(new_ctx)
+
+    def _check_unchecked_shard_map(self, eqn, level: Level, closed, ctx: list,
+                                   new_ctx: list) -> None:
+        """Inside a shard_map without vma checking (``check_vma=False``,
+        ``jax.pmap``) a ctx leaf may only change to a value computed from ctx
+        alone (the same on every shard): a value computed from the token
+        may differ per shard, and only one shard's would be kept."""
+        ntok = len(_compat.jaxpr_parts(closed).outvars) - len(ctx)
+        for i, (a, b) in enumerate(zip(ctx, new_ctx)):
+            if a is b:
+                continue
+            mask = [False] * (ntok + len(ctx))
+            mask[ntok + i] = True
+            used = _compat.used_invars(_compat.dce_closed(closed, mask))
+            if any(used[len(ctx):]):
+                raise InjectError(
+                    f"taxpr.inject: the injector for "
+                    f"{_describe(user_params(eqn.params), level.path)} stores a value computed "
+                    f"from the token into ctx leaf {i} inside a shard_map without vma checking "
+                    f"(check_vma=False, as jax.pmap uses): taxpr cannot tell whether it is the "
+                    f"same on every shard, and ctx leaves shard_map replicated (only one "
+                    f"shard's value would be kept); use shard_map with check_vma=True, or "
+                    f"move the effect out of the shard_map / pmap")
+
+    def _guarded(self, eqn, level: Level, guard, ctx: list, new_ctx: list) -> list:
+        """The ctx after a guarded site: unchanged leaves pass; changed ones
+        are merged by ``guard_merge`` or are an error (an unbatched ctx
+        cannot hold a value that differs per example)."""
+        changed = [i for i, (a, b) in enumerate(zip(ctx, new_ctx)) if a is not b]
+        if not changed:
+            return list(new_ctx)
+        if self.guard_merge is None:
+            raise InjectError(
+                f"taxpr.inject: the injector for {_describe(user_params(eqn.params), level.path)} "
+                f"changes ctx leaf {changed[0]}, but the tag is inside "
+                f"{guarded_place(eqn.params)} whose predicate is batched by vmap: vmap runs "
+                f"it for every example although only some examples take it, so the new ctx "
+                f"would differ per example, and ctx is not batched (apply vmap outside the "
+                f"injected function, e.g. vmap the injected function over a batch of ctx)")
+        key = ("guard_merge", guard.aval, tuple(_aval_of(a) for a in ctx), id(level.context))
+        closed = self._traced.get(key)
+        if closed is None:
+            k = len(ctx)
+            merge = self.guard_merge
+
+            def fn(g, *leaves):
+                return list(merge(g, list(leaves[:k]), list(leaves[k:])))
+
+            avals = [guard.aval, *map(_aval_of, ctx), *map(_aval_of, ctx)]
+            if level.context is None:
+                closed = _compat.trace_flat(fn, avals)
+            else:
+                with level.context():
+                    closed = _compat.trace_flat(fn, avals)
+            self._traced[key] = closed
+        return inline(level, closed, [guard, *ctx, *new_ctx])
+
+
+def _aval_of(atom) -> Any:
+    return atom.aval
+
+
+def guarded_place(params: dict) -> str:
+    """Where a guarded tag sits in the program vmap batched, innermost
+    first, e.g. ``'cond[branch=1] (inside while[body])'``."""
+    places = params.get(GUARD_FROM, ())
+    if not places:
+        return "a cond/while"
+    inner = " (inside " + ", inside ".join(places[1:]) + ")" if len(places) > 1 else ""
+    return places[0] + inner
 
 
 def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
@@ -186,7 +270,8 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
-           predicate: Predicate | None = None) -> Any:
+           predicate: Predicate | None = None, *, _guard_merge: Callable | None = None,
+           _check_per_shard: bool = True) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -214,7 +299,8 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     """
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
-    sites = _InjectSites(injector, ctx_tree, ctx_avals)
+    sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge)
+    sites.check_per_shard = _check_per_shard
     engine = Engine(sites, predicate, ctx_avals)
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))

@@ -27,7 +27,8 @@ from ._engine import format_path
 from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
-from .primitives._tag import BATCHED, keep_tags, tag, tag_p, user_params
+from ._inject import guarded_place
+from .primitives._tag import BATCHED, GUARD, keep_tags, tag, tag_p, user_params
 
 
 class StateOp:
@@ -140,12 +141,20 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
              if eqn.primitive is tag_p and _is_state(eqn.params)]
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
+        if p["op"] is SET and GUARD in p:
+            raise StateError(
+                f"taxpr: state {p['name']!r}: set_state at {format_path(path)} is inside "
+                f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
+                f"take it, so the state's new value would differ per example, and a state is "
+                f"not batched (compute the new value with jnp.where and set it outside the "
+                f"cond/while, or vmap the pure function over a batch of states)")
         if p["op"] is SET and p.get(BATCHED):
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
+    _check_unchecked_shard_maps(closed)
     states: dict[str, StateInfo] = {}
     first: dict[str, Any] = {}
     for eqn, path in sites:
@@ -172,6 +181,26 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
     return dict(sorted(states.items()))
 
 
+def _check_unchecked_shard_maps(jaxpr: Any, path: tuple = (), unchecked: bool = False) -> None:
+    """A set_state inside a shard_map without vma checking (``check_vma=False``,
+    as ``jax.pmap`` uses) is an error: the value may differ per shard and a
+    state is one value (only one shard's would be kept)."""
+    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+        if unchecked and eqn.primitive is tag_p and _is_state(eqn.params) \
+                and eqn.params["op"] is SET:
+            raise StateError(
+                f"taxpr: state {eqn.params['name']!r}: set_state at {format_path(path)} is "
+                f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
+                f"uses): taxpr cannot tell whether the value is the same on every shard, and "
+                f"a state holds one value (only one shard's would be kept); use shard_map "
+                f"with check_vma=True (a value that differs per shard is then a clear error), "
+                f"or set the state outside the shard_map / pmap")
+        inner = unchecked or (eqn.primitive.name == "shard_map"
+                              and not _compat.shard_map_checks_vma(eqn.params))
+        for sub, sj in _traverse.subjaxprs(eqn):
+            _check_unchecked_shard_maps(sj, path + (sub.label,), inner)
+
+
 def _state_injector(ctx: dict, token: Any, params: dict):
     name = params["name"]
     if params["op"] is GET:
@@ -192,6 +221,14 @@ def _init_injector(ctx: dict, token: Any, params: dict):
     return token, {**ctx, name: (token, initial, yes)}
 
 
+def _reached_by_any_example(guard, old: list, new: list) -> list:
+    """A first use inside a cond/while whose predicate vmap batches (reads
+    only: sets there are errors) counts when any example reaches it; the
+    recorded values are unbatched, the same for every example."""
+    reached = jnp.any(guard)
+    return [jax.lax.select_n(reached, o, n) for o, n in zip(old, new)]
+
+
 def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict:
     if values is None:
         return {n: jax.ShapeDtypeStruct(s.shape, s.dtype) for n, s in states.items()}
@@ -210,7 +247,11 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     zeros."""
     zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
-    init = inject(closed, _init_injector, zeros, predicate=_is_state)
+    init = inject(closed, _init_injector, zeros, predicate=_is_state,
+                  _guard_merge=_reached_by_any_example,
+                  # sets in a shard_map without vma checking are refused by
+                  # collect_states; reads record their (replicated) init
+                  _check_per_shard=False)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)

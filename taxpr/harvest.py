@@ -34,7 +34,8 @@ from . import _compat, _traverse
 from ._engine import Engine, Hooks, Level, format_path, inline
 from ._find import dissolve_tags
 from ._inject import trace_program
-from .primitives._tag import TREE, tag, tag_p
+from ._inject import guarded_place
+from .primitives._tag import GUARD, TREE, n_values, tag, tag_p
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "rows",
            "PlantRows", "sow_p"]
@@ -207,7 +208,7 @@ class _Filter:
 
 def _site_aval(eqn) -> tuple:
     """(value avals, mode) of a sow equation (cond_clobber drops the pred)."""
-    avals = tuple(v.aval for v in eqn.invars)
+    avals = tuple(v.aval for v in eqn.invars[:n_values(eqn.params, len(eqn.invars))])
     if eqn.params["mode"] == "cond_clobber":
         avals = avals[:-1]
     return avals
@@ -398,9 +399,19 @@ class _Sites:
             level.emit(eqn)  # reaped / planted where the function itself sows it
             return ctx
         self.rewritten.add(name)
-        ins = [level.atom(v) for v in eqn.invars]
+        n = n_values(eqn.params, len(eqn.invars))
+        ins = [level.atom(v) for v in eqn.invars[:n]]
+        guard = level.atom(eqn.invars[n]) if n < len(eqn.invars) else None
         value = ins[:-1] if mode == "cond_clobber" else ins
         ctx = list(ctx)
+        if guard is not None and mode == "append" and (name in self.planted
+                                                       or name in self.reaped):
+            raise ValueError(
+                f"taxpr.harvest: append-mode sow '{_disp(name)}' at {format_path(level.path)} "
+                f"is inside {guarded_place(eqn.params)} whose predicate is batched by vmap: "
+                f"vmap runs it for every example although only some examples take it, and "
+                f"the appended rows would differ per example; use clobber mode there, or "
+                f"reap/plant inside the vmap")
         if name in self.planted:
             want = tuple(v.aval for v in eqn.outvars[:len(value)])
             if mode == "append":
@@ -421,8 +432,9 @@ class _Sites:
         elif name in self.reaped:
             if mode == "append":
                 if level.context is not None:
-                    value = self._apply(level, "replicated",
-                                        _replicated_check(name, level.path), value)
+                    value = self._apply(
+                        level, "replicated",
+                        _replicated_check(name, level.path, _checks_vma(level)), value)
                 level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
                               value)
             else:
@@ -433,8 +445,16 @@ class _Sites:
                                                                        *(ctx[i] for i in pos)])
                 else:
                     new = value
-                new = self._apply(level, "replicated", _replicated_check(name, level.path),
-                                  new) if level.context is not None else new
+                if guard is not None:  # only the examples that take the branch/iteration
+                    old = [ctx[i] for i in pos]
+                    records = eqn.params[GUARD]
+                    new = self._apply(
+                        level, ("guarded", records),
+                        _guarded_update(name, level.path, eqn.params, len(new)),
+                        [guard, *new, *old])
+                if level.context is not None:
+                    new = self._apply(level, "replicated",
+                                      _replicated_check(name, level.path, _checks_vma(level)), new)
                 for i, a in zip(pos, new):
                     ctx[i] = a
         outs = value if mode != "cond_clobber" else [*value, ins[-1]]
@@ -461,6 +481,37 @@ def _select(pred, vc):
     return [jnp.where(pred, v, c) for v, c in zip(vc[:n], vc[n:])]
 
 
+def _guarded_update(name, path, params: dict, n: int) -> Callable:
+    """``(guard, *new, *old) -> leaves``: ``new`` where the guard holds, per
+    example. A guarded tag's batched operands have their batch axes in front
+    (outermost first), and ``params[GUARD]`` says which leaf each vmap level
+    batched, so the guard is aligned with each leaf's leading axes."""
+    levels = params[GUARD][::-1]  # outermost first, as the guard's axes
+
+    def fn(guard, *leaves):
+        out = []
+        for k, (new, old) in enumerate(zip(leaves[:n], leaves[n:])):
+            index = []
+            for guard_batched, *leaf_batched in levels:
+                if leaf_batched[k]:
+                    index.append(slice(None))
+                elif guard_batched:
+                    raise ValueError(
+                        f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is "
+                        f"inside {guarded_place(params)} whose predicate is batched by vmap, "
+                        f"and sows a value that vmap does not batch: the reaped value would "
+                        f"differ per example (the sown value where the example takes the "
+                        f"branch, the previous one elsewhere) but has the sown value's "
+                        f"unbatched shape; sow a batched value, or reap inside the vmap")
+                else:
+                    index.append(0)  # the guard is the same along this axis
+            g = guard[tuple(index)]
+            g = g.reshape(g.shape + (1,) * (jnp.ndim(new) - g.ndim))
+            out.append(jax.lax.select_n(jnp.broadcast_to(g, jnp.shape(new)), old, new))
+        return out
+    return fn
+
+
 def _casts(got, want) -> Callable:
     """Give planted values the sow's exact type (weak type; inside shard_map
     the sow's varying axes: a replicated plant is the same on every shard)."""
@@ -470,8 +521,19 @@ def _casts(got, want) -> Callable:
     return fn
 
 
-def _replicated_check(name, path) -> Callable:
+def _checks_vma(level: Level) -> bool:
+    return getattr(level.context, "checks_vma", True)
+
+
+def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
     def fn(*xs):
+        if not checks_vma:
+            raise ValueError(
+                f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is reaped inside a "
+                f"shard_map without vma checking (check_vma=False, as jax.pmap uses): taxpr "
+                f"cannot tell whether the value is the same on every shard (only one shard's "
+                f"value would be reaped); use shard_map with check_vma=True, or reap outside "
+                f"the shard_map / pmap")
         for x in xs:
             if _compat.varying_axes(core.typeof(x)):
                 raise ValueError(

@@ -1306,6 +1306,55 @@ def check_raw_reap(program, args):
     assert_dict_close(reaps, reaps_r, "call_and_reap reaps")
 
 
+# ---- vmap inside the transformed function (batched predicates) ----------------------
+
+VMAP_ERRORS = (tx.StateError, tx.InjectError, ValueError)
+
+
+def check_vmap_inside(program, args, p0s, jit: bool, with_reap: bool = False):
+    """uncurry of ``vmap(program)`` over a batch of ``p0`` (so conds/whiles on
+    ``f0`` get batched predicates, with states and sows inside). Per example
+    the result must be the reference run on that example, states shared
+    (reads broadcast; a state's new value is the same for every example);
+    where that has no per-example meaning (a state set to a value that
+    differs per example, or in a branch/iteration only some examples take)
+    the outcome must be a clear error that says it is about vmap.
+
+    ``with_reap`` also reaps (non-append names compared): off in the
+    profiles, because reaping under vmap a name whose sites differ in
+    batchedness is a known limitation (README) that this check finds."""
+    fn = build(program)
+
+    def batched(p0, p1, p2, pv, n):
+        return jax.vmap(fn, in_axes=(0, None, None, None, None))(p0, p1, p2, pv, n)
+
+    bargs = (np.asarray(p0s, np.float32), *args[1:])
+    f = h.call_and_reap(batched, tag=T) if with_reap else batched
+    try:
+        pure, state0 = tx.uncurry(f, *bargs)
+        state = perturb(state0)
+        run = jax.jit(pure) if jit else pure
+        out, fin = run(state, *bargs)
+    except VMAP_ERRORS as e:
+        assert "vmap" in str(e), f"an error that does not say it is about vmap: {e!r}"
+        event("vmap inside: clear error")
+        return
+    event("vmap inside: result")
+    out, reaps = out if with_reap else (out, {})
+    refs = [reference(program, (np.float32(p), *args[1:]), dict(state)) for p in p0s]
+    modes = sow_names(program)
+    for row, (out_r, fin_r, _, reaps_r) in enumerate(refs):
+        assert_outs_close([np.asarray(o)[row] for o in out], out_r, f"vmap inside row {row} out")
+        # A state is not batched: every example must have left it the same.
+        assert_dict_close(fin, fin_r, f"vmap inside row {row} state")
+        for name, want in (reaps_r.items() if with_reap else ()):
+            if modes.get(name) == "append":
+                continue
+            got = np.asarray(reaps[name])
+            got = got[row] if got.shape != np.shape(want) else got
+            assert_close(got, want, f"vmap inside row {row} reap[{name!r}]")
+
+
 # ---------------------------------------------------------------------------------
 # Profiles and tests
 # ---------------------------------------------------------------------------------
@@ -1326,7 +1375,7 @@ def ci_settings(n: int):
 
 # Programs per check in CI; the long profile splits LONG_EXAMPLES in these proportions.
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50}
+          "derivatives": 50, "vmap_inside": 30}
 
 
 def long_settings(n: int):
@@ -1379,6 +1428,14 @@ def _vmap_case(data):
     run_check(check_vmap, program, args, args2, with_reap)
 
 
+def _vmap_inside_case(data):
+    program = data.draw(programs())
+    args = data.draw(arguments())
+    p0s = data.draw(st.lists(F32, min_size=2, max_size=3))
+    jit = data.draw(st.booleans())
+    run_check(check_vmap_inside, program, args, p0s, jit)
+
+
 def _derivative_case(data):
     program = data.draw(programs())
     args = data.draw(arguments())
@@ -1428,6 +1485,13 @@ def test_harvest_matches_reference(data):
 @given(st.data())
 def test_vmap_matches_reference(data):
     _vmap_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["vmap_inside"])
+@given(st.data())
+def test_vmap_inside_with_batched_predicates_matches_reference(data):
+    _vmap_inside_case(data)
 
 
 @_seeded
@@ -1552,6 +1616,14 @@ def test_long_harvest(data):
 @given(st.data())
 def test_long_vmap(data):
     _vmap_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["vmap_inside"])
+@given(st.data())
+def test_long_vmap_inside(data):
+    _vmap_inside_case(data)
 
 
 @pytest.mark.long

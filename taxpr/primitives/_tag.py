@@ -29,6 +29,7 @@ import numpy as np
 from jax._src import core, effects
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 
 from .. import _compat
@@ -39,6 +40,15 @@ from .. import _compat
 TREE = "_taxpr_tree"
 KEPT = "_taxpr_kept"
 BATCHED = "_taxpr_batched"
+# A guarded tag (see ``taxpr._guards``): its last operand is a boolean guard,
+# true for the examples of a vmap that really execute the tag (a cond branch
+# or while body that vmap runs for every example because its predicate is
+# batched). GUARD holds one record per vmap level that batched the tag since
+# it was guarded, innermost first: ``(guard_batched, *value_batched)``;
+# batched operands of a guarded tag have their batch axes in front, outermost
+# first. GUARD_FROM names the cond branches / while parts that guard it.
+GUARD = "_taxpr_guard"
+GUARD_FROM = "_taxpr_guard_from"
 _KEEP = threading.local()
 
 
@@ -86,13 +96,30 @@ def user_params(params: dict) -> dict:
     return {k: v for k, v in params.items() if not k.startswith(HIDDEN_PREFIX)}
 
 
+def is_guarded(params: dict) -> bool:
+    """Whether a tag's last operand is a guard (see ``GUARD``)."""
+    return GUARD in params
+
+
+def n_values(params: dict, n_operands: int) -> int:
+    """How many of a tag's operands are tagged values (not its guard)."""
+    return n_operands - 1 if GUARD in params else n_operands
+
+
+def unguarded(params: dict) -> dict:
+    """``params`` without the guard's hidden params (for the tangent tags)."""
+    if GUARD not in params:
+        return params
+    return {k: v for k, v in params.items() if k not in (GUARD, GUARD_FROM)}
+
+
 def _identity_impl(*args, **params):
-    return args
+    return args[:n_values(params, len(args))]
 
 
 def _tag_abstract_eval(*avals, **params):
     effs = {tag_effect} if params.get(KEPT) else effects.no_effects
-    return list(avals), effs
+    return list(avals[:n_values(params, len(avals))]), effs
 
 
 tag_p = Primitive("tag")
@@ -125,10 +152,12 @@ for _p in (tag_tangent_p, tag_cotangent_p):
 
 def _tag_jvp(primals, tangents, **params):
     primals_out = tag_p.bind(*primals, **dict(params, **{KEPT: True}))
+    n = n_values(params, len(primals))
+    primals, tangents = primals[:n], tangents[:n]  # a guard has no tangent
     if all(type(t) is ad.Zero for t in tangents):
         return primals_out, list(tangents)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    tangents_out = tag_tangent_p.bind(*primals, *tangents, **params)
+    tangents_out = tag_tangent_p.bind(*primals, *tangents, **unguarded(params))
     return primals_out, tangents_out
 
 
@@ -136,7 +165,7 @@ ad.primitive_jvps[tag_p] = _tag_jvp
 
 
 def _tag_transpose(cts, *args, **params):
-    return list(cts)
+    return list(cts) + [None] * (len(args) - len(cts))
 
 
 ad.primitive_transposes[tag_p] = _tag_transpose
@@ -179,9 +208,28 @@ ad.primitive_jvps[tag_cotangent_p] = _half_jvp(tag_cotangent_p)
 # ---- batching -----------------------------------------------------------------
 
 def _tag_batch(args, dims, **params):
+    if GUARD in params:
+        return _guarded_tag_batch(args, dims, **params)
     if any(d is not None for d in dims):
         params = dict(params, **{BATCHED: True})
     return tag_p.bind(*args, **params), list(dims)
+
+
+def _guarded_tag_batch(args, dims, **params):
+    """Batched operands go to the front and the guard is batched always, so
+    that the guard's axes line up with the leading axes of the values
+    (``GUARD`` records which operands each level batched)."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    *values, guard = args
+    *vdims, gdim = dims
+    values = [x if d is None else _batching.moveaxis(x, d, 0) for x, d in zip(values, vdims)]
+    guard = _batching.bdim_at_front(guard, gdim, size)
+    record = (gdim is not None, *(d is not None for d in vdims))
+    new = dict(params, **{GUARD: (*params[GUARD], record)})
+    if any(d is not None for d in vdims):
+        new[BATCHED] = True
+    outs = tag_p.bind(*values, guard, **new)
+    return outs, [None if d is None else 0 for d in vdims]
 
 
 batching.primitive_batchers[tag_p] = _tag_batch
@@ -210,7 +258,7 @@ def _tag_lowering(ctx, *args, **params):
     on_lowering = getattr(params.get("op"), "on_lowering", None)
     if on_lowering is not None:
         on_lowering(user_params(params))
-    return list(args)
+    return list(args[:n_values(params, len(args))])
 
 
 mlir.register_lowering(tag_p, _tag_lowering)
@@ -229,6 +277,8 @@ _compat.register_dce_rule(tag_p, _keep_dce_rule)
 
 def _tag_pp_rule(eqn, context, settings):
     names = sorted(k for k in eqn.params if not k.startswith(HIDDEN_PREFIX))
+    if GUARD_FROM in eqn.params:  # shown as e.g. guarded_by=('cond[branch=1]',)
+        names.append(GUARD_FROM)
     return core._pp_eqn(eqn, context, settings, params=names)
 
 
@@ -300,6 +350,9 @@ def _tag_linearized_primal(*primals, **params):
 
 
 def _tag_linearized_tangent(primals, tangents, nzs, **params):
+    n = n_values(params, len(primals))
+    primals, tangents, nzs = primals[:n], tangents[:n], nzs[:n]
+    params = unguarded(params)
     if not any(nzs):
         return [ad.Zero(core.typeof(p).to_tangent_aval()) for p in primals]
     tangents = [ad.instantiate_zeros(t) if type(t) is not ad.Zero

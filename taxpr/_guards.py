@@ -1,0 +1,201 @@
+"""Guards: tags inside a ``cond`` / ``while_loop`` whose predicate vmap batches.
+
+Under ``vmap``, JAX turns a ``cond`` whose index is batched into running
+every branch for every example and selecting the outputs, and a
+``while_loop`` whose predicate is batched into running the body for every
+example while any example still runs. The tags inside then run for examples
+that eagerly would not run them. Their effects must not happen there.
+
+taxpr wraps the batching rules of ``cond`` and ``while`` (only when the
+predicate is batched and the sub-jaxprs contain tags; JAX's own rule is used
+untouched otherwise) so that every tag inside gets a *guard*: an extra last
+operand, a boolean that is true exactly for the examples that really execute
+the tag (``index == i`` in branch ``i``; the loop's predicate in a while
+body). Guards of nested conds/loops are and-ed. The site rules then make
+each effect a masked update where that has a per-example meaning, and raise
+a clear error where it has none (see ``_inject``, ``_state``, ``harvest``).
+
+The guard is threaded through nested primitives (scan, while, cond, jit,
+checkpoint, custom_jvp/vjp, shard_map) by the threading engine itself, with
+the guard as the context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+
+from . import _compat, _traverse
+from ._engine import Engine, Level, inline
+from .primitives._tag import GUARD, GUARD_FROM, tag_p
+
+_BOOL = core.ShapedArray((), jnp.bool_)
+
+
+def has_tags(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` contains a tag (at any depth)."""
+    return any(eqn.primitive is tag_p for eqn, _ in _traverse.iter_eqns(jaxpr))
+
+
+class _GuardSites:
+    """Site rule that guards every tag by the context (the guard)."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self._and: dict = {}
+
+    def _combine(self, level: Level, old: Any, new: Any) -> Any:
+        avals = (old.aval, new.aval)
+        key = (avals, id(level.context))
+        closed = self._and.get(key)
+        if closed is None:
+            fn = lambda a, b: [jnp.logical_and(a, b)]  # noqa: E731
+            if level.context is None:
+                closed = _compat.trace_flat(fn, avals)
+            else:
+                with level.context():
+                    closed = _compat.trace_flat(fn, avals)
+            self._and[key] = closed
+        return inline(level, closed, [old, new])[0]
+
+    def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
+        if eqn.primitive is not tag_p:  # tangents have no effect of their own
+            level.emit(eqn)
+            return ctx
+        (guard,) = ctx
+        ins = [level.atom(v) for v in eqn.invars]
+        params = dict(eqn.params)
+        where = self.label + ("/" + "/".join(level.path) if level.path else "")
+        if GUARD in params:
+            ins[-1] = self._combine(level, ins[-1], guard)
+            params[GUARD_FROM] = (where, *params[GUARD_FROM])
+        else:
+            ins.append(guard)
+            params[GUARD] = ()
+            params[GUARD_FROM] = (where,)
+        level.eqns.append(eqn.replace(invars=ins, params=params))
+        return ctx
+
+
+def guard_jaxpr(closed: Any, label: str) -> Any:
+    """``closed`` taking a boolean guard as a new first input, every tag in it
+    (at any depth) guarded by it. ``label`` names the part (for messages)."""
+    engine = Engine(_GuardSites(label), None, [_BOOL])
+    n_out = len(_compat.jaxpr_parts(closed).outvars)
+    threaded = engine.thread_jaxpr(closed, (), 0, n_out)
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
+    return _compat.make_closed(constvars, consts, invars, eqns, outvars[:n_out], effects, dbg)
+
+
+# ---- cond ---------------------------------------------------------------------------
+
+def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
+    """JAX's rule runs every branch and selects; here every branch's tags are
+    guarded by ``index == i``. Unlike JAX's rule, unbatched operands stay
+    unbatched (JAX broadcasts them, which would make e.g. a state's init read
+    in a branch look per-example)."""
+    if dims[0] is None or params.get("branches_platforms") \
+            or not any(has_tags(b) for b in branches):
+        return original(axis_data, args, dims, branches=branches, **params)
+    index = _compat.batch_at_front(args[0], dims[0], axis_data)
+    ops = [x if d is None else _compat.batch_at_front(x, d, axis_data)
+           for x, d in zip(args[1:], dims[1:])]
+    op_axes = [None if d is None else 0 for d in dims[1:]]
+    index_aval = core.ShapedArray((), index.dtype)
+    op_avals = _compat.in_avals(branches[0])
+    n_out = len(_compat.jaxpr_parts(branches[0])[4])
+    outs = []
+    for i, branch in enumerate(branches):
+        guarded = _compat.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
+
+        def fn(index, *ops, guarded=guarded, i=i):
+            return guarded(jnp.equal(index, i), *ops)
+
+        per_example = _compat.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
+        batched = _compat.batch_closed_jaxpr(per_example, axis_data, [0, *op_axes],
+                                             [0] * n_out)
+        # As JAX's rule: an example's inputs to an untaken branch do not
+        # get derivatives (no NaN gradients from the untaken branch).
+        taken = jnp.equal(index, i)
+        safe = [x if a is None else jax.lax.select_n(_bcast(taken, x), jax.lax.stop_gradient(x), x)
+                for x, a in zip(ops, op_axes)]
+        outs.append(_compat.jaxpr_as_fun(batched)(index, *safe))
+    return [jax.lax.select_n(_bcast(index, o[0]), *o) for o in zip(*outs)], [0] * n_out
+
+
+def _bcast(pred, x):
+    """``pred`` (batch axis only) broadcast to the shape of ``x``."""
+    if jnp.ndim(x) == jnp.ndim(pred):
+        return pred
+    return jax.lax.broadcast_in_dim(pred, jnp.shape(x), (0,))
+
+
+# ---- while --------------------------------------------------------------------------
+
+def _while_batching_rule(original, axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
+                         body_nconsts, body_jaxpr):
+    params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
+                  body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)
+    if not (has_tags(cond_jaxpr) or has_tags(body_jaxpr)):
+        return original(axis_data, args, dims, **params)
+    cc, bc = cond_nconsts, body_nconsts
+    batched = [d is not None for d in dims]
+    cconst_bat, bconst_bat, carry_bat = batched[:cc], batched[cc:cc + bc], batched[cc + bc:]
+    for _ in range(1 + len(carry_bat)):  # the fixpoint JAX's rule computes
+        out_bat = _compat.batched_outputs(body_jaxpr, axis_data, bconst_bat + carry_bat,
+                                          carry_bat)
+        if out_bat == carry_bat:
+            break
+        carry_bat = [a or b for a, b in zip(carry_bat, out_bat)]
+    (pred_bat,) = _compat.batched_outputs(cond_jaxpr, axis_data, cconst_bat + carry_bat, False)
+    if not pred_bat:
+        return original(axis_data, args, dims, **params)
+    return _masked_while(axis_data, args, dims, **params)
+
+
+def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,
+                  body_jaxpr):
+    """A while loop whose predicate is batched, as a loop with a scalar
+    predicate (any example still running) that carries each example's
+    predicate ``p`` and runs ``if p: carry = body(carry); p = cond(carry)``
+    per example: body and cond tags are guarded by ``p``, and the cond runs
+    once per real iteration, as eagerly (plus once before the loop)."""
+    cc, bc = cond_nconsts, body_nconsts
+    cconsts, bconsts, init = args[:cc], args[cc:cc + bc], args[cc + bc:]
+    cdims, bdims, idims = dims[:cc], dims[cc:cc + bc], dims[cc + bc:]
+    carry_avals = _compat.in_avals(body_jaxpr)[bc:]
+    body = _compat.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
+    cond = (_compat.jaxpr_as_fun(guard_jaxpr(cond_jaxpr, "while[cond]"))
+            if has_tags(cond_jaxpr) else None)
+    plain_cond = _compat.jaxpr_as_fun(cond_jaxpr)
+
+    def step(*a):
+        cvals, bvals, (p, *carry) = a[:cc], a[cc:cc + bc], a[cc + bc:]
+        new = body(p, *bvals, *carry)
+        (p_new,) = cond(p, *cvals, *new) if cond is not None else plain_cond(*cvals, *new)
+        kept = [jax.lax.select_n(p, c, n) for c, n in zip(carry, new)]
+        return [jnp.logical_and(p, p_new), *kept]
+
+    step_avals = [*_compat.in_avals(cond_jaxpr)[:cc], *_compat.in_avals(body_jaxpr)[:bc],
+                  _BOOL, *carry_avals]
+    per_example = _compat.trace_flat(step, step_avals, "while_body_masked")
+    n = len(init)
+    step_batched = _compat.batch_closed_jaxpr(
+        per_example, axis_data, [*cdims, *bdims, 0, *[0] * n], [0] * (n + 1))
+    init = [_compat.batch_at_front(x, d, axis_data) for x, d in zip(init, idims)]
+    cond_batched = _compat.batch_closed_jaxpr(cond_jaxpr, axis_data, [*cdims, *[0] * n], [0])
+    (p0,) = _compat.jaxpr_as_fun(cond_batched)(*cconsts, *init)
+    loop_avals = _compat.in_avals(step_batched)[cc + bc:]
+    any_running = _compat.trace_flat(lambda p, *c: [jnp.any(p)], loop_avals, "any_running")
+    _, while_p = _compat.control_flow_primitives()
+    outs = while_p.bind(*cconsts, *bconsts, p0, *init, cond_nconsts=0, cond_jaxpr=any_running,
+                        body_nconsts=cc + bc, body_jaxpr=step_batched)
+    return outs[1:], [0] * n
+
+
+_cond_p, _while_p = _compat.control_flow_primitives()
+_compat.wrap_batching_rule(_cond_p, _cond_batching_rule)
+_compat.wrap_batching_rule(_while_p, _while_batching_rule)

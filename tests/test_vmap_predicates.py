@@ -1,0 +1,427 @@
+"""vmap with a per-example (batched) predicate for cond / while_loop.
+
+JAX runs every branch (every loop iteration while any example runs) for
+every example; taxpr guards the tags there so that effects happen only for
+the examples that take the branch / iteration (eager semantics, compared
+with per-example eager runs), or raises a clear error where the result has
+no per-example meaning (an unbatched state or ctx changed per example).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import jaxpr_as_fun
+
+import taxpr as tx
+from taxpr import harvest as h
+
+from helpers import check
+
+XS = jnp.array([-1.0, 2.0, -3.0, 4.0])
+NEG = jnp.array([-1.0, -2.0, -3.0, -4.0])
+
+
+def per_example_reap(fn, xs, **kw):
+    """The eager reference: reap each example on its own, stacked."""
+    rows = [h.reap(fn, tag="t", **kw)(x) for x in xs]
+    return jax.tree_util.tree_map(lambda *r: jnp.stack(r), *rows)
+
+
+def assert_tree_close(a, b):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+
+
+# ---- state ------------------------------------------------------------------------
+
+def counter_in_branch(x):
+    def inc(x):
+        tx.set_state("n", tx.get_state("n", jnp.int32(0)) + 1)
+        return x + 1
+    return jax.lax.cond(x > 0, inc, lambda x: x, x)
+
+
+def test_set_state_in_batched_cond_branch_is_a_state_error():
+    with pytest.raises(tx.StateError) as e:
+        tx.uncurry(jax.vmap(counter_in_branch), XS)
+    msg = str(e.value)
+    assert "'n'" in msg and "cond[branch=1]" in msg and "batched by vmap" in msg
+
+
+def test_set_state_in_batched_cond_is_an_error_even_when_no_example_takes_it():
+    # Eagerly no example would increment n; the pure function cannot know
+    # that at trace time, so it refuses instead of counting the untaken branch.
+    with pytest.raises(tx.StateError, match="batched by vmap"):
+        tx.make_jaxpr(jax.vmap(counter_in_branch))(NEG)
+
+
+def test_set_state_in_cond_with_unbatched_predicate_under_vmap_counts_once():
+    def f(x, flag):
+        def inc(x):
+            tx.set_state("n", tx.get_state("n", jnp.int32(0)) + 1)
+            return x + 1
+        return jax.lax.cond(flag > 0, inc, lambda x: x, x)
+
+    g = jax.vmap(f, in_axes=(0, None))
+    pure, s0 = tx.uncurry(g, XS, 1.0)
+    for flag, want in ((1.0, 1), (-1.0, 0)):
+        out, s1 = pure(s0, XS, flag)
+        assert int(s1["n"]) == want
+        np.testing.assert_allclose(out, XS + want)
+
+
+def read_in_branch(x):
+    def pos(x):
+        return x + tx.get_state("w", lambda: jnp.float32(2.0))
+    return jax.lax.cond(x > 0, pos, lambda x: x - 1.0, x)
+
+
+def test_get_state_in_batched_cond_branch_reads_the_state():
+    pure, s0 = tx.uncurry(jax.vmap(read_in_branch), XS)
+    assert float(s0["w"]) == 2.0
+    out, s1 = jax.jit(pure)({"w": jnp.float32(10.0)}, XS)
+    want = [x + 10.0 if x > 0 else x - 1.0 for x in XS.tolist()]
+    np.testing.assert_allclose(out, want)
+    assert float(s1["w"]) == 10.0
+
+
+def test_state_read_only_in_batched_branch_no_example_takes_gets_its_init():
+    # The init run (on the example arguments) never reaches the read: the
+    # state starts at its concrete init, as when vmap is not involved.
+    pure, s0 = tx.uncurry(jax.vmap(read_in_branch), NEG)
+    assert float(s0["w"]) == 2.0
+    out, _ = pure(s0, XS)
+    np.testing.assert_allclose(out, [x + 2.0 if x > 0 else x - 1.0 for x in XS.tolist()])
+
+
+def while_reading_state(x):
+    def body(c):
+        return c + tx.get_state("step", jnp.float32(1.0))
+    return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+
+def test_while_with_batched_predicate_reads_state_in_body():
+    # Before: an invalid jaxpr (bare AssertionError at lowering).
+    pure, s0 = tx.uncurry(jax.vmap(while_reading_state), XS)
+    xs = jnp.array([1.0, 3.0, 0.0, 5.5])
+    for fn in (pure, jax.jit(pure)):
+        out, s1 = fn({"step": jnp.float32(2.0)}, xs)
+        want = []
+        for x in xs.tolist():
+            c = 0.0
+            while c < x:
+                c += 2.0
+            want.append(c)
+        np.testing.assert_allclose(out, want)
+        assert float(s1["step"]) == 2.0
+
+
+def test_set_state_in_body_of_while_with_batched_predicate_is_a_state_error():
+    def f(x):
+        def body(c):
+            tx.set_state("k", tx.get_state("k", jnp.int32(0)) + 1)
+            return c + 1.0
+        return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+    with pytest.raises(tx.StateError) as e:
+        tx.uncurry(jax.vmap(f), XS)
+    assert "'k'" in str(e.value) and "while[body]" in str(e.value)
+
+
+def test_while_with_unbatched_predicate_under_vmap_sets_state_per_iteration():
+    def f(x, n):
+        def body(c):
+            tx.set_state("k", tx.get_state("k", jnp.int32(0)) + 1)
+            return c + x
+        return jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, body(c[1])),
+                                  (0, 0.0))[1]
+
+    pure, s0 = tx.uncurry(jax.vmap(f, in_axes=(0, None)), XS, 3)
+    out, s1 = pure(s0, XS, 3)
+    assert int(s1["k"]) == 3
+    np.testing.assert_allclose(out, 3 * XS)
+
+
+def test_state_read_in_cond_of_while_with_batched_predicate():
+    def f(x):
+        return jax.lax.while_loop(lambda c: c < x * tx.get_state("scale", jnp.float32(1.0)),
+                                  lambda c: c + 1.0, 0.0)
+
+    pure, s0 = tx.uncurry(jax.vmap(f), XS)
+    out, _ = jax.jit(pure)({"scale": jnp.float32(2.0)}, XS)
+    want = [float(np.ceil(max(2 * x, 0.0))) for x in XS.tolist()]
+    np.testing.assert_allclose(out, want)
+
+
+# ---- harvest ----------------------------------------------------------------------
+
+def sow_in_both_branches(x):
+    return jax.lax.cond(x > 0,
+                        lambda x: h.sow(x * 2, tag="t", name="a", mode="clobber"),
+                        lambda x: h.sow(x * 3, tag="t", name="a", mode="clobber"), x)
+
+
+def test_reap_clobber_in_batched_cond_is_the_taken_branchs_value():
+    got = h.reap(jax.vmap(sow_in_both_branches), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(sow_in_both_branches, XS))
+    np.testing.assert_allclose(got["a"], [-3.0, 4.0, -9.0, 8.0])
+
+
+def test_reap_clobber_in_one_batched_branch_keeps_the_earlier_value():
+    # (oryx rejects an unbatched cond whose branches sow differently; a
+    # batched one is not checked and keeps the earlier value per example.)
+    def f(x):
+        h.sow(x, tag="t", name="a", mode="clobber")
+        return jax.lax.cond(x > 0, lambda x: h.sow(x * 10, tag="t", name="a", mode="clobber"),
+                            lambda x: x, x)
+
+    got = h.reap(jax.vmap(f), tag="t", )(XS)
+    np.testing.assert_allclose(got["a"], [-1.0, 20.0, -3.0, 40.0])
+
+
+def test_reap_cond_clobber_in_batched_cond():
+    def f(x):
+        def pos(x):
+            h.sow_cond(x * 2, x > 3, tag="t", name="a")
+            return x
+        def neg(x):
+            h.sow_cond(x * 5, x < -2, tag="t", name="a")
+            return x
+        return jax.lax.cond(x > 0, pos, neg, x)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["a"], [0.0, 0.0, -15.0, 8.0])
+
+
+def test_reap_clobber_in_body_of_while_with_batched_predicate_is_last_real_iteration():
+    def f(x):
+        def body(c):
+            h.sow(c * 10, tag="t", name="last", mode="clobber")
+            return c + 1.0
+        return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["last"], [0.0, 10.0, 0.0, 30.0])
+
+
+def test_reap_clobber_in_cond_of_while_with_batched_predicate_is_last_check():
+    def f(x):
+        def cond(c):
+            h.sow(c, tag="t", name="checked", mode="clobber")
+            return c < x
+        return jax.lax.while_loop(cond, lambda c: c + 1.0, 0.0)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["checked"], [0.0, 2.0, 0.0, 4.0])
+
+
+def test_plant_in_batched_cond_replaces_the_value_in_the_taken_branch():
+    planted = h.plant(jax.vmap(sow_in_both_branches), tag="t")({"a": jnp.full(4, 7.0)}, XS)
+    np.testing.assert_allclose(planted, 7.0)
+
+
+def test_append_sow_in_batched_cond_is_a_clear_error():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: h.sow(x, tag="t", name="a", mode="append"),
+                            lambda x: h.sow(-x, tag="t", name="a", mode="append"), x)
+
+    with pytest.raises(ValueError) as e:
+        h.reap(jax.vmap(f), tag="t")(XS)
+    assert "'a'" in str(e.value) and "batched by vmap" in str(e.value)
+
+
+def test_reap_of_unbatched_sow_in_batched_branch_is_a_clear_error():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: x + h.sow(1.0, tag="t", name="one", mode="clobber"),
+                            lambda x: x + h.sow(2.0, tag="t", name="one", mode="clobber"), x)
+
+    with pytest.raises(ValueError, match="does not batch"):
+        h.reap(jax.vmap(f), tag="t")(XS)
+
+
+# ---- inject -----------------------------------------------------------------------
+
+def count(ctx, token, params):
+    return token, ctx + 1
+
+
+def test_counting_injector_in_batched_cond_is_an_inject_error():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: tx.tag(x, op="hit"), lambda x: x, x)
+
+    closed = jax.make_jaxpr(jax.vmap(f))(XS)
+    with pytest.raises(tx.InjectError) as e:
+        tx.inject(closed, count, jnp.int32(0))
+    msg = str(e.value)
+    assert "op='hit'" in msg and "cond[branch=1]" in msg and "batched by vmap" in msg
+
+
+def test_reading_injector_in_batched_cond_gives_the_eager_result():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: tx.tag(x, op="scale") * 2, lambda x: x, x)
+
+    closed = jax.make_jaxpr(jax.vmap(f))(XS)
+    new = tx.inject(closed, lambda ctx, tok, p: (tok * ctx, ctx), jnp.float32(3.0))
+    check(new)
+    out, ctx = jaxpr_as_fun(new)(jnp.float32(3.0), XS)
+    np.testing.assert_allclose(out, [x * 6 if x > 0 else x for x in XS.tolist()])
+    assert float(ctx) == 3.0
+
+
+def test_counting_injector_in_cond_with_unbatched_predicate_under_vmap():
+    def f(x, flag):
+        return jax.lax.cond(flag, lambda x: tx.tag(x, op="hit"), lambda x: x, x)
+
+    closed = jax.make_jaxpr(jax.vmap(f, in_axes=(0, None)))(XS, True)
+    new = tx.inject(closed, count, jnp.int32(0))
+    for flag, want in ((True, 1), (False, 0)):
+        _, n = jaxpr_as_fun(new)(jnp.int32(0), XS, flag)
+        assert int(n) == want
+
+
+# ---- the guard survives transformations and nesting --------------------------------
+
+def test_guarded_tags_are_found_with_their_value_shape_and_dissolve():
+    closed = jax.make_jaxpr(jax.vmap(read_in_branch))(XS)
+    check(closed)
+    (site,) = [s for s in tx.find_tags(closed)]
+    assert site.shape.shape == ()  # the unbatched init; the guard is not part of it
+    bare = tx.dissolve_tags(closed)
+    check(bare)
+    assert list(tx.iter_tags(bare)) == []
+    np.testing.assert_allclose(jaxpr_as_fun(bare)(XS)[0], jaxpr_as_fun(closed)(XS)[0])
+    assert "guard" in str(closed)  # printed as a hidden param naming the branch
+
+
+def test_nested_batched_conds_combine_guards():
+    def f(x):
+        def outer(x):
+            return jax.lax.cond(x > 3, lambda x: h.sow(x, tag="t", name="a", mode="clobber"),
+                                lambda x: h.sow(x * 100, tag="t", name="a", mode="clobber"), x)
+        h.sow(-x, tag="t", name="a", mode="clobber")
+        return jax.lax.cond(x > 0, outer,
+                            lambda x: h.sow(x * 10, tag="t", name="a", mode="clobber"), x)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["a"], [-10.0, 200.0, -30.0, 4.0])
+
+
+def test_batched_cond_inside_batched_while():
+    def f(x):
+        def body(c):
+            c = jax.lax.cond(c > 1, lambda c: h.sow(c, tag="t", name="a", mode="clobber") + 1,
+                             lambda c: h.sow(-c, tag="t", name="a", mode="clobber") * 0 + c + 1,
+                             c)
+            return c
+        return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+
+
+def test_scan_inside_batched_cond():
+    def f(x):
+        def run(x):
+            return jax.lax.scan(lambda c, _: (h.sow(c * 2, tag="t", name="a", mode="clobber"),
+                                              None), x, None, length=3)[0]
+        return jax.lax.cond(x > 0, run, lambda x: h.sow(-x, tag="t", name="a", mode="clobber"), x)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+
+
+def test_guard_survives_jit_checkpoint_and_scan_around_vmap():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: jax.jit(jax.checkpoint(
+            lambda x: h.sow(x * 2, tag="t", name="a", mode="clobber")))(x),
+            lambda x: h.sow(x, tag="t", name="a", mode="clobber"), x)
+
+    want = per_example_reap(f, XS)
+    got = h.reap(jax.jit(jax.vmap(f)), tag="t")(XS)
+    assert_tree_close(got, want)
+
+    def scanned(xs):
+        return jax.lax.scan(lambda c, x: (c + jax.vmap(f)(x).sum(), None), 0.0, xs)[0]
+
+    rows = jnp.stack([XS, -XS])
+    got = h.reap(scanned, tag="t")(rows)
+    assert_tree_close(got, per_example_reap(f, -XS))  # the last iteration's reap
+
+
+def test_guard_survives_grad_of_the_vmapped_function():
+    def f(w, x):
+        def pos(x):
+            return x * w * tx.get_state("s", jnp.float32(3.0))
+        return jax.lax.cond(x > 0, pos, lambda x: x * w, x)
+
+    def loss(w, xs):
+        return jax.vmap(f, in_axes=(None, 0))(w, xs).sum()
+
+    g = lambda w, xs: jax.grad(loss)(w, xs)  # noqa: E731
+    pure, s0 = tx.uncurry(g, 1.0, XS)
+    grad, _ = pure({"s": jnp.float32(5.0)}, 1.0, XS)
+    want = sum(x * 5.0 if x > 0 else x for x in XS.tolist())
+    np.testing.assert_allclose(grad, want, rtol=1e-6)
+
+    def reaped(w, xs):
+        return jax.grad(lambda w: jax.vmap(lambda x: jax.lax.cond(
+            x > 0, lambda x: h.sow(x * w, tag="t", name="a", mode="clobber"),
+            lambda x: h.sow(-x * w, tag="t", name="a", mode="clobber"), x))(xs).sum())(w)
+
+    got = h.reap(reaped, tag="t")(2.0, XS)
+    np.testing.assert_allclose(got["a"], [2.0, 4.0, 6.0, 8.0])
+
+
+def test_vmap_of_vmap_with_batched_predicates():
+    xs = jnp.stack([XS, -XS + 0.5, XS * 2])
+    got = h.reap(jax.vmap(jax.vmap(sow_in_both_branches)), tag="t")(xs)
+    want = jnp.stack([per_example_reap(sow_in_both_branches, row)["a"] for row in xs])
+    np.testing.assert_allclose(got["a"], want)
+
+    def inner_batched_outer_not(x, flag):
+        return jax.lax.cond(flag > 0, lambda x: jax.vmap(sow_in_both_branches)(x),
+                            lambda x: x, x)
+
+    got = h.reap(jax.vmap(inner_batched_outer_not, in_axes=(0, 0)), tag="t")(
+        xs, jnp.array([1.0, -1.0, 1.0]))
+    assert got["a"].shape == xs.shape
+    np.testing.assert_allclose(got["a"][0], per_example_reap(sow_in_both_branches, xs[0])["a"])
+    np.testing.assert_allclose(got["a"][2], per_example_reap(sow_in_both_branches, xs[2])["a"])
+    np.testing.assert_allclose(got["a"][1], 0.0)  # never sown for that example
+
+
+def test_vmap_with_batched_predicate_and_no_tags_is_jaxs_own_rule():
+    def f(x):
+        return jax.lax.cond(x > 0, jnp.sin, jnp.cos, x)
+
+    a = jax.make_jaxpr(jax.vmap(f))(XS)
+    np.testing.assert_allclose(jaxpr_as_fun(a)(XS)[0], jnp.where(XS > 0, jnp.sin(XS), jnp.cos(XS)))
+
+
+def test_transpose_of_a_tag_in_batched_branch_is_an_error():
+    def f(x):
+        return jax.lax.cond(x > 0, lambda x: tx.tag(x, name="b"), lambda x: x, x)
+
+    with pytest.raises(ValueError, match="batched by vmap"):
+        tx.transpose(jax.make_jaxpr(jax.vmap(f))(XS))
+
+
+def test_switch_inside_while_with_batched_predicate_reaps_the_taken_case():
+    def f(x):
+        def body(c):
+            cases = [lambda c, k=k: h.sow(c * 10.0 ** k, tag="t", name="s", mode="clobber") + 1
+                     for k in range(3)]
+            return jax.lax.switch(jnp.int32(c) % 3, cases, c)
+        return jax.lax.while_loop(lambda c: c < x, body, 0.0)
+
+    got = h.reap(jax.vmap(f), tag="t")(XS)
+    assert_tree_close(got, per_example_reap(f, XS))
+    np.testing.assert_allclose(got["s"], [0.0, 10.0, 0.0, 10.0])  # JAX alone: 100 (case 2)
