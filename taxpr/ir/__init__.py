@@ -1,0 +1,17 @@
+"""The jaxpr toolchain: optimization passes that work inside every nested
+jaxpr, jaxpr building and jit inlining, Python code generation and Graphviz
+graphs. Names follow brainstate's transform module where it has them."""
+
+from ._passes import (
+    algebraic_simplification as algebraic_simplification,
+    common_subexpression_elimination as common_subexpression_elimination,
+    constant_fold as constant_fold,
+    copy_propagation as copy_propagation,
+    dead_code_elimination as dead_code_elimination,
+    optimize_jaxpr as optimize_jaxpr,
+)
+
+__all__ = [
+    "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
+    "copy_propagation", "dead_code_elimination", "optimize_jaxpr",
+]
