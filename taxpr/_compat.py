@@ -372,3 +372,24 @@ def check_jaxpr(j: Any) -> None:
     if not MERGED_JAXPR and isinstance(j, core.ClosedJaxpr):
         j = j.jaxpr
     core.check_jaxpr(j)
+
+
+def is_jit(eqn: core.JaxprEqn) -> bool:
+    return eqn.primitive.name in ("jit", "pjit")
+
+
+def jit_inlining_loses_nothing(params: dict) -> bool:
+    """Whether a jit equation's params ask for nothing but the call itself:
+    no shardings, layouts, donation or compiler options that inlining its
+    body would drop."""
+    from jax._src.sharding_impls import UnspecifiedValue
+
+    def unspecified(xs):
+        return all(isinstance(s, UnspecifiedValue) or s is None for s in xs)
+
+    return (unspecified(params.get("in_shardings", ()))
+            and unspecified(params.get("out_shardings", ()))
+            and all(x is None for x in params.get("in_layouts", ()))
+            and all(x is None for x in params.get("out_layouts", ()))
+            and not any(params.get("donated_invars", ()))
+            and not params.get("compiler_options_kvs"))

@@ -2,6 +2,11 @@
 jaxpr, jaxpr building and jit inlining, Python code generation and Graphviz
 graphs. Names follow brainstate's transform module where it has them."""
 
+from ._build import (
+    eqns_to_closed_jaxpr as eqns_to_closed_jaxpr,
+    eqns_to_jaxpr as eqns_to_jaxpr,
+    inline_jit as inline_jit,
+)
 from ._passes import (
     algebraic_simplification as algebraic_simplification,
     common_subexpression_elimination as common_subexpression_elimination,
@@ -13,5 +18,6 @@ from ._passes import (
 
 __all__ = [
     "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
+    "eqns_to_closed_jaxpr", "eqns_to_jaxpr", "inline_jit",
     "copy_propagation", "dead_code_elimination", "optimize_jaxpr",
 ]
