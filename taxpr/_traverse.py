@@ -98,8 +98,11 @@ def with_subjaxprs(eqn: core.JaxprEqn, new: dict[tuple[str, int | None], Any],
             params[key] = type(old)(*items) if hasattr(old, "_fields") else type(old)(items)
         new_subs.append(value)
     params.update(param_updates)
+    # Compare the effects of all sub-jaxprs, not only the replaced ones: an
+    # effect that a replaced jaxpr lost may still come from another one.
+    unchanged = [sj for sub, sj in subjaxprs(eqn) if (sub.key, sub.index) not in new]
     return eqn.replace(params=params, effects=_changed_effects(
-        eqn.effects, effects_of(old_subs), effects_of(new_subs)))
+        eqn.effects, effects_of([*old_subs, *unchanged]), effects_of([*new_subs, *unchanged])))
 
 
 def _changed_effects(effects, old: set, new: set):

@@ -354,3 +354,18 @@ def test_copy_propagation_is_linear_in_the_number_of_copies():
         times[n] = time.process_time() - t0
         assert total(o) == 1
     assert times[16000] < 8 * max(times[4000], 0.02), times
+
+
+def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks():
+    def f(x):
+        def noisy(v):
+            jax.debug.print("v={v}", v=v)
+            return v
+        return lax.cond(x > 0, lambda v: (jnp.sin(v), v)[1], noisy, x)
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    for p in [*PASSES, ir.optimize_jaxpr]:
+        o = p(j)
+        check(o)
+        (cond,) = [e for e in _compat.jaxpr_parts(o)[3] if e.primitive.name == "cond"]
+        assert cond.effects, p
