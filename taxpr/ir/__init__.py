@@ -7,6 +7,7 @@ from ._build import (
     eqns_to_jaxpr as eqns_to_jaxpr,
     inline_jit as inline_jit,
 )
+from ._dot import render as render, to_dot as to_dot
 from ._passes import (
     algebraic_simplification as algebraic_simplification,
     common_subexpression_elimination as common_subexpression_elimination,
@@ -19,5 +20,5 @@ from ._passes import (
 __all__ = [
     "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
     "eqns_to_closed_jaxpr", "eqns_to_jaxpr", "inline_jit",
-    "copy_propagation", "dead_code_elimination", "optimize_jaxpr",
+    "copy_propagation", "dead_code_elimination", "optimize_jaxpr", "render", "to_dot",
 ]
