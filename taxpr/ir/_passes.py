@@ -21,6 +21,7 @@ Rules shared by every pass:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import jax
@@ -92,9 +93,17 @@ def _literal_value(lit: core.Literal) -> np.ndarray:
     return np.asarray(lit.val, dtype=lit.aval.dtype)
 
 
+
+
 def _literal_key(lit: core.Literal) -> tuple:
     """Literals compare by value, bit for bit (so -0.0 differs from 0.0 and
     NaN equals the same NaN), and by dtype, weak type and shape."""
+    v = lit.val
+    if type(v) is float:  # hex is exact and tells -0.0 from 0.0
+        return ("float", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
+                v.hex())
+    if type(v) in (int, bool):
+        return ("int", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)), v)
     v = _literal_value(lit)
     return ("literal", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
             v.shape, v.tobytes())
@@ -183,43 +192,32 @@ def copy_propagation(jaxpr: Any) -> Any:
 
 # ---- algebraic simplification ------------------------------------------------------
 
-def _splat_value(atom: Any, splats: dict) -> np.ndarray | None:
-    """The value of ``atom`` when it is a literal or a broadcast literal."""
-    if isinstance(atom, core.Literal):
-        return _literal_value(atom)
-    return splats.get(atom)
-
-
-def _all(value: np.ndarray | None, pred) -> bool:
-    return value is not None and value.size > 0 and bool(np.all(pred(value)))
+def _scalar(atom: Any, splats: dict) -> float | int | None:
+    """The value of ``atom`` as a Python number when it is a literal (or a
+    broadcast literal) with one value; None otherwise. Values are compared
+    before rounding to the dtype, which can only miss a rewrite."""
+    if not isinstance(atom, core.Literal):
+        return splats.get(atom)
+    v = atom.val
+    if type(v) in (float, int):
+        return v
+    a = np.asarray(v)
+    if a.size != 1 or a.dtype.kind not in "fiuV":
+        return None
+    x = a.reshape(())
+    return int(x) if a.dtype.kind in "iu" else float(x)
 
 
 def _is_one(v) -> bool:
-    return _all(v, lambda a: a == 1)
-
-
-def _is_zero(v) -> bool:
-    return _all(v, lambda a: a == 0)
+    return v is not None and v == 1
 
 
 def _is_pos_zero(v) -> bool:  # +0.0 (or integer 0)
-    return _all(v, lambda a: (a == 0) & ~np.signbit(a)) if v is not None and v.dtype.kind in "fc" \
-        else _is_zero(v)
+    return v is not None and v == 0 and math.copysign(1.0, v) > 0
 
 
 def _is_neg_zero(v) -> bool:  # -0.0 (or integer 0)
-    if v is not None and v.dtype.kind == "f":
-        return _all(v, lambda a: (a == 0) & np.signbit(a))
-    if v is not None and v.dtype.kind in "iu":
-        return _is_zero(v)
-    return False
-
-
-def _float_like(v) -> np.ndarray | None:
-    # ml_dtypes (bfloat16, float8) have numpy kind "V": compare them as float32.
-    if v is not None and v.dtype.kind == "V":
-        return v.astype(np.float32)
-    return v
+    return v is not None and v == 0 and (type(v) is int or math.copysign(1.0, v) < 0)
 
 
 def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
@@ -233,8 +231,8 @@ def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
 
     if name in ("add", "sub", "mul", "div", "max", "min", "and", "or") and len(inv) == 2:
         x, y = inv
-        vx = _float_like(_splat_value(x, splats))
-        vy = _float_like(_splat_value(y, splats))
+        vx = _scalar(x, splats)
+        vy = _scalar(y, splats)
         if name in ("max", "min", "and", "or") and x is y:
             return same(x)
         if name == "add":  # x + (-0.0) == x; x + 0.0 is not (-0.0 + 0.0 == 0.0)
@@ -283,7 +281,7 @@ def _algebra_level(purity: _Purity):
                 producers[eqn.outvars[0]] = eqn
                 if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
                         and isinstance(eqn.invars[0], core.Literal)):
-                    splats[eqn.outvars[0]] = _literal_value(eqn.invars[0])
+                    splats[eqn.outvars[0]] = _scalar(eqn.invars[0], splats)
             eqns.append(eqn)
         if not env:
             return None
@@ -496,7 +494,12 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
                 seen.add(a)
                 used_known.append(a)
     effects = _traverse.effects_of_eqns(eqns)
-    jaxpr = core.Jaxpr(used_known, [], list(outs), list(eqns), effects,
+    # Identical constant equations (e.g. the same constant built in every
+    # iteration of an unrolled loop) are evaluated once.
+    level = Level(used_known, list(known.get(v) for v in used_known), [], list(eqns),
+                  list(outs), effects, _compat.debug_info("constant_fold"))
+    level = _cse_level(_Purity())(level, (), False) or level
+    jaxpr = core.Jaxpr(used_known, [], level.outvars, level.eqns, effects,
                        _compat.debug_info("constant_fold"))
     jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
     consts = [known[v] for v in jaxpr.constvars] if jaxpr.constvars else []
