@@ -562,7 +562,8 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
     unknown = [p for p in (passes or ()) if isinstance(p, str) and p not in PASSES]
     if unknown:
         raise ValueError(f"optimize_jaxpr: unknown passes {unknown}; known: {sorted(PASSES)}")
-    fns = [PASSES[p] if isinstance(p, str) else p for p in (passes or DEFAULT_PASSES)]
+    fns = [PASSES[p] if isinstance(p, str) else p
+           for p in (DEFAULT_PASSES if passes is None else passes)]
     for _ in range(max_iterations):
         before = jaxpr
         size = _eqn_count(_compat.jaxpr_parts(jaxpr)[3])
