@@ -335,13 +335,20 @@ def dce_level(constvars, invars, eqns, outvars, effects, dbg):
     return list(used[:len(constvars)]), new.eqns, new.effects
 
 
+_EXTENDED_DTYPE: dict = {}
+
+
 def is_plain_array_aval(aval: Any) -> bool:
     """A ShapedArray of a numeric/bool dtype that a Literal or a const can
     stand for: no extended dtype (PRNG keys), no ref, no mesh sharding and
     no varying manual axes (inside shard_map)."""
     if type(aval) is not core.ShapedArray:
         return False
-    if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+    extended = _EXTENDED_DTYPE.get(aval.dtype)
+    if extended is None:
+        extended = _EXTENDED_DTYPE[aval.dtype] = bool(
+            jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended))
+    if extended:
         return False
     if varying_axes(aval):
         return False

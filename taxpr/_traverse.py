@@ -64,10 +64,12 @@ def _label(eqn: core.JaxprEqn, key: str, index: int | None) -> str:
 def subjaxprs(eqn: core.JaxprEqn) -> list[tuple[Sub, Any]]:
     """The jaxprs nested directly in ``eqn``'s params, in param order."""
     out = []
+    jaxpr_types = _compat.JAXPR_TYPES
     for key, value in eqn.params.items():
-        if _compat.is_jaxpr(value):
+        if isinstance(value, jaxpr_types):
             out.append((Sub(key, None, _label(eqn, key, None)), value))
-        elif isinstance(value, (tuple, list)) and any(_compat.is_jaxpr(v) for v in value):
+        elif (type(value) in (tuple, list) or isinstance(value, (tuple, list))) and any(
+                isinstance(v, jaxpr_types) for v in value):
             for i, v in enumerate(value):
                 if _compat.is_jaxpr(v):
                     out.append((Sub(key, i, _label(eqn, key, i)), v))

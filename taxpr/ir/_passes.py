@@ -104,7 +104,8 @@ def _literal_key(lit: core.Literal) -> tuple:
                 v.hex())
     if type(v) in (int, bool):
         return ("int", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)), v)
-    v = _literal_value(lit)
+    if not (type(v) is np.ndarray and v.dtype == lit.aval.dtype):
+        v = _literal_value(lit)
     return ("literal", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
             v.shape, v.tobytes())
 
