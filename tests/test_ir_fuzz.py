@@ -190,7 +190,9 @@ def exec_stmt(s, env):
     elif k == "ibin":
         _, dst, op, a, b = s
         xa = jnp.int32(a[1]) if isinstance(a, tuple) else env[a]
-        xb = jnp.int32(b[1]) if isinstance(b, tuple) else env[b]
+        # A literal 0 divisor would make JAX 0.10's XLA trap (SIGFPE) while
+        # compiling even the original program; a variable 0 is fine.
+        xb = jnp.int32(b[1] or 3) if isinstance(b, tuple) else env[b]
         env[dst] = _fbin(op, xa, xb)
     elif k == "scan":
         _, length, body = s

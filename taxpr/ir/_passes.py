@@ -437,12 +437,17 @@ def _fold_level(purity: _Purity, max_elements: int):
         # materialized as a literal (scalars) or a new const (top level);
         # where it cannot be, its equation stays and needs its inputs.
         needed: set = {v for v in level.outvars if not isinstance(v, core.Literal)}
+        # Never turn an integer divisor into a literal (it may be 0: XLA traps).
+        int_divisors = {e.invars[1] for e in level.eqns if e.primitive.name in ("div", "rem")
+                        and not isinstance(e.invars[1], core.Literal)
+                        and e.invars[1].aval.dtype.kind in "iub"}
         materialize: list = []
         for i in range(len(level.eqns) - 1, -1, -1):
             eqn = level.eqns[i]
             if i in folded_idx:
                 outs = [v for v in eqn.outvars if v in needed]
-                if all(_materializable(v, can_add_consts) for v in outs):
+                if all(_materializable(v, can_add_consts) and v not in int_divisors
+                       for v in outs):
                     materialize.extend(outs)
                     continue
                 folded_idx.discard(i)
@@ -477,8 +482,19 @@ def _foldable(eqn: core.JaxprEqn, purity: _Purity, max_elements: int) -> bool:
         return False
     if _compat.has_aval_sharding_param(eqn.params) or purity.impure(eqn):
         return False
+    if eqn.primitive.name in ("div", "rem") and not _nonzero_int_divisor(eqn):
+        # XLA's compile-time evaluator traps (SIGFPE) on integer x / 0.
+        return False
     return all(_compat.is_plain_array_aval(v.aval) and _size(v.aval) <= max_elements
                for v in eqn.outvars)
+
+
+def _nonzero_int_divisor(eqn: core.JaxprEqn) -> bool:
+    """A float division, or an integer one by a literal without zeros."""
+    d = eqn.invars[1]
+    if d.aval.dtype.kind not in "iub":
+        return True
+    return isinstance(d, core.Literal) and bool(np.all(_literal_value(d) != 0))
 
 
 def _evaluate(eqns: list, known: dict, outs: list) -> list:
