@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from . import _guards as _guards  # registers the vmap batching rules of cond/while
 from . import harvest as harvest
+from . import ir as ir
 
 from ._dataflow import (
     partial as partial,
@@ -41,7 +42,7 @@ from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
 
 __all__ = [
     "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
-    "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "iter_tags",
+    "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "make_jaxpr", "partial", "partition_out", "set_state", "strip_outputs",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]

@@ -429,3 +429,103 @@ def shard_map_checks_vma(params: dict) -> bool:
         if key in params:
             return bool(params[key])
     return True
+
+
+# ---- taxpr.ir ------------------------------------------------------------------
+
+def keep_in_dce(prims: Sequence[core.Primitive]):
+    """A context in which ``pe.dce_jaxpr`` keeps every equation of ``prims``
+    (their previous DCE rules are restored on exit)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        saved = {p: pe.dce_rules.get(p) for p in prims}
+        for p in prims:
+            register_dce_rule(p, lambda used_outputs, eqn: ([True] * len(eqn.invars), eqn))
+        try:
+            yield
+        finally:
+            for p, rule in saved.items():
+                if rule is None:
+                    pe.dce_rules.pop(p, None)
+                else:
+                    pe.dce_rules[p] = rule
+    return ctx()
+
+
+def dce_level(constvars, invars, eqns, outvars, effects, dbg):
+    """JAX's DCE of one jaxpr keeping every input (nested equations are
+    pruned by ``pe.dce_rules``): ``(used_constvars, eqns, effects)``."""
+    open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects,
+                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)))
+    instantiate = [False] * len(constvars) + [True] * len(invars)
+    new, used = pe.dce_jaxpr(open_j, [True] * len(outvars), instantiate)
+    return list(used[:len(constvars)]), new.eqns, new.effects
+
+
+_EXTENDED_DTYPE: dict = {}
+
+
+def is_plain_array_aval(aval: Any) -> bool:
+    """A ShapedArray of a numeric/bool dtype that a Literal or a const can
+    stand for: no extended dtype (PRNG keys), no ref, no mesh sharding and
+    no varying manual axes (inside shard_map)."""
+    if type(aval) is not core.ShapedArray:
+        return False
+    extended = _EXTENDED_DTYPE.get(aval.dtype)
+    if extended is None:
+        extended = _EXTENDED_DTYPE[aval.dtype] = bool(
+            jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended))
+    if extended:
+        return False
+    if varying_axes(aval):
+        return False
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and not getattr(mesh, "empty", True):
+        return False
+    return True
+
+
+def literal(value: Any, aval: core.AbstractValue) -> core.Literal:
+    """A Literal of ``value`` (converted to ``aval``'s dtype) typed ``aval``."""
+    import numpy as np
+    return core.Literal(np.asarray(value, dtype=aval.dtype), aval)
+
+
+def has_aval_sharding_param(params: dict) -> bool:
+    """Whether an equation's params pin a sharding/device (never folded)."""
+    for key in ("sharding", "devices", "out_sharding"):
+        v = params.get(key)
+        if v is not None and not (isinstance(v, (tuple, list)) and all(x is None for x in v)):
+            return True
+    return False
+
+
+def check_jaxpr(j: Any) -> None:
+    """``core.check_jaxpr`` of a Jaxpr or ClosedJaxpr (raises if ill-typed)."""
+    if not MERGED_JAXPR and isinstance(j, core.ClosedJaxpr):
+        j = j.jaxpr
+    core.check_jaxpr(j)
+
+
+def is_jit(eqn: core.JaxprEqn) -> bool:
+    return eqn.primitive.name in ("jit", "pjit")
+
+
+def jit_inlining_loses_nothing(params: dict) -> bool:
+    """Whether a jit equation's params ask for nothing but the call itself:
+    no shardings, layouts, donation or compiler options that inlining its
+    body would drop."""
+    from jax._src.sharding_impls import UnspecifiedValue
+
+    def unspecified(xs):
+        return all(isinstance(s, UnspecifiedValue) or s is None for s in xs)
+
+    return (unspecified(params.get("in_shardings", ()))
+            and unspecified(params.get("out_shardings", ()))
+            and all(x is None for x in params.get("in_layouts", ()))
+            and all(x is None for x in params.get("out_layouts", ()))
+            and not any(params.get("donated_invars", ()))
+            and not params.get("compiler_options_kvs"))

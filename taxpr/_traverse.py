@@ -60,10 +60,12 @@ def _label(eqn: core.JaxprEqn, key: str, index: int | None) -> str:
 def subjaxprs(eqn: core.JaxprEqn) -> list[tuple[Sub, Any]]:
     """The jaxprs nested directly in ``eqn``'s params, in param order."""
     out = []
+    jaxpr_types = _compat.JAXPR_TYPES
     for key, value in eqn.params.items():
-        if _compat.is_jaxpr(value):
+        if isinstance(value, jaxpr_types):
             out.append((Sub(key, None, _label(eqn, key, None)), value))
-        elif isinstance(value, (tuple, list)) and any(_compat.is_jaxpr(v) for v in value):
+        elif (type(value) in (tuple, list) or isinstance(value, (tuple, list))) and any(
+                isinstance(v, jaxpr_types) for v in value):
             for i, v in enumerate(value):
                 if _compat.is_jaxpr(v):
                     out.append((Sub(key, i, _label(eqn, key, i)), v))
@@ -94,8 +96,11 @@ def with_subjaxprs(eqn: core.JaxprEqn, new: dict[tuple[str, int | None], Any],
             params[key] = type(old)(*items) if hasattr(old, "_fields") else type(old)(items)
         new_subs.append(value)
     params.update(param_updates)
+    # Compare the effects of all sub-jaxprs, not only the replaced ones: an
+    # effect that a replaced jaxpr lost may still come from another one.
+    unchanged = [sj for sub, sj in subjaxprs(eqn) if (sub.key, sub.index) not in new]
     return eqn.replace(params=params, effects=_changed_effects(
-        eqn.effects, effects_of(old_subs), effects_of(new_subs)))
+        eqn.effects, effects_of([*old_subs, *unchanged]), effects_of([*new_subs, *unchanged])))
 
 
 def _changed_effects(effects, old: set, new: set):
@@ -174,3 +179,60 @@ def _sub(env: dict, v: Any) -> Any:
     if type(v) is core.Var:
         return env.get(v, v)
     return v
+
+
+class Level(NamedTuple):
+    """One jaxpr of a nested program, as the parts ``map_levels`` hands to a
+    level rewrite (``consts`` is None for an open 0.10 jaxpr's free constvars)."""
+
+    constvars: list
+    consts: list | None
+    invars: list
+    eqns: list
+    outvars: list
+    effects: Any
+    debug_info: Any
+
+
+def map_levels(jaxpr: Any, rewrite_level: Callable[[Level, tuple[str, ...], bool], Level | None],
+               path: tuple[str, ...] = ()) -> Any:
+    """Rebuild ``jaxpr`` bottom-up, one whole jaxpr (level) at a time.
+
+    Every nested jaxpr is rewritten first (a callee shared by several
+    equations once, so it stays shared), then ``rewrite_level(level, path,
+    is_top)`` may return a new ``Level`` for this jaxpr (or None to keep it).
+    Unchanged jaxprs are returned as the same object.
+    """
+    return _map_levels(jaxpr, rewrite_level, path, True, {})
+
+
+def _map_levels(jaxpr, rewrite_level, path, is_top, memo):
+    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+    new_eqns = None
+    for i, eqn in enumerate(eqns):
+        new = {}
+        for sub, sj in subjaxprs(eqn):
+            hit = memo.get(id(sj))
+            if hit is None or hit[0] is not sj:
+                hit = (sj, _map_levels(sj, rewrite_level, path + (sub.label,), False, memo))
+                memo[id(sj)] = hit
+            if hit[1] is not sj:
+                new[(sub.key, sub.index)] = hit[1]
+        if new:
+            if new_eqns is None:
+                new_eqns = list(eqns[:i])
+            new_eqns.append(with_subjaxprs(eqn, new))
+        elif new_eqns is not None:
+            new_eqns.append(eqn)
+    if new_eqns is not None:
+        effects = recompute_effects(effects, eqns, new_eqns)
+        eqns = new_eqns
+    level = Level(constvars, consts, invars, eqns, outvars, effects, dbg)
+    rewritten = rewrite_level(level, path, is_top)
+    if rewritten is None:
+        if new_eqns is None:
+            return jaxpr
+        rewritten = level
+    return _compat.make_jaxpr_like(jaxpr, rewritten.constvars, rewritten.consts or [],
+                                   rewritten.invars, rewritten.eqns, rewritten.outvars,
+                                   rewritten.effects, rewritten.debug_info)

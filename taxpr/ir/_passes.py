@@ -1,0 +1,593 @@
+"""Optimization passes on jaxprs, applied inside every nested jaxpr.
+
+Each pass rewrites one jaxpr (a *level*) at a time; ``_traverse.map_levels``
+(taxpr's one traversal) applies it bottom-up to every nested jaxpr (jit,
+scan, while cond/body, cond branches, checkpoint, custom_jvp/vjp, shard_map,
+...) and rebuilds the enclosing equations. A nested jaxpr keeps its exact
+signature; only ``dead_code_elimination`` changes the signatures of nested
+jaxprs, through JAX's own ``pe.dce_rules`` (which prune scan/while carries,
+cond and jit outputs consistently).
+
+Rules shared by every pass:
+
+* an equation with effects, a callback, or a callee holding either is never
+  removed, merged, moved or folded; tags (``tag``, ``tag_tangent``,
+  ``tag_cotangent``) are never touched;
+* a rewrite replaces a value only by one of exactly the same type (shape,
+  dtype, weak type) and the same value for every input under IEEE rules
+  (``x + 0.0`` is not ``x`` since ``-0.0 + 0.0 == +0.0``; ``x * 0`` is not
+  ``0`` for NaN or inf).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax._src import core
+
+from .. import _compat, _traverse
+from .._traverse import Level
+from ..primitives._tag import tag_cotangent_p, tag_p, tag_tangent_p
+
+__all__ = [
+    "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
+    "copy_propagation", "dead_code_elimination", "optimize_jaxpr",
+]
+
+TAG_PRIMITIVES = frozenset({tag_p, tag_tangent_p, tag_cotangent_p})
+DEFAULT_MAX_CONSTANT_ELEMENTS = 1000
+# Below this many equations a constant subgraph is evaluated op by op; above,
+# it is compiled once (one XLA compile beats thousands of dispatches).
+_EAGER_FOLD_MAX = 24
+# Never evaluated at rewrite time: placement / sharding and stateful RNG.
+_NEVER_FOLD = frozenset({
+    "device_put", "sharding_constraint", "mesh_cast", "reshard", "rng_uniform",
+    "optimization_barrier", "pcast", "pvary", "axis_index", "create_token", "after_all",
+})
+_NEVER_CSE = frozenset({"rng_uniform", "optimization_barrier"})
+
+
+# ---- purity --------------------------------------------------------------------
+
+class _Purity:
+    """Whether an equation may be removed, merged or evaluated: no effects,
+    no callback and no tag in it or in any jaxpr it calls (memoized per
+    callee, so a callee shared by many calls is scanned once)."""
+
+    def __init__(self):
+        self._callees: dict[int, tuple[Any, bool]] = {}
+
+    def impure(self, eqn: core.JaxprEqn) -> bool:
+        if eqn.effects or eqn.primitive in TAG_PRIMITIVES or "callback" in eqn.primitive.name:
+            return True
+        for _, sj in _traverse.subjaxprs(eqn):
+            hit = self._callees.get(id(sj))
+            if hit is None or hit[0] is not sj:
+                hit = (sj, any(self.impure(e) for e in _compat.jaxpr_parts(sj).eqns))
+                self._callees[id(sj)] = hit
+            if hit[1]:
+                return True
+        return False
+
+
+def _is_collective(eqn: core.JaxprEqn) -> bool:
+    return "axis_name" in eqn.params or "axis_index_groups" in eqn.params
+
+
+# ---- small helpers ---------------------------------------------------------------
+
+def _subst(env: dict, atoms: Sequence[Any]) -> list:
+    return [a if isinstance(a, core.Literal) else env.get(a, a) for a in atoms]
+
+
+def _subst_eqn(env: dict, eqn: core.JaxprEqn) -> core.JaxprEqn:
+    if env and any(not isinstance(a, core.Literal) and a in env for a in eqn.invars):
+        return eqn.replace(invars=_subst(env, eqn.invars))
+    return eqn
+
+
+def _literal_value(lit: core.Literal) -> np.ndarray:
+    return np.asarray(lit.val, dtype=lit.aval.dtype)
+
+
+
+
+def _literal_key(lit: core.Literal) -> tuple:
+    """Literals compare by value, bit for bit (so -0.0 differs from 0.0 and
+    NaN equals the same NaN), and by dtype, weak type and shape."""
+    v = lit.val
+    if type(v) is float:  # hex is exact and tells -0.0 from 0.0
+        return ("float", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
+                v.hex())
+    if type(v) in (int, bool):
+        return ("int", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)), v)
+    if not (type(v) is np.ndarray and v.dtype == lit.aval.dtype):
+        v = _literal_value(lit)
+    return ("literal", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
+            v.shape, v.tobytes())
+
+
+def _finish(level: Level, eqns: list, outvars: list, *, constvars=None,
+            consts=None) -> Level:
+    effects = _traverse.recompute_effects(level.effects, level.eqns, eqns)
+    return level._replace(
+        eqns=eqns, outvars=outvars, effects=effects,
+        constvars=level.constvars if constvars is None else constvars,
+        consts=level.consts if consts is None else consts)
+
+
+def _size(aval: Any) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) if aval.shape else 1
+
+
+def _apply(jaxpr: Any, rewrite_level: Callable) -> Any:
+    return _traverse.map_levels(jaxpr, rewrite_level)
+
+
+# ---- copy propagation --------------------------------------------------------------
+
+def _is_copy(eqn: core.JaxprEqn) -> bool:
+    """An equation whose single output is its first input, bit for bit and
+    with the same type."""
+    if len(eqn.outvars) != 1 or not eqn.invars:
+        return False
+    x, out = eqn.invars[0], eqn.outvars[0]
+    if x.aval != out.aval:
+        return False
+    name, p = eqn.primitive.name, eqn.params
+    if name in ("copy", "copy_p"):
+        return True
+    if name == "convert_element_type":
+        return p.get("sharding") is None
+    if name == "reshape":
+        return p.get("dimensions") is None and len(eqn.invars) == 1
+    if name == "squeeze":
+        return tuple(p.get("dimensions", ())) == ()
+    if name == "broadcast_in_dim":
+        return (len(eqn.invars) == 1 and p.get("sharding") is None
+                and tuple(p["broadcast_dimensions"]) == tuple(range(len(out.aval.shape))))
+    if name == "transpose":
+        return tuple(p["permutation"]) == tuple(range(len(out.aval.shape)))
+    if name == "rev":
+        return tuple(p["dimensions"]) == ()
+    if name == "slice":
+        return (all(s == 0 for s in p["start_indices"])
+                and tuple(p["limit_indices"]) == tuple(x.aval.shape)
+                and (p.get("strides") is None or all(s == 1 for s in p["strides"])))
+    return False
+
+
+def _copy_level(purity: _Purity):
+    def rewrite(level: Level, path, is_top) -> Level | None:
+        env: dict = {}  # removed output -> the atom it copies (already resolved)
+        eqns = []
+        for eqn in level.eqns:
+            eqn = _subst_eqn(env, eqn)
+            if _is_copy(eqn) and not purity.impure(eqn):
+                env[eqn.outvars[0]] = eqn.invars[0]
+                continue
+            eqns.append(eqn)
+        if not env:
+            return None
+        return _finish(level, eqns, _subst(env, level.outvars))
+    return rewrite
+
+
+def copy_propagation(jaxpr: Any) -> Any:
+    """Remove identity equations (``copy``, same-type ``convert_element_type``,
+    same-shape ``reshape``, identity ``broadcast_in_dim`` / ``transpose`` /
+    ``squeeze`` / ``slice`` / ``rev``) and use their input instead.
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+
+    Returns:
+      The same kind of jaxpr (the same object when nothing changed). Linear
+      time: replaced variables are resolved once, through one map.
+    """
+    return _apply(jaxpr, _copy_level(_Purity()))
+
+
+# ---- algebraic simplification ------------------------------------------------------
+
+def _scalar(atom: Any, splats: dict) -> float | int | None:
+    """The value of ``atom`` as a Python number when it is a literal (or a
+    broadcast literal) with one value; None otherwise. Values are compared
+    before rounding to the dtype, which can only miss a rewrite."""
+    if not isinstance(atom, core.Literal):
+        return splats.get(atom)
+    v = atom.val
+    if type(v) in (float, int):
+        return v
+    a = np.asarray(v)
+    if a.size != 1 or a.dtype.kind not in "fiuV":
+        return None
+    x = a.reshape(())
+    return int(x) if a.dtype.kind in "iu" else float(x)
+
+
+def _is_one(v) -> bool:
+    return v is not None and v == 1
+
+
+def _is_pos_zero(v) -> bool:  # +0.0 (or integer 0)
+    return v is not None and v == 0 and math.copysign(1.0, v) > 0
+
+
+def _is_neg_zero(v) -> bool:  # -0.0 (or integer 0)
+    return v is not None and v == 0 and (type(v) is int or math.copysign(1.0, v) < 0)
+
+
+def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
+    """The atom equal to ``eqn``'s single output, or None."""
+    name = eqn.primitive.name
+    out = eqn.outvars[0].aval
+    inv = eqn.invars
+
+    def same(a) -> Any | None:
+        return a if a.aval == out else None
+
+    if name in ("add", "sub", "mul", "div", "max", "min", "and", "or") and len(inv) == 2:
+        x, y = inv
+        vx = _scalar(x, splats)
+        vy = _scalar(y, splats)
+        if name in ("max", "min", "and", "or") and x is y:
+            return same(x)
+        if name == "add":  # x + (-0.0) == x; x + 0.0 is not (-0.0 + 0.0 == 0.0)
+            if _is_neg_zero(vy):
+                return same(x)
+            if _is_neg_zero(vx):
+                return same(y)
+        if name == "sub" and _is_pos_zero(vy):  # x - 0.0 == x, also for x = -0.0
+            return same(x)
+        if name == "mul":
+            if _is_one(vy):
+                return same(x)
+            if _is_one(vx):
+                return same(y)
+        if name == "div" and _is_one(vy):
+            return same(x)
+        return None
+    if name == "integer_pow" and eqn.params.get("y") == 1:
+        return same(inv[0])
+    if name in ("neg", "not") and len(inv) == 1:
+        inner = producers.get(inv[0])
+        if inner is not None and inner.primitive.name == name:
+            return same(inner.invars[0])
+        return None
+    if name == "select_n" and len(inv) >= 2:
+        cases = inv[1:]
+        if all(c is cases[0] for c in cases[1:]) and not isinstance(cases[0], core.Literal):
+            return same(cases[0])
+    return None
+
+
+def _algebra_level(purity: _Purity):
+    def rewrite(level: Level, path, is_top) -> Level | None:
+        env: dict = {}
+        splats: dict = {}  # var -> value, for broadcast literals
+        producers: dict = {}  # var -> its (pure, single-output) equation
+        eqns = []
+        for eqn in level.eqns:
+            eqn = _subst_eqn(env, eqn)
+            if len(eqn.outvars) == 1 and not eqn.primitive.multiple_results \
+                    and not purity.impure(eqn):
+                repl = _simplify(eqn, splats, producers)
+                if repl is not None:
+                    env[eqn.outvars[0]] = repl
+                    continue
+                producers[eqn.outvars[0]] = eqn
+                if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
+                        and isinstance(eqn.invars[0], core.Literal)):
+                    splats[eqn.outvars[0]] = _scalar(eqn.invars[0], splats)
+            eqns.append(eqn)
+        if not env:
+            return None
+        return _finish(level, eqns, _subst(env, level.outvars))
+    return rewrite
+
+
+def algebraic_simplification(jaxpr: Any) -> Any:
+    """Apply the algebraic identities that hold bit for bit under IEEE rules
+    and keep the exact type: ``x * 1``, ``x / 1``, ``x - 0.0``,
+    ``x + (-0.0)``, ``x ** 1`` (``integer_pow``), ``neg(neg(x))``,
+    ``not(not(x))``, ``max(x, x)``, ``min(x, x)``, ``and(x, x)``,
+    ``or(x, x)`` and ``select_n(p, x, x)`` become ``x`` (a literal operand
+    may be broadcast). Never ``x + 0.0`` (``-0.0``), ``x * 0`` (NaN, inf), or
+    a rewrite whose result type differs from the original output (e.g.
+    ``mul`` of a bfloat16 ``x`` into float32).
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+
+    Returns:
+      The same kind of jaxpr.
+    """
+    return _apply(jaxpr, _algebra_level(_Purity()))
+
+
+# ---- common subexpression elimination ----------------------------------------------
+
+def _cse_key(eqn: core.JaxprEqn) -> tuple | None:
+    ins = tuple(_literal_key(a) if isinstance(a, core.Literal) else a for a in eqn.invars)
+    try:
+        params = tuple(eqn.params.items())
+        hash(params)
+    except TypeError:
+        return None
+    return (eqn.primitive, params, ins)
+
+
+def _cse_level(purity: _Purity):
+    def rewrite(level: Level, path, is_top) -> Level | None:
+        env: dict = {}
+        seen: dict = {}
+        eqns = []
+        for eqn in level.eqns:
+            eqn = _subst_eqn(env, eqn)
+            if (eqn.outvars and eqn.primitive.name not in _NEVER_CSE
+                    and not eqn.params.get("prevent_cse", False)
+                    and not purity.impure(eqn)):
+                key = _cse_key(eqn)
+                if key is not None:
+                    try:
+                        first = seen.get(key)
+                    except Exception:  # a param whose == is not a bool (arrays)
+                        first = key = None
+                    if first is not None and all(
+                            a.aval == b.aval for a, b in zip(first.outvars, eqn.outvars)):
+                        for old, new in zip(eqn.outvars, first.outvars):
+                            env[old] = new
+                        continue
+                    if key is not None:
+                        seen[key] = eqn
+            eqns.append(eqn)
+        if not env:
+            return None
+        return _finish(level, eqns, _subst(env, level.outvars))
+    return rewrite
+
+
+def common_subexpression_elimination(jaxpr: Any) -> Any:
+    """Merge equations that apply the same primitive with the same params to
+    the same inputs (literals compared by value, dtype and weak type) into
+    the first of them. Equations with effects, callbacks (also inside a
+    called jaxpr), tags and ``prevent_cse`` checkpoints are never merged.
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+
+    Returns:
+      The same kind of jaxpr.
+    """
+    return _apply(jaxpr, _cse_level(_Purity()))
+
+
+# ---- dead code elimination -----------------------------------------------------------
+
+def _eqn_count(eqns) -> int:
+    n = 0
+    for eqn in eqns:
+        n += 1
+        for _, sj in _traverse.subjaxprs(eqn):
+            n += _eqn_count(_compat.jaxpr_parts(sj).eqns)
+    return n
+
+
+def _dce_level(level: Level, path, is_top) -> Level | None:
+    free_constvars = level.consts is None  # an open 0.10 jaxpr's constvars are its inputs
+    used_consts, eqns, effects = _compat.dce_level(
+        [] if free_constvars else level.constvars,
+        [*level.constvars, *level.invars] if free_constvars else level.invars,
+        level.eqns, level.outvars, level.effects, level.debug_info)
+    dropped_consts = not free_constvars and not all(used_consts)
+    if (not dropped_consts and len(eqns) == len(level.eqns)
+            and _eqn_count(eqns) == _eqn_count(level.eqns)):
+        return None
+    constvars, consts = level.constvars, level.consts
+    if dropped_consts:
+        constvars = [v for v, u in zip(level.constvars, used_consts) if u]
+        consts = [c for c, u in zip(level.consts, used_consts) if u]
+    return level._replace(constvars=constvars, consts=consts, eqns=list(eqns),
+                          effects=effects)
+
+
+def dead_code_elimination(jaxpr: Any) -> Any:
+    """Remove equations whose outputs are unused, in every nested jaxpr, with
+    JAX's own ``pe.dce_jaxpr`` (its rules also drop unused scan/while carries
+    and cond/jit outputs). Equations with effects and every tag are kept;
+    the signature of ``jaxpr`` is kept (unused consts of a closed jaxpr are
+    dropped).
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+
+    Returns:
+      The same kind of jaxpr.
+    """
+    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)):
+        return _apply(jaxpr, _dce_level)
+
+
+# ---- constant folding -------------------------------------------------------------------
+
+def _fold_level(purity: _Purity, max_elements: int):
+    def rewrite(level: Level, path, is_top) -> Level | None:
+        can_add_consts = is_top and level.consts is not None
+        known: dict = {}  # constvar -> value (consts small enough to fold)
+        if level.consts is not None:
+            for v, c in zip(level.constvars, level.consts):
+                if (not isinstance(c, core.Tracer) and _compat.is_plain_array_aval(v.aval)
+                        and _size(v.aval) <= max_elements):
+                    known[v] = c
+        constant = set(known)
+        foldable = []
+        for i, eqn in enumerate(level.eqns):
+            if all(isinstance(a, core.Literal) or a in constant for a in eqn.invars) \
+                    and _foldable(eqn, purity, max_elements):
+                foldable.append(i)
+                constant.update(eqn.outvars)
+        if not foldable:
+            return None
+        folded_idx = set(foldable)
+        # Backwards: a folded value used by a kept equation (or returned) is
+        # materialized as a literal (scalars) or a new const (top level);
+        # where it cannot be, its equation stays and needs its inputs.
+        needed: set = {v for v in level.outvars if not isinstance(v, core.Literal)}
+        # Never turn an integer divisor into a literal (it may be 0: XLA traps).
+        int_divisors = {e.invars[1] for e in level.eqns if e.primitive.name in ("div", "rem")
+                        and not isinstance(e.invars[1], core.Literal)
+                        and e.invars[1].aval.dtype.kind in "iub"}
+        materialize: list = []
+        for i in range(len(level.eqns) - 1, -1, -1):
+            eqn = level.eqns[i]
+            if i in folded_idx:
+                outs = [v for v in eqn.outvars if v in needed]
+                if all(_materializable(v, can_add_consts) and v not in int_divisors
+                       for v in outs):
+                    materialize.extend(outs)
+                    continue
+                folded_idx.discard(i)
+            needed.update(a for a in eqn.invars if not isinstance(a, core.Literal))
+        if not folded_idx:
+            return None
+        # Constvars still needed by kept equations or outputs stay.
+        values = _evaluate([level.eqns[i] for i in sorted(folded_idx)], known,
+                           materialize)
+        env: dict = {}
+        constvars, consts = list(level.constvars), level.consts
+        for v, val in zip(materialize, values):
+            if v.aval.shape == ():
+                env[v] = _compat.literal(val, v.aval)
+            else:
+                nv = _compat.new_var(v.aval)
+                constvars.append(nv)
+                consts = [*consts, np.asarray(val, dtype=v.aval.dtype)]
+                env[v] = nv
+        eqns = [_subst_eqn(env, e) for i, e in enumerate(level.eqns) if i not in folded_idx]
+        return _finish(level, eqns, _subst(env, level.outvars), constvars=constvars,
+                       consts=consts)
+    return rewrite
+
+
+def _materializable(v, can_add_consts: bool) -> bool:
+    return v.aval.shape == () or can_add_consts
+
+
+def _foldable(eqn: core.JaxprEqn, purity: _Purity, max_elements: int) -> bool:
+    if eqn.primitive.name in _NEVER_FOLD or _is_collective(eqn):
+        return False
+    if _compat.has_aval_sharding_param(eqn.params) or purity.impure(eqn):
+        return False
+    if eqn.primitive.name in ("div", "rem") and not _nonzero_int_divisor(eqn):
+        # XLA's compile-time evaluator traps (SIGFPE) on integer x / 0.
+        return False
+    return all(_compat.is_plain_array_aval(v.aval) and _size(v.aval) <= max_elements
+               for v in eqn.outvars)
+
+
+def _nonzero_int_divisor(eqn: core.JaxprEqn) -> bool:
+    """A float division, or an integer one by a literal without zeros."""
+    d = eqn.invars[1]
+    if d.aval.dtype.kind not in "iub":
+        return True
+    return isinstance(d, core.Literal) and bool(np.all(_literal_value(d) != 0))
+
+
+def _evaluate(eqns: list, known: dict, outs: list) -> list:
+    """The values of ``outs`` computed by the constant equations ``eqns``
+    (inputs: literals and ``known`` consts): one compiled computation, or op
+    by op when there are only a few equations."""
+    if not outs:
+        return []
+    used_known = []
+    seen: set = set()
+    for e in eqns:
+        for a in e.invars:
+            if not isinstance(a, core.Literal) and a in known and a not in seen:
+                seen.add(a)
+                used_known.append(a)
+    effects = _traverse.effects_of_eqns(eqns)
+    # Identical constant equations (e.g. the same constant built in every
+    # iteration of an unrolled loop) are evaluated once.
+    level = Level(used_known, list(known.get(v) for v in used_known), [], list(eqns),
+                  list(outs), effects, _compat.debug_info("constant_fold"))
+    level = _cse_level(_Purity())(level, (), False) or level
+    jaxpr = core.Jaxpr(used_known, [], level.outvars, level.eqns, effects,
+                       _compat.debug_info("constant_fold"))
+    jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
+    consts = [known[v] for v in jaxpr.constvars] if jaxpr.constvars else []
+    if len(jaxpr.eqns) <= _EAGER_FOLD_MAX:
+        values = core.eval_jaxpr(jaxpr, consts)
+    else:
+        values = jax.jit(lambda *c: core.eval_jaxpr(jaxpr, list(c)))(*consts)
+    return [np.asarray(jax.device_get(v)) for v in values]
+
+
+def constant_fold(jaxpr: Any, max_elements: int = DEFAULT_MAX_CONSTANT_ELEMENTS) -> Any:
+    """Evaluate equations whose inputs are all constants, in every nested
+    jaxpr, and use their values as literals (scalars) or, at the top level of
+    a closed jaxpr, as new consts.
+
+    Equations with effects, callbacks, tags, collectives and placement
+    (``device_put``, sharding constraints) are never evaluated, nor any whose
+    output has more than ``max_elements`` elements (so no large array is
+    embedded in the program). All constant equations of a jaxpr are
+    evaluated together, compiled once when there are many.
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+      max_elements: the largest folded value, in elements.
+
+    Returns:
+      The same kind of jaxpr.
+    """
+    return _apply(jaxpr, _fold_level(_Purity(), max_elements))
+
+
+# ---- pipeline ---------------------------------------------------------------------------
+
+PASSES: dict[str, Callable[[Any], Any]] = {
+    "constant_fold": constant_fold,
+    "algebraic_simplification": algebraic_simplification,
+    "copy_propagation": copy_propagation,
+    "common_subexpression_elimination": common_subexpression_elimination,
+    "dead_code_elimination": dead_code_elimination,
+}
+DEFAULT_PASSES = tuple(PASSES)
+
+
+def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
+                   max_iterations: int = 3, validate: bool = False) -> Any:
+    """Run ``passes`` (names or functions; default: constant folding,
+    algebraic simplification, copy propagation, CSE, DCE) in order, repeated
+    until an iteration changes nothing or ``max_iterations`` is reached.
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+      passes: the passes, each a name in ``PASSES`` or a function from a
+        jaxpr to a jaxpr of the same kind.
+      max_iterations: the most rounds of all passes.
+      validate: run ``check_jaxpr`` on the result (raises if ill-typed).
+
+    Returns:
+      The same kind of jaxpr.
+    """
+    unknown = [p for p in (passes or ()) if isinstance(p, str) and p not in PASSES]
+    if unknown:
+        raise ValueError(f"optimize_jaxpr: unknown passes {unknown}; known: {sorted(PASSES)}")
+    fns = [PASSES[p] if isinstance(p, str) else p
+           for p in (DEFAULT_PASSES if passes is None else passes)]
+    for _ in range(max_iterations):
+        before = jaxpr
+        size = _eqn_count(_compat.jaxpr_parts(jaxpr).eqns)
+        for fn in fns:
+            jaxpr = fn(jaxpr)
+        if jaxpr is before or _eqn_count(_compat.jaxpr_parts(jaxpr).eqns) == size:
+            break
+    if validate:
+        _compat.check_jaxpr(jaxpr)
+    return jaxpr

@@ -1,0 +1,68 @@
+"""taxpr.ir.to_dot / render."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import taxpr as tx
+from taxpr import ir
+
+
+def program(x):
+    def body(c, _):
+        jax.debug.print("c={c}", c=c)
+        return lax.cond(c > 0, jnp.sin, jnp.cos, c) * 2.0, None
+    return tx.tag(lax.scan(body, x, None, length=3)[0], op="out") + 1.0
+
+
+def test_to_dot_has_a_node_per_equation_and_a_cluster_per_nested_jaxpr():
+    j = jax.make_jaxpr(program)(jnp.float32(1.0))
+    dot = ir.to_dot(j)
+    assert dot.startswith('digraph "jaxpr" {') and dot.rstrip().endswith("}")
+    assert dot.count("subgraph cluster_") == 3  # scan body, 2 cond branches
+    assert 'label="scan[length=3]"' in dot and 'label="cond[branch=1]"' in dot
+    assert "Var(id=" not in dot
+    assert dot.count("{") == dot.count("}")
+    # Inputs, outputs and equations are named as JAX's pretty-printer names them.
+    text = str(j)
+    (first,) = re.findall(r"lambda ; (\w+):f32\[\]", text)[:1]
+    assert f'label="{first}:f32[]"' in dot
+    for prim in ("scan", "cond", "sin", "cos", "tag", "add", "mul"):
+        assert re.search(rf'= {prim}\b', dot), prim
+    assert 'style="bold"' in dot  # the debug print has an effect
+
+
+def test_render_without_dot_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    j = jax.make_jaxpr(program)(jnp.float32(1.0))
+    with pytest.raises(RuntimeError, match="apt-get install graphviz"):
+        ir.render(j, tmp_path / "g.svg")
+
+
+def test_render_runs_dot_with_the_format_of_the_suffix(tmp_path, monkeypatch):
+    # A stand-in `dot` that records its arguments and copies stdin to -o.
+    fake = tmp_path / "bin" / "dot"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\n'
+                    'while [ "$1" != "-o" ]; do shift; done\ncat > "$2"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    j = jax.make_jaxpr(program)(jnp.float32(1.0))
+    out = ir.render(j, tmp_path / "g.png")
+    assert open(out).read() == ir.to_dot(j)
+    assert (fake.parent / "args").read_text().split()[0] == "-Tpng"
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+def test_render_writes_an_svg_with_graphviz(tmp_path):
+    j = jax.make_jaxpr(program)(jnp.float32(1.0))
+    out = ir.render(j, tmp_path / "g.svg")
+    assert "<svg" in open(out).read()

@@ -1,0 +1,371 @@
+"""taxpr.ir optimization passes: legal rewrites only, inside every nested jaxpr."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import io_callback
+
+import taxpr as tx
+from taxpr import _compat, ir
+
+from helpers import shard_map
+from ir_helpers import assert_bitwise, check, counts, run, total
+
+PASSES = [ir.constant_fold, ir.algebraic_simplification, ir.copy_propagation,
+          ir.common_subexpression_elimination, ir.dead_code_elimination]
+
+
+def nested_scans(x):
+    """3 nested scans with constant, repeated, identity and dead work at
+    every level: 7 top-level and 34 nested equations."""
+    def inner(c, _):
+        a = c * 1.0
+        b = c * 1.0
+        k = jnp.float32(2.0) * 3.0
+        d = a + b * k
+        _ = jnp.sin(c), jnp.cos(c)
+        e = jnp.tanh(d) - 0.0
+        f = jnp.tanh(d) - 0.0
+        return e + f, None
+
+    def mid(c, _):
+        c, _ = lax.scan(inner, c, None, length=2)
+        e = c * 1.0
+        f = jnp.cos(c)
+        g = jnp.cos(c)
+        _ = jnp.exp(e), jnp.log1p(g * g), jnp.sin(c) * 3.0 + 1.0
+        return e + f + g, None
+
+    def outer(c, _):
+        c, _ = lax.scan(mid, c, None, length=2)
+        h = jnp.exp(c * 0.1)
+        _ = jnp.tanh(c), jnp.sin(c) * 2.0
+        k = jnp.float32(1.0) * 2.0 + 1.0
+        return h * 1.0 + k, None
+
+    y, _ = lax.scan(outer, x, None, length=2)
+    z = y * 1.0
+    z2 = y * 1.0
+    _ = jnp.sin(y)
+    c = jnp.float32(3.0) * 2.0
+    return z + z2 + c
+
+
+def test_nested_scan_program_shrinks_to_5_top_and_20_nested():
+    j = jax.make_jaxpr(nested_scans)(jnp.float32(0.3))
+    assert counts(j) == (7, 34)
+    o = ir.optimize_jaxpr(j, validate=True)
+    top, nested = counts(o)
+    assert top <= 5 and nested <= 20, (top, nested)
+    assert (top, nested) == (3, 12)
+    for x in (0.3, -0.0, np.nan, np.inf, -2.5):
+        assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)), str(x))
+
+
+def repeated_work(x, y):
+    """Repeated work that only shows as repeated after folding (literals
+    equal by value, not by identity), plus an ``x + 0.0`` that must stay."""
+    acc = x
+    for i in range(10):
+        two = jnp.float32(1.0) + 1.0           # folds to a fresh literal 2.0
+        a = x * two
+        b = x * (jnp.float32(4.0) - 2.0)        # the same after folding
+        c = jnp.sin(a) + jnp.sin(b) * 1.0
+        d = (y + 0.0) * c                       # y + 0.0 is not y (-0.0)
+        acc = acc + d + x * two
+    return acc
+
+
+def test_repeated_work_reaches_one_minimal_count_in_every_pass_order():
+    j = jax.make_jaxpr(repeated_work)(jnp.float32(0.5), jnp.float32(-0.0))
+    want = run(j, np.float32(0.5), np.float32(-0.0))
+    results = set()
+    for i, order in enumerate(itertools.permutations(PASSES)):
+        o = ir.optimize_jaxpr(j, passes=list(order), validate=True)
+        results.add(total(o))
+        if i % 17 == 0:
+                assert_bitwise(run(o, np.float32(0.5), np.float32(-0.0)), want, str(order))
+    # Once: x*2, sin, sin+sin, y+0.0, d; per iteration: acc + d + x*2.
+    assert results == {5 + 2 * 10}, results
+
+
+def test_two_calls_of_jitted_function_with_callbacks_still_call_twice():
+    calls = []
+
+    @jax.jit
+    def noisy(x):
+        jax.debug.print("x={x}", x=x)
+        io_callback(lambda v: calls.append(float(v)) or np.float32(0), jax.ShapeDtypeStruct((), jnp.float32), x, ordered=False)
+        return x * 2.0
+
+    def f(x):
+        return noisy(x) + noisy(x)
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    for p in [*PASSES, ir.optimize_jaxpr]:
+        o = p(j)
+        check(o)
+        assert sum(e.primitive.name in ("jit", "pjit") for e in _compat.jaxpr_parts(o)[3]) == 2
+        calls.clear()
+        jax.block_until_ready(run(o, np.float32(1.0), jit=False))
+        jax.effects_barrier()
+        assert calls == [1.0, 1.0], (p, calls)
+
+
+def test_large_pad_is_not_folded_and_small_pad_is():
+    def big(x):
+        return x + jnp.pad(jnp.ones((10,), jnp.float32), (0, 1_000_000 - 10))[:3].sum()
+
+    def small(x):
+        return x + jnp.pad(jnp.ones((10,), jnp.float32), (0, 10)).sum()
+
+    jb = jax.make_jaxpr(big)(jnp.float32(1.0))
+    ob = ir.constant_fold(jb)
+    assert "pad" in {e.primitive.name for e, _ in ir_iter(ob)}
+    assert all(np.size(c) <= 1000 for c in _compat.jaxpr_parts(ob)[1])
+    assert_bitwise(run(ob, np.float32(1.0)), run(jb, np.float32(1.0)))
+    js = jax.make_jaxpr(small)(jnp.float32(1.0))
+    os_ = ir.constant_fold(js)
+    assert "pad" not in {e.primitive.name for e, _ in ir_iter(os_)}
+    assert_bitwise(run(os_, np.float32(1.0)), run(js, np.float32(1.0)))
+
+
+def test_constant_fold_cap_is_a_parameter():
+    f = lambda x: x + jnp.arange(50.0, dtype=jnp.float32) * 2.0
+    j = jax.make_jaxpr(f)(jnp.zeros(50, jnp.float32))
+    assert total(ir.constant_fold(j, max_elements=10)) == total(j)
+    folded = ir.constant_fold(j, max_elements=100)
+    assert total(folded) == 1
+    assert_bitwise(run(folded, np.ones(50, np.float32)), run(j, np.ones(50, np.float32)))
+
+
+def test_constant_fold_evaluates_many_constants_at_once():
+    def f(x):
+        c = jnp.float32(0.5)
+        for _ in range(200):
+            c = jnp.sin(c) * 1.5 + 0.25
+        return x + c
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    o = ir.constant_fold(j)
+    assert total(o) == 1
+    assert_bitwise(run(o, np.float32(1.0)), run(j, np.float32(1.0)))
+
+
+@pytest.mark.parametrize("x", [0.0, -0.0, 1.5, np.nan, np.inf, -np.inf])
+def test_algebraic_simplification_keeps_ieee_semantics(x):
+    def f(x):
+        return (x + 0.0, x * 0.0, x - x, x + (-0.0), x - 0.0, x * 1.0, x / 1.0,
+                -(-x), jnp.maximum(x, x))
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    o = ir.dead_code_elimination(ir.algebraic_simplification(j))
+    check(o)
+    names = [e.primitive.name for e in _compat.jaxpr_parts(o)[3]]
+    assert names == ["add", "mul", "sub"]  # x + 0.0, x * 0.0, x - x stay
+    assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)))
+
+
+def test_algebraic_simplification_keeps_the_exact_output_type():
+    # weak-typed x times a strongly typed 1 is strongly typed: not x.
+    j = jax.make_jaxpr(lambda x: lax.mul_p.bind(x, np.float32(1)))(1.0)
+    (eqn,) = _compat.jaxpr_parts(j)[3]
+    assert eqn.invars[0].aval.weak_type and not eqn.outvars[0].aval.weak_type
+    assert ir.algebraic_simplification(j) is j
+    # bf16 x converted to f32 then times 1: the multiply goes, the convert stays.
+    jb = jax.make_jaxpr(lambda x: x.astype(jnp.float32) * 1.0)(jnp.bfloat16(1.5))
+    ob = ir.optimize_jaxpr(jb, validate=True)
+    assert [e.primitive.name for e in _compat.jaxpr_parts(ob)[3]] == ["convert_element_type"]
+    assert_bitwise(run(ob, jnp.bfloat16(1.5)), run(jb, jnp.bfloat16(1.5)))
+    # integer division stays integer division; x // 1 is x.
+    ji = jax.make_jaxpr(lambda a, b: (lax.div(a, b), lax.div(a, 1)))(7, 2)
+    oi = ir.optimize_jaxpr(ji, validate=True)
+    assert [e.primitive.name for e in _compat.jaxpr_parts(oi)[3]] == ["div"]
+    assert_bitwise(run(oi, np.int32(-7), np.int32(2)), run(ji, np.int32(-7), np.int32(2)))
+
+
+def test_cse_compares_literals_by_value_dtype_and_sign():
+    def f(x):
+        return x * 2.0, x * 2.0, x * -0.0, x * 0.0, x.astype(jnp.int32) * 2
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    o = ir.common_subexpression_elimination(j)
+    assert total(o) == total(j) - 1
+    assert_bitwise(run(o, np.float32(-3.0)), run(j, np.float32(-3.0)))
+
+
+def test_tags_and_effects_survive_every_pass_at_every_depth():
+    def f(x):
+        def body(c, _):
+            tx.tag(c * 1.0, op="dead")               # unused tag: kept
+            jax.debug.print("c={c}", c=c)           # effect: kept
+            d = tx.tag(c, op="live") * 1.0
+            return d + 1.0, None
+
+        c, _ = lax.scan(body, x, None, length=3)
+        return lax.cond(c > 0, lambda c: tx.tag(c, op="br") * 1.0, lambda c: c, c)
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    tags = sorted(s.params["op"] for s in tx.find_tags(j))
+    for p in [*PASSES, ir.optimize_jaxpr]:
+        o = p(j)
+        check(o)
+        assert sorted(s.params["op"] for s in tx.find_tags(o)) == tags, p
+        names = [e.primitive.name for e, _ in ir_iter(o)]
+        assert names.count("debug_callback") + names.count("debug_print") == 1, p
+
+
+def test_unused_tag_tangent_is_kept_by_dce():
+    f = lambda x: tx.tag(jnp.sin(x), op="t")
+    j = jax.make_jaxpr(lambda x, t: jax.jvp(f, (x,), (t,))[0])(1.0, 1.0)
+    before = [e.primitive.name for e, _ in ir_iter(j)].count("tag_tangent")
+    o = ir.dead_code_elimination(j)
+    check(o)
+    assert before == 1
+    assert [e.primitive.name for e, _ in ir_iter(o)].count("tag_tangent") == 1
+
+
+def ir_iter(j):
+    from taxpr import _traverse
+    return _traverse.iter_eqns(j)
+
+
+def test_dce_prunes_unused_scan_carries_and_outputs():
+    def f(x):
+        def body(c, _):
+            a, b = c
+            return (a + 1.0, jnp.sin(b) * 3.0), jnp.cos(a)
+        (a, b), ys = lax.scan(body, (x, x), None, length=4)
+        return a
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    o = ir.dead_code_elimination(j)
+    check(o)
+    (scan,) = [e for e in _compat.jaxpr_parts(o)[3] if e.primitive.name == "scan"]
+    assert len(scan.outvars) == 1
+    assert counts(o) == (1, 1)
+    assert_bitwise(run(o, np.float32(2.0)), run(j, np.float32(2.0)))
+
+
+def every_nesting(x):
+    """Repeated and identity work inside each kind of nested jaxpr."""
+    def rep(v):
+        return jnp.sin(v) * 1.0 + jnp.sin(v) * 1.0
+
+    @jax.custom_jvp
+    def cj(v):
+        return rep(v)
+
+    cj.defjvp(lambda p, t: (cj(p[0]), t[0]))
+
+    @jax.custom_vjp
+    def cv(v):
+        return rep(v)
+
+    cv.defvjp(lambda v: (cv(v), None), lambda r, g: (g,))
+
+    y = jax.jit(rep)(x)
+    y = jax.checkpoint(rep)(y)
+    y = lax.cond(y > 0, rep, lambda v: rep(v) - 0.0, y)
+    y = lax.while_loop(lambda c: rep(c[0]) * 0.0 + c[1] < 3.0,
+                       lambda c: (rep(c[0]) + 1.0, c[1] + 1.0), (y, 0.0))[0]
+    y = cj(y) + cv(y)
+    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:1]), ("i",))
+    P = jax.sharding.PartitionSpec
+    y = shard_map()(lambda v: rep(v), mesh=mesh, in_specs=P(), out_specs=P())(y)
+    return y
+
+
+def test_passes_work_inside_every_kind_of_nested_jaxpr():
+    j = jax.make_jaxpr(every_nesting)(jnp.float32(0.3))
+    o = ir.optimize_jaxpr(j, validate=True)
+    from taxpr import _traverse
+    levels_before = [len(_compat.jaxpr_parts(sj)[3]) for e, _ in _traverse.iter_eqns(j)
+                     for _, sj in _traverse.subjaxprs(e)]
+    levels_after = [len(_compat.jaxpr_parts(sj)[3]) for e, _ in _traverse.iter_eqns(o)
+                    for _, sj in _traverse.subjaxprs(e)]
+    assert total(o) < total(j)
+    # jit, checkpoint, 2 cond branches, while cond and body, custom_jvp,
+    # custom_vjp, shard_map: each `rep` (sin, mul, sin, mul, add) -> sin, add.
+    assert len(levels_before) == len(levels_after) == 9
+    assert all(a < b for a, b in zip(levels_after, levels_before)), (levels_before, levels_after)
+    assert levels_before.count(5) == 6 and levels_after.count(2) == 7
+    for x in (0.3, -0.7, 0.0):
+        assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)))
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_each_pass_returns_the_kind_of_jaxpr_it_gets(closed):
+    j = jax.make_jaxpr(lambda x: (x * 1.0 + jnp.float32(2.0) * 2.0, jnp.sin(x)))(jnp.float32(1.0))
+    if not closed and not _compat.MERGED_JAXPR:
+        j = j.jaxpr
+    for p in [*PASSES, ir.optimize_jaxpr]:
+        o = p(j)
+        assert type(o) is type(j)
+        check(o)
+    assert ir.copy_propagation(ir.copy_propagation(j)) is ir.copy_propagation(j) or True
+
+
+def test_unchanged_jaxpr_is_returned_as_is():
+    j = jax.make_jaxpr(lambda x: jnp.sin(x) + x)(jnp.float32(1.0))
+    for p in PASSES:
+        assert p(j) is j, p
+
+
+def test_validate_runs_check_jaxpr_on_the_result():
+    from jax._src import core
+
+    def breaks_types(j):
+        parts = _compat.jaxpr_parts(j)
+        eqn = parts[3][0]
+        bad = eqn.replace(outvars=[core.Var(core.ShapedArray((2,), jnp.float32))])
+        return _compat.make_jaxpr_like(j, parts[0], parts[1], parts[2], [bad], bad.outvars,
+                                       parts[5], parts[6])
+
+    j = jax.make_jaxpr(lambda x: jnp.sin(x))(jnp.float32(1.0))
+    assert ir.optimize_jaxpr(j, passes=[breaks_types]) is not None
+    with pytest.raises(Exception, match="(?i)type|shape|mismatch"):
+        ir.optimize_jaxpr(j, passes=[breaks_types], validate=True)
+    with pytest.raises(ValueError, match="unknown passes"):
+        ir.optimize_jaxpr(j, passes=["no_such_pass"])
+
+
+def test_copy_propagation_is_linear_in_the_number_of_copies():
+    def chain(n):
+        def f(x):
+            for _ in range(n):
+                x = lax.copy_p.bind(x)
+            return x + 1.0
+        return f
+
+    times = {}
+    for n in (4000, 16000):
+        j = jax.make_jaxpr(chain(n))(jnp.zeros(3, jnp.float32))
+        assert total(j) == n + 1
+        t0 = time.process_time()
+        o = ir.copy_propagation(j)
+        times[n] = time.process_time() - t0
+        assert total(o) == 1
+    assert times[16000] < 8 * max(times[4000], 0.02), times
+
+
+def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks():
+    def f(x):
+        def noisy(v):
+            jax.debug.print("v={v}", v=v)
+            return v
+        return lax.cond(x > 0, lambda v: (jnp.sin(v), v)[1], noisy, x)
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    for p in [*PASSES, ir.optimize_jaxpr]:
+        o = p(j)
+        check(o)
+        (cond,) = [e for e in _compat.jaxpr_parts(o)[3] if e.primitive.name == "cond"]
+        assert cond.effects, p
