@@ -106,7 +106,7 @@ def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
     op_axes = [None if d is None else 0 for d in dims[1:]]
     index_aval = core.ShapedArray((), index.dtype)
     op_avals = _compat.in_avals(branches[0])
-    n_out = len(_compat.jaxpr_parts(branches[0])[4])
+    n_out = len(_compat.jaxpr_parts(branches[0]).outvars)
     outs = []
     for i, branch in enumerate(branches):
         guarded = _compat.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
