@@ -44,6 +44,7 @@ __all__ = [
     "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "make_jaxpr", "partial", "partition_out", "set_state", "strip_outputs",
+    "register_thread_rule", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]
 

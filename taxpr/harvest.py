@@ -689,8 +689,9 @@ def rows(index_values: dict | None = None, *, mask: Any = None, values: Any = No
         A value to put in a ``plant`` / ``harvest`` plants dict.
 
     Raises:
-        ValueError (at ``plant`` time) if the sow is not in ``append`` mode, a row
-        is out of range, or a value's shape/dtype differs from the sow's.
+        ValueError: at ``plant`` time, if the sow is not in ``append`` mode,
+            a row is out of range, or a value's shape/dtype differs from the
+            sow's.
 
     Example:
         >>> patched = plant(model, tag="acts")({"layer": rows({1: jnp.zeros(8)})}, x)
