@@ -11,7 +11,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import TREE, keep_tags, tag_cotangent_p, tag_p, user_params
+from .primitives._tag import BATCHED, TREE, keep_tags, tag_cotangent_p, tag_p, user_params
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
 
@@ -30,9 +30,10 @@ class _InjectSites:
         self._traced: dict = {}
 
     # -- tracing the injector, once per signature --
-    def _trace(self, kind: str, params: dict, tree, token_avals, path, context=None):
+    def _trace(self, kind: str, params: dict, tree, token_avals, path, context=None,
+               batched: bool = False):
         key = (kind, tuple(sorted(params.items(), key=lambda kv: kv[0])), tree, token_avals,
-               id(context))
+               id(context), batched)
         hit = self._traced.get(key)
         if hit is not None:
             return hit
@@ -91,7 +92,7 @@ class _InjectSites:
             with context():
                 closed = _compat.trace_flat(flat, avals)
         if kind == "primal":
-            self._check(closed, found, params, tree, token_avals, path)
+            self._check(closed, found, params, tree, token_avals, path, batched)
             result = (closed, None)
         else:
             used = _compat.used_invars(closed)
@@ -99,7 +100,7 @@ class _InjectSites:
         self._traced[key] = result
         return result
 
-    def _check(self, closed, found, params, tree, token_avals, path):
+    def _check(self, closed, found, params, tree, token_avals, path, batched):
         where = _describe(params, path)
         out_avals = [v.aval for v in _compat.jaxpr_parts(closed)[4]]
         if found["token"] != tree:
@@ -114,7 +115,10 @@ class _InjectSites:
             for i, (g, w) in enumerate(zip(got, want)):
                 if g.shape != w.shape or g.dtype != w.dtype:
                     hint = ""
-                    if kind == "ctx" and g.dtype == w.dtype and g.shape[1:] == w.shape:
+                    # Only where it is true: the tag was batched by vmap and
+                    # the leaf has exactly one extra leading axis.
+                    if (kind == "ctx" and batched and g.dtype == w.dtype
+                            and len(g.shape) == len(w.shape) + 1 and g.shape[1:] == w.shape):
                         hint = (" (it looks batched: under vmap the token is batched, and a "
                                 "batched value cannot be stored into an unbatched ctx)")
                     raise InjectError(
@@ -136,7 +140,7 @@ class _InjectSites:
         token_avals = tuple(v.aval for v in eqn.invars)
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
-                                    level.context)
+                                    level.context, bool(eqn.params.get(BATCHED)))
             level.site_ctx[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]

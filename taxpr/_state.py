@@ -145,9 +145,13 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             got = f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
             want = f"{info.dtype.name}{list(info.shape)}"
             hint = ""
-            if tuple(aval.shape[1:]) == info.shape and op == SET:
-                hint = (" (it looks batched: setting a state to a value batched by vmap is "
-                        "not allowed; reads under vmap broadcast, writes must be unbatched)")
+            # Only where it is true: same dtype, one extra leading axis.
+            if (op == SET and np.dtype(aval.dtype) == info.dtype
+                    and len(aval.shape) == len(info.shape) + 1
+                    and tuple(aval.shape[1:]) == info.shape):
+                hint = (f" (it has an extra leading axis of size {aval.shape[0]}; if that "
+                        f"axis comes from vmap: setting a state to a batched value is not "
+                        f"allowed; reads under vmap broadcast, writes must be unbatched)")
             raise StateError(
                 f"taxpr: state {name!r}: {_describe_site(site)} has type {got}, but "
                 f"{_describe_site(first[name])} gave it type {want}{hint}")
@@ -253,9 +257,10 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
         names = list(t.states)
-        if set(state) != set(names):
-            raise StateError(f"taxpr: uncurry's pure function takes states {names}, "
-                             f"got {sorted(state)}")
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise StateError(f"taxpr: uncurry's pure function takes states {names}; "
+                             f"missing {missing} (got {sorted(state)})")
         for n in names:
             info, v = t.states[n], state[n]
             if tuple(np.shape(v)) != info.shape or jnp.result_type(v) != info.dtype:
@@ -264,8 +269,10 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
                     f"{jnp.result_type(v).name}{list(np.shape(v))}")
         outs = _compat.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
         n_out = t.out_tree.num_leaves
+        # Entries this call path does not use pass through unchanged, as
+        # they would in a dict (e.g. the state of a whole training run).
         return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
-                dict(zip(names, outs[n_out:])))
+                {**state, **dict(zip(names, outs[n_out:]))})
 
     return pure, state0
 
