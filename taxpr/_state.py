@@ -72,7 +72,8 @@ def get_state(name: str, init: Any) -> jax.Array:
             init = init()
     inits = getattr(_INITS, "seen", None)
     if inits is not None and name not in inits and not isinstance(init, jax.core.Tracer):
-        inits[name] = np.asarray(init)
+        # Keep JAX arrays as they are (typed PRNG keys have no NumPy form).
+        inits[name] = init if isinstance(init, jax.Array) else np.asarray(init)
     return tag(jnp.asarray(init), op=GET, name=name)
 
 
@@ -136,17 +137,17 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         site = TagSite(user_params(eqn.params), tag_shape(eqn), path)
         name, op, aval = site.params["name"], site.params["op"], site.shape
         if name not in states:
-            states[name] = StateInfo(name, tuple(aval.shape), np.dtype(aval.dtype),
+            states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
                                      op == GET, op == SET)
             first[name] = site
             continue
         info = states[name]
-        if tuple(aval.shape) != info.shape or np.dtype(aval.dtype) != info.dtype:
-            got = f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
+        if tuple(aval.shape) != info.shape or aval.dtype != info.dtype:
+            got = f"{aval.dtype.name}{list(aval.shape)}"
             want = f"{info.dtype.name}{list(info.shape)}"
             hint = ""
             # Only where it is true: same dtype, one extra leading axis.
-            if (op == SET and np.dtype(aval.dtype) == info.dtype
+            if (op == SET and aval.dtype == info.dtype
                     and len(aval.shape) == len(info.shape) + 1
                     and tuple(aval.shape[1:]) == info.shape):
                 hint = (f" (it has an extra leading axis of size {aval.shape[0]}; if that "
@@ -174,8 +175,9 @@ def _init_injector(ctx: dict, token: Any, params: dict):
     value, initial, seen = ctx[name]
     yes = jnp.ones((), bool)
     if params["op"] is GET:
-        new = jnp.where(seen, value, token)
-        return new, {**ctx, name: (new, jnp.where(seen, initial, token), yes)}
+        # lax.select, not jnp.where: it takes every dtype (typed keys too).
+        new = jax.lax.select(seen, value, token)
+        return new, {**ctx, name: (new, jax.lax.select(seen, initial, token), yes)}
     # A state first set (never read before) starts at zeros.
     return token, {**ctx, name: (token, initial, yes)}
 
@@ -196,7 +198,7 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     """Run ``closed`` once on ``args`` and return each state's value at first
     use; a state the run never reaches starts at its (concrete) ``init``, or
     zeros."""
-    zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
+    zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state)
     leaves = jax.tree_util.tree_leaves(zeros)
