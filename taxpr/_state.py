@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
@@ -43,9 +42,6 @@ class StateOp:
 
 
 GET, SET = StateOp("get"), StateOp("set")
-# Concrete ``init`` values seen while tracing (the initial value of a state
-# the example run never reaches).
-_INITS = threading.local()
 
 
 class StateError(ValueError):
@@ -70,10 +66,8 @@ def get_state(name: str, init: Any) -> jax.Array:
     if callable(init):
         with jax.ensure_compile_time_eval():
             init = init()
-    inits = getattr(_INITS, "seen", None)
-    if inits is not None and name not in inits and not isinstance(init, jax.core.Tracer):
-        # Keep JAX arrays as they are (typed PRNG keys have no NumPy form).
-        inits[name] = init if isinstance(init, jax.Array) else np.asarray(init)
+    # The init stays in the jaxpr as the tag's operand: a state the example
+    # run never reaches gets it from there (``initial_states``).
     return tag(jnp.asarray(init), op=GET, name=name)
 
 
@@ -193,11 +187,11 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state)
 
 
-def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any],
-                   static_inits: dict | None = None) -> dict:
+def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
     """Run ``closed`` once on ``args`` and return each state's value at first
-    use; a state the run never reaches starts at its (concrete) ``init``, or
-    zeros."""
+    use. A state the run never reaches starts at the ``init`` of its first
+    ``get_state`` in trace order, computed exactly from the program
+    (``unreached_init``), or at zeros if it is only ever set."""
     zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state)
@@ -205,23 +199,151 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     n_out = len(_compat.jaxpr_parts(closed)[4])
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
     final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
-    static = static_inits or {}
-    return {n: initial if bool(seen) or n not in static else jnp.asarray(static[n], initial.dtype)
-            for n, (_, initial, seen) in final.items()}
+    first_gets = _first_gets(closed)
+    result = {}
+    for n, (_, initial, seen) in final.items():
+        if not isinstance(seen, jax.core.Tracer) and bool(seen):
+            result[n] = initial
+            continue
+        if n not in first_gets:  # only ever set: zeros (already in ``initial``)
+            result[n] = initial
+            continue
+        chain, path = first_gets[n]
+        if isinstance(seen, jax.core.Tracer):
+            # uncurry inside a traced function: whether the example run
+            # reaches the state is itself traced.
+            try:
+                fallback = unreached_init(chain, path, n, args)
+            except StateError as e:
+                raise StateError(
+                    f"{e} (uncurry is called inside a traced function, so whether the "
+                    f"example run reaches it is unknown at trace time)") from None
+            result[n] = jax.lax.select(seen, initial, fallback)
+        else:
+            result[n] = unreached_init(chain, path, n, args)
+    return result
+
+
+# ---- the init of a state the example run never reaches ---------------------------
+
+def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
+    """Each state's first ``get_state`` in trace order: ``name -> (chain,
+    path)``, ``chain`` the enclosing ``(jaxpr, eqn, sub)`` from the top level
+    down, ending with ``(jaxpr, tag_eqn, None)``."""
+    out: dict = {}
+
+    def visit(jaxpr, chain, path):
+        for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+            if eqn.primitive is tag_p:
+                p = eqn.params
+                if p.get("op") is GET and p["name"] not in out:
+                    out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if eqn.primitive.name == "cond":
+                subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
+            for sub, sj in subs:
+                visit(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,))
+
+    visit(closed, [], ())
+    return out
+
+
+_CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2",
+                   "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _outer_operand(eqn, sub, i: int) -> Any | None:
+    """The operand of ``eqn`` that input ``i`` of its sub-jaxpr ``sub`` is
+    bound to, the same in every iteration; None if there is none (a loop's
+    carry or xs, a shard_map's shard)."""
+    name = eqn.primitive.name
+    if name in _CALLS:
+        return eqn.invars[i] if i < len(eqn.invars) else None
+    if name == "cond":
+        return eqn.invars[1 + i]
+    if name == "scan":
+        nc, _ = _compat.scan_counts(eqn.params)
+        return eqn.invars[i] if i < nc else None
+    if name == "while":
+        cc, bc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        if sub.key == "cond_jaxpr":
+            return eqn.invars[i] if i < cc else None
+        return eqn.invars[cc + i] if i < bc else None
+    return None
+
+
+def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
+    """The value of a ``get_state``'s init operand that the example run never
+    reaches, computed from the program and ``args`` (the top-level inputs).
+
+    The init's computation is sliced out of each enclosing jaxpr, from the
+    site outwards; an input of a nested jaxpr is followed to the enclosing
+    equation's operand when that operand is the same on every run of the
+    body (jit/checkpoint/custom rule arguments, cond operands, loop consts).
+
+    Raises:
+        StateError: the init depends on a value that differs per run of its
+            body (a loop's carry or xs), on a state, or on an effect.
+    """
+    where = f"get_state({name!r}) at {format_path(path)}"
+
+    def fail(why: str) -> StateError:
+        return StateError(
+            f"taxpr: state {name!r}: {where} is never reached when running the example "
+            f"arguments, and its init {why}, so its initial value cannot be computed; give "
+            f"an init that does not depend on traced values (e.g. a callable), or example "
+            f"arguments that reach it")
+
+    def values(level: int, atoms: list) -> list:
+        jaxpr = chain[level][0]
+        constvars, consts, invars, eqns, _, _, dbg = _compat.jaxpr_parts(jaxpr)
+        needed = {a for a in atoms if type(a) is _compat.Var}
+        kept = []
+        for eqn in reversed(eqns):
+            if not any(type(o) is _compat.Var and o in needed for o in eqn.outvars):
+                continue
+            if eqn.primitive is tag_p:
+                if _is_state(eqn.params) and eqn.params["op"] is GET:
+                    raise fail(f"depends on state {eqn.params['name']!r}")
+            elif eqn.effects:
+                raise fail(f"depends on an effect ({eqn.primitive.name})")
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if type(v) is _compat.Var)
+        kept.reverse()
+        ins = [v for v in invars if v in needed]
+        if ins:
+            if level == 0:
+                index = {v: k for k, v in enumerate(invars)}
+                in_vals = [args[index[v]] for v in ins]
+            else:
+                _, eqn, sub = chain[level - 1]
+                pos = {v: k for k, v in enumerate(invars)}
+                outer = [_outer_operand(eqn, sub, pos[v]) for v in ins]
+                if any(o is None for o in outer):
+                    raise fail(f"depends on a value that changes on every run of "
+                               f"{sub.label} (e.g. a loop's carry or xs)")
+                in_vals = values(level - 1, outer)
+        else:
+            in_vals = []
+        if consts is None and any(v in needed for v in constvars):
+            raise fail("depends on a free variable of an open jaxpr")
+        sliced = _compat.make_closed(constvars, consts or [], ins, kept, list(atoms),
+                                     _traverse.effects_of_eqns(kept), dbg)
+        return list(_compat.jaxpr_as_fun(sliced)(*in_vals))
+
+    _, tag_eqn, _ = chain[-1]
+    # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
+    return jnp.asarray(values(len(chain) - 1, [tag_eqn.invars[0]])[0])
 
 
 class _Traced:
     """One traced signature of ``uncurry``'s function."""
 
     def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
-        _INITS.seen = {}
-        try:
-            self.closed, self.out_tree = trace_program(
-                fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
-                rebuild=lambda dyn: eqx.combine(dyn, static))
-            self.inits = _INITS.seen
-        finally:
-            _INITS.seen = None
+        self.closed, self.out_tree = trace_program(
+            fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
+            rebuild=lambda dyn: eqx.combine(dyn, static))
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 
@@ -254,7 +376,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         return hit, leaves
 
     t0, leaves0 = traced(example_args, example_kwargs)
-    state0 = initial_states(t0.closed, t0.states, leaves0, t0.inits)
+    state0 = initial_states(t0.closed, t0.states, leaves0)
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)

@@ -504,9 +504,8 @@ def test_state0_of_unreached_get_is_its_init():
         def branch(x):
             return tx.set_state("b", tx.get_state("b", lambda: jnp.full((), -1.0, f32)) - x)
         return lax.cond(p, lambda x: x, branch, x)
-    # A concrete (or callable) init is the initial value of a state the
-    # example run never reaches; an init computed from traced values cannot
-    # be, and such a state starts at zeros (README, State).
+    # A state the example run never reaches starts at its init, computed
+    # exactly (tests/test_state_semantics.py covers every kind of init).
     pure, s0 = tx.uncurry(fn, jnp.array(True), f32(1.0))
     assert_close(s0, {"b": f32(-1.0)})
 

@@ -185,3 +185,182 @@ def test_typed_key_state_drives_random_numbers_like_eager():
     # A wrong dtype for a key state is a clear error.
     with pytest.raises(tx.StateError, match="'k'"):
         pure({"k": jnp.zeros((), jnp.uint32)}, jnp.zeros(3))
+
+
+# ---- C: initial values of states the example run never reaches ---------------------------
+
+# Inits that do not depend on traced inputs (a constant built inside the branch is
+# a tracer there), and one computed from the function's argument.
+CONST_INITS = {
+    "jnp_scalar": lambda x: jnp.float32(10.0),
+    "ones_times": lambda x: 10 * jnp.ones(()),
+    "callable": lambda x: (lambda: jnp.full((), 10.0, f32)),
+    "numpy": lambda x: np.float32(10.0),
+    "from_argument": lambda x: x * 10.0,
+}
+
+
+def _unreached_prog(where: str, make_init):
+    """``fn(S, p, x)``: a get_state of "s" on a path the example (p False, x
+    1) does not take; taken when p is True."""
+    def fn(S, p, x):
+        def touch(c):
+            return c + S.get("s", make_init(x))
+        if where == "cond":
+            return S.cond(p, touch, lambda c: c * 2.0, x)
+        if where == "switch":
+            return S.switch(jnp.where(p, 0, 2), [touch, lambda c: c, lambda c: -c], x)
+        if where == "while":
+            return S.while_loop(lambda c: p & (c < 3.0), touch, x)
+        if where == "fori":  # zero trips unless p
+            return S.fori_loop(0, jnp.where(p, 2, 0), lambda i, c: touch(c), x)
+        if where == "scan_cond":
+            def body(c, _):
+                return S.cond(p, touch, lambda c: c, c), None
+            return S.scan(body, x, None, length=2)[0]
+        raise ValueError(where)
+    return fn
+
+
+@pytest.mark.parametrize("where", ["cond", "switch", "while", "fori", "scan_cond"])
+@pytest.mark.parametrize("init", sorted(CONST_INITS))
+def test_unreached_state_starts_at_its_init_computed_exactly(where, init):
+    prog = _unreached_prog(where, CONST_INITS[init])
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), jnp.array(False), f32(1.0))
+    # The init the first get_state would use (its argument is the example's).
+    assert_close(s0, {"s": f32(10.0)})
+    assert s0["s"].dtype == jnp.float32
+    for p, x in ((jnp.array(True), f32(0.5)), (jnp.array(False), f32(0.5))):
+        out, s1 = pure(s0, p, x)
+        ref = Eager(s0)
+        assert_close(out, prog(ref, p, x))
+        assert_states(s1, ref.state)
+
+
+@pytest.mark.parametrize("where", ["while", "fori", "scan_carry"])
+def test_unreached_state_whose_init_depends_on_a_loop_carry_is_an_error(where):
+    def fn(p, x):
+        def touch(c):
+            return c + tx.get_state("s", c * 10.0)  # the loop's carry
+        if where == "while":
+            return lax.while_loop(lambda c: p & (c < 3.0), touch, x)
+        if where == "fori":
+            return lax.fori_loop(0, jnp.where(p, 2, 0), lambda i, c: touch(c), x)
+        return lax.scan(lambda c, _: (lax.cond(p, touch, lambda c: c, c), None), x, None,
+                        length=2)[0]
+    with pytest.raises(tx.StateError, match=r"(?s)state 's'.*never reached.*carry"):
+        tx.uncurry(fn, jnp.array(False), f32(1.0))
+    jax_still_works()
+    # Reached on the example arguments, the same program is fine.
+    pure, s0 = tx.uncurry(fn, jnp.array(True), f32(1.0))
+    assert set(s0) == {"s"}
+
+
+def test_unreached_state_whose_init_reads_another_state_is_an_error():
+    def fn(p, x):
+        t = tx.get_state("t", f32(2.0))
+        return lax.cond(p, lambda c: c + tx.get_state("s", t * 3.0), lambda c: c, x)
+    with pytest.raises(tx.StateError, match=r"(?s)state 's'.*cond\[branch=1\].*state 't'"):
+        tx.uncurry(fn, jnp.array(False), f32(1.0))
+
+
+def test_unreached_typed_key_state_starts_at_its_init():
+    def fn(p, x):
+        def draw(c):
+            k = tx.get_state("k", jax.random.key(3))
+            k, sub = jax.random.split(k)
+            tx.set_state("k", k)
+            return c + jax.random.normal(sub)
+        return lax.cond(p, draw, lambda c: c, x)
+    pure, s0 = tx.uncurry(fn, jnp.array(False), f32(1.0))
+    np.testing.assert_array_equal(jax.random.key_data(s0["k"]),
+                                  jax.random.key_data(jax.random.key(3)))
+
+
+def test_unreached_state_only_set_starts_at_zeros():
+    def fn(p, x):
+        return lax.cond(p, lambda c: tx.set_state("s", c * 3.0), lambda c: c, x)
+    pure, s0 = tx.uncurry(fn, jnp.array(False), f32(1.0))
+    assert_close(s0, {"s": f32(0.0)})
+
+
+# ---- H: uncurry inside a function being uncurried ---------------------------------------
+
+def _inner(S, x):
+    c = S.get("c", f32(1.0))
+    S.set("c", c * 2.0 + x)
+    return x + c
+
+
+def _outer(S, x, inner_where: str = "top"):
+    S.set("o", S.get("o", f32(5.0)) + 1.0)
+
+    def run_inner(x):
+        if S is TX:
+            pure, s0 = tx.uncurry(functools.partial(_inner, TX), x)
+            y, s1 = pure(s0, x)
+            y2, s2 = pure(s1, x)
+            return y + y2, s2["c"]
+        ref = Eager()  # the inner program has its own dict
+        return _inner(ref, x) + _inner(ref, x), ref.state["c"]
+
+    if inner_where == "top":
+        y, c = run_inner(x)
+    else:
+        (y, c), _ = S.scan(lambda carry, _: (run_inner(carry[0] * 0.5), None),
+                           (x, f32(0.0)), None, length=2)
+    S.set("inner_c", c)
+    return y
+
+
+@pytest.mark.parametrize("inner_where", ["top", "scan"])
+def test_uncurry_inside_uncurry_has_eager_semantics(inner_where):
+    fn = functools.partial(_outer, TX, inner_where=inner_where)
+    pure, s0 = tx.uncurry(fn, f32(1.0))
+    ref = Eager()
+    _outer(ref, f32(1.0), inner_where)
+    assert_close({"o": s0["o"]}, {"o": ref.first["o"]})
+    for x in (f32(1.0), f32(2.0)):
+        out, s1 = pure(s0, x)
+        ref = Eager(s0)
+        assert_close(out, _outer(ref, x, inner_where))
+        assert_states(s1, ref.state)
+
+
+def test_uncurry_inside_uncurry_keeps_the_outer_unreached_init():
+    def inner(x):
+        return x + tx.get_state("c", f32(1.0))
+
+    def outer(p, x):
+        y = lax.cond(p, lambda c: c + tx.get_state("u", jnp.float32(7.0)), lambda c: c, x)
+        pure, s0 = tx.uncurry(inner, x)
+        return y + pure(s0, x)[0]
+    pure, s0 = tx.uncurry(outer, jnp.array(False), f32(1.0))
+    assert_close(s0, {"u": f32(7.0)})
+
+
+def test_nested_uncurry_with_an_unreached_traced_init_is_a_clear_error():
+    def inner(p, x):
+        return lax.while_loop(lambda c: p & (c < 3.0),
+                              lambda c: c + tx.get_state("s", c * 2.0), x)
+
+    def outer(p, x):
+        pure, s0 = tx.uncurry(inner, p, x)
+        return pure(s0, p, x)[0]
+    with pytest.raises(tx.StateError, match=r"(?s)state 's'.*inside a traced function"):
+        tx.uncurry(outer, jnp.array(False), f32(1.0))
+    jax_still_works()
+    # With a constant init the traced "reached?" flag selects the right value.
+    def inner2(p, x):
+        return lax.while_loop(lambda c: p & (c < 3.0),
+                              lambda c: c + tx.get_state("s", jnp.float32(2.0)), x)
+
+    def outer2(p, x):
+        pure, s0 = tx.uncurry(inner2, p, x)
+        tx.set_state("s0", s0["s"])
+        return pure(s0, p, x)[0]
+    pure, s0 = tx.uncurry(outer2, jnp.array(False), f32(1.0))
+    for p in (True, False):
+        out, s1 = pure(s0, jnp.array(p), f32(0.5))
+        assert_close(s1["s0"], f32(2.0))
+        assert_close(out, f32(0.5 + 2.0 * 2 if p else 0.5))
