@@ -152,7 +152,80 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
                 f"{_describe_site(first[name])} gave it type {want}{hint}")
         states[name] = dataclasses.replace(info, read=info.read or op == GET,
                                            written=info.written or op == SET)
+    check_custom_rules(closed)
     return dict(sorted(states.items()))
+
+
+def check_custom_rules(closed: Any) -> None:
+    """State accesses inside a user's derivative rule (custom_jvp rule,
+    custom_vjp fwd/bwd) are an error.
+
+    Such a rule runs instead of the function when the pure function is
+    differentiated from outside (``jax.grad(lambda x: pure(state, x)[0])``),
+    after the rewrite, so its accesses cannot be threaded: a read would see
+    the init and a write would be lost. (A rule that runs inside the traced
+    function, under a ``jax.grad`` there, is part of the program and fine.)
+
+    Only functions whose own body uses no state are checked here, when
+    tracing: one whose body does is rewritten by the engine, whose custom
+    rules raise ``InjectError`` if a rule with state runs (only when it is
+    differentiated from outside).
+
+    Raises:
+        StateError: naming the state and the rule's place.
+    """
+    for eqn, path in _traverse.iter_eqns(closed):
+        name, p = eqn.primitive.name, eqn.params
+        if name.startswith("custom_") and any(
+                e.primitive is tag_p and _is_state(e.params)
+                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+            continue
+        if name == "custom_jvp_call":
+            n = len(eqn.invars) - p["num_consts"]
+            rule, _, _ = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
+            _reject_state_in_rule(rule, path + ("custom_jvp[jvp rule]",))
+        elif name in ("custom_vjp_call", "custom_vjp_call_jaxpr"):
+            nc = p["num_consts"]
+            fwd, _ = p["fwd_jaxpr_thunk"].call_wrapped(*([True] * (len(eqn.invars) - nc)))
+            _reject_state_in_rule(fwd, path + ("custom_vjp[fwd]",))
+            bwd = _traced_bwd(eqn, fwd)
+            if bwd is not None:
+                _reject_state_in_rule(bwd, path + ("custom_vjp[bwd]",))
+
+
+def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
+    for eqn, sub in _traverse.iter_eqns(rule_jaxpr, path):
+        if eqn.primitive is tag_p and _is_state(eqn.params):
+            p = eqn.params
+            raise StateError(
+                f"taxpr: state {p['name']!r}: {p['op'].kind}_state({p['name']!r}) at "
+                f"{format_path(sub)} is inside a derivative rule, which runs instead of the "
+                f"function when uncurry's pure function is differentiated from outside; "
+                f"taxpr cannot thread state there (a read would see the init, a write "
+                f"would be lost). Access the state in the function itself, outside the "
+                f"rule, or differentiate inside the function")
+
+
+def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
+    """A custom_vjp's bwd traced at its argument types (residuals, output
+    cotangents); None where they cannot be told (nothing to check then)."""
+    try:
+        nc, n_out = eqn.params["num_consts"], len(eqn.outvars)
+        _, res_tree, fwds = eqn.params["out_trees"]()
+        own = iter(v.aval for v in fwd_jaxpr.outvars[:len(fwd_jaxpr.outvars) - n_out])
+        res = [next(own) if f is None else eqn.invars[nc + f].aval for f in fwds]
+        cts = [v.aval.to_tangent_aval() for v in eqn.outvars]
+        bwd = eqn.params["bwd"]
+
+        def flat(*args):
+            out = _compat.call_custom_vjp_bwd(bwd, args)[0]
+            return [c for c in jax.tree_util.tree_leaves(out)
+                    if isinstance(c, (jax.Array, jax.core.Tracer))]
+        return _compat.trace_flat(flat, [*res, *cts])
+    except StateError:
+        raise
+    except Exception:  # noqa: BLE001 - the types could not be told: nothing to check
+        return None
 
 
 def _state_injector(ctx: dict, token: Any, params: dict):

@@ -364,3 +364,105 @@ def test_nested_uncurry_with_an_unreached_traced_init_is_a_clear_error():
         out, s1 = pure(s0, jnp.array(p), f32(0.5))
         assert_close(s1["s0"], f32(2.0))
         assert_close(out, f32(0.5 + 2.0 * 2 if p else 0.5))
+
+
+# ---- E: state inside custom derivative rules ----------------------------------------------
+
+def _cjvp(S, body_state: bool):
+    @jax.custom_jvp
+    def f(x):
+        k = S.get("k", f32(1.0)) if body_state else f32(1.0)
+        return jnp.sin(x) * k
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        k = S.get("k", f32(1.0))  # the rule reads the state (for the tangent)
+        return f(x), k * jnp.cos(x) * t
+    return f
+
+
+def _cjvp_prog(S, x, body_state=True, grad_inside=False):
+    S.set("k", S.get("k", f32(1.0)) + 1.0)
+    f = _cjvp(S, body_state)
+    return S.grad(f)(x) if grad_inside else f(x)
+
+
+def test_custom_jvp_rule_reading_state_under_grad_inside_the_function_matches_eager():
+    fn = functools.partial(_cjvp_prog, TX, grad_inside=True)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    for start in (s0, {"k": f32(4.0)}):
+        out, s1 = pure(start, f32(0.5))
+        ref = Eager(start)
+        assert_close(out, _cjvp_prog(ref, f32(0.5), grad_inside=True))
+        assert_states(s1, ref.state)
+
+
+def test_custom_jvp_rule_reading_state_is_fine_until_differentiated_from_outside():
+    fn = functools.partial(_cjvp_prog, TX)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cjvp_prog(ref, f32(0.5)))
+    assert_states(s1, ref.state)
+    # Eagerly, grad would run the rule with the current "k" (2.0); the rule
+    # is traced after the rewrite, so taxpr refuses rather than read the init.
+    for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        with pytest.raises(tx.InjectError, match=r"name='k'.*custom_jvp\[jvp rule\]"):
+            diff(lambda x: pure(s0, x)[0])(f32(0.5))
+        jax_still_works()
+
+
+def test_custom_jvp_rule_with_state_around_a_stateless_body_is_an_error_at_uncurry():
+    fn = functools.partial(_cjvp_prog, TX, body_state=False)
+    with pytest.raises(tx.StateError, match=r"state 'k'.*custom_jvp\[jvp rule\]"):
+        tx.uncurry(fn, f32(0.3))
+    with pytest.raises(tx.StateError, match=r"state 'k'.*custom_jvp\[jvp rule\]"):
+        tx.make_jaxpr(fn)(f32(0.3))
+    jax_still_works()
+
+
+def _cvjp_prog(S, x, body_state=True, fwd_state=False):
+    @jax.custom_vjp
+    def f(x):
+        if body_state:
+            S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return x * 2.0
+
+    def fwd(x):
+        if fwd_state:
+            S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return x * 2.0, x
+
+    def bwd(res, g):
+        S.set("last_ct", g)  # the bwd writes a state
+        return (g * 2.0,)
+    f.defvjp(fwd, bwd)
+    S.set("last_ct", S.get("last_ct", f32(0.0)))
+    return f(x)
+
+
+def test_custom_vjp_bwd_setting_state_is_an_error_not_a_lost_update():
+    # A stateless body: found when tracing.
+    fn = functools.partial(_cvjp_prog, TX, body_state=False)
+    with pytest.raises(tx.StateError, match=r"state 'last_ct'.*custom_vjp\[bwd\]"):
+        tx.uncurry(fn, f32(0.3))
+    # A body with state: works undifferentiated, an error when differentiated
+    # from outside (eagerly the bwd's write would happen).
+    fn = functools.partial(_cvjp_prog, TX)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cvjp_prog(ref, f32(0.5)))
+    assert_states(s1, ref.state)
+    with pytest.raises(tx.InjectError, match=r"name='last_ct'.*custom_vjp\[bwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+
+
+def test_custom_vjp_fwd_with_state_is_an_error_when_differentiated_from_outside():
+    fn = functools.partial(_cvjp_prog, TX, fwd_state=True)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    with pytest.raises(tx.InjectError, match=r"name='calls'.*custom_vjp\[fwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
