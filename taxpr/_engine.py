@@ -144,6 +144,16 @@ class Hooks:
         a scan stacks / slices it). Keys must stay distinct per site there."""
         return key
 
+    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception | None:
+        """A selected tag inside a user's derivative rule (custom_jvp rule,
+        custom_vjp fwd/bwd) that runs only when the rewritten program is
+        differentiated from outside, after the rewrite: the error to raise,
+        or None to leave it a tag (oryx's harvest does). The state layer
+        raises (a read would see the init, a write would be lost)."""
+        return None
+
+    checks_rules = False  # whether rule_site can raise (tracing bwd to look costs a trace)
+
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
         if len(set(collects)) > 1:
             raise ValueError(f"taxpr: cond branches at {format_path(path)} collect "
@@ -654,19 +664,20 @@ def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
     from outside cannot be threaded: the rule is traced after the rewrite.
     Eagerly the rule's effects would happen (instead of the function's), so
     rather than drop or misplace them this is an error naming the tag."""
+    if not engine.hooks.checks_rules:
+        return
     for eqn, sub_path in _traverse.iter_eqns(rule_jaxpr, path):
         if eqn.primitive is tag_p and is_selected(eqn, engine.predicate):
-            raise InjectError(
-                f"taxpr: {_describe(user_params(eqn.params), sub_path)} sits in a user's "
-                f"derivative rule that runs when the rewritten function is differentiated "
-                f"from outside (e.g. jax.grad of uncurry's pure function); its effect "
-                f"cannot be threaded there. Move the state access / sow out of the rule "
-                f"(keep it in the function itself), or differentiate inside the function")
+            error = engine.hooks.rule_site(user_params(eqn.params), sub_path)
+            if error is not None:
+                raise error
 
 
 def _reject_bwd_sites(engine, user_bwd, args: Sequence[Any], path: tuple[str, ...]) -> None:
     """``_reject_rule_sites`` for a custom_vjp bwd, which JAX calls with values
     rather than tracing it: trace it once more abstractly to look inside."""
+    if not engine.hooks.checks_rules:
+        return
     try:
         avals = [_compat.abstractify(a) for a in args]
     except TypeError:

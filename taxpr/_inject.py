@@ -9,7 +9,7 @@ import jax
 from jax._src import core
 
 from . import _compat
-from ._engine import Engine, InjectError, Level, _describe, inline
+from ._engine import Engine, Hooks, InjectError, Level, _describe, inline
 from ._find import Predicate
 from .primitives._tag import BATCHED, TREE, keep_tags, tag_cotangent_p, tag_p, user_params
 
@@ -190,7 +190,7 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
-           predicate: Predicate | None = None) -> Any:
+           predicate: Predicate | None = None, *, hooks: Hooks | None = None) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -204,6 +204,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
             context's structure and types.
         predicate: ``predicate(params, shape) -> bool`` selects tags; the rest
             stay as tags.
+        hooks: how an effect layer reports misuse (``_engine.Hooks``).
 
     Returns:
         A closed jaxpr ``(*ctx_leaves, *inputs) -> (*outputs, *ctx_leaves)``
@@ -219,7 +220,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals)
-    engine = Engine(sites, predicate, ctx_avals)
+    engine = Engine(sites, predicate, ctx_avals, hooks)
     outvars = _compat.jaxpr_parts(closed_jaxpr)[4]
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 

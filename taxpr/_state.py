@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
-from ._engine import format_path
+from ._engine import Hooks, format_path
 from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
@@ -196,14 +196,16 @@ def check_custom_rules(closed: Any) -> None:
 def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
     for eqn, sub in _traverse.iter_eqns(rule_jaxpr, path):
         if eqn.primitive is tag_p and _is_state(eqn.params):
-            p = eqn.params
-            raise StateError(
-                f"taxpr: state {p['name']!r}: {p['op'].kind}_state({p['name']!r}) at "
-                f"{format_path(sub)} is inside a derivative rule, which runs instead of the "
-                f"function when uncurry's pure function is differentiated from outside; "
-                f"taxpr cannot thread state there (a read would see the init, a write "
-                f"would be lost). Access the state in the function itself, outside the "
-                f"rule, or differentiate inside the function")
+            raise _rule_error(eqn.params["name"], eqn.params["op"], sub)
+
+
+def _rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
+    return StateError(
+        f"taxpr: state {name!r}: {op.kind}_state({name!r}) at {format_path(path)} is inside "
+        f"a derivative rule, which runs instead of the function when uncurry's pure "
+        f"function is differentiated from outside; taxpr cannot thread state there (a "
+        f"read would see the init, a write would be lost). Access the state in the "
+        f"function itself, outside the rule, or differentiate inside the function")
 
 
 def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
@@ -255,9 +257,21 @@ def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict
     return values
 
 
+class _StateHooks(Hooks):
+    """State accesses in a derivative rule that runs only when the pure
+    function is differentiated from outside are an error (see
+    ``check_custom_rules``)."""
+
+    checks_rules = True
+
+    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
+        return _rule_error(params["name"], params["op"], path)
+
+
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
-    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state)
+    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state,
+                  hooks=_StateHooks())
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:

@@ -1680,9 +1680,10 @@ class _Hoisted:
             w(f"{s.out} = jnp.tanh(jnp.sum(ys{u}, axis=0))")
         elif isinstance(s, Fori):
             u, inner = s.uid, (*scope, f"i{s.uid}")
+            lines = [*self.body(s.body, inner), f"    return ({ENV_S}), ex"]  # nested defs first
             self.defs.append(f"def fori{u}(i{u}, carry):")
             self.defs.append(f"    ({ENV_S}), ex = carry")
-            self.function_tail(scope, [*self.body(s.body, inner), f"    return ({ENV_S}), ex"])
+            self.function_tail(scope, lines)
             w(f"({ENV_S}), _ = lax.fori_loop(jnp.clip({s.ivar} + {s.lo}, 0, 2), "
               f"jnp.clip({s.ivar} + {s.hi}, 0, 3), fori{u}, (({ENV_S}), {ex}))")
         elif isinstance(s, While):
