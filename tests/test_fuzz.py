@@ -1785,13 +1785,26 @@ def warm_up(fn, how: str, args) -> None:
 EXTRA_ENTRIES = {"zz_extra": np.float32(3.5), "aa_steps": np.int32(7)}
 
 
+def _linearized(fn):
+    """``fn`` computed under ``jax.vjp`` w.r.t. its first argument (the
+    forward pass, as ``jax.grad`` runs it): the same outputs and effects, but
+    traced through linearization and partial evaluation, where tags must be
+    kept (what a warm trace cache made with tags not kept broke)."""
+    def g(p0, *rest):
+        return jax.vjp(lambda p: fn(p, *rest), p0)[0]
+    return g
+
+
 def check_as_users_run(program, args, args2, warm: str, init_style: str, extra: bool,
-                       with_reap: bool):
+                       with_reap: bool, linearize: bool = False):
     """uncurry (and reap of the pure function) of the hoisted program after a
     warm-up, with inits in ``init_style`` and, with ``extra``, unknown entries
-    in the state dict (they pass through unchanged)."""
+    in the state dict (they pass through unchanged); with ``linearize`` the
+    transformed function runs the program under ``jax.vjp``."""
     fn = build_hoisted(program, init_style)
     warm_up(fn, warm, args)
+    if linearize:
+        fn = _linearized(fn)
     out_r, fin_r, s0_r, _ = reference(program, args)
     pure, state0 = tx.uncurry(fn, *args)
     assert_dict_close(state0, s0_r, "state0")
@@ -1821,9 +1834,14 @@ def _as_users_run_case(data):
     init_style = data.draw(st.sampled_from(INIT_STYLES))
     extra = data.draw(st.booleans())
     with_reap = data.draw(st.booleans())
+    # Reverse mode of a while loop (incl. fori with traced bounds) is not
+    # supported (as in check_derivatives).
+    linearize = data.draw(st.booleans()) and not any(
+        isinstance(s, (While, Fori)) for s in walk(program.body))
     event(f"warm-up {warm}")
     event(f"init {init_style}")
-    run_check(check_as_users_run, program, args, args2, warm, init_style, extra, with_reap)
+    run_check(check_as_users_run, program, args, args2, warm, init_style, extra, with_reap,
+              linearize)
 
 
 AS_USERS_RUN_SHARE = 60
