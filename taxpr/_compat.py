@@ -529,3 +529,24 @@ def jit_inlining_loses_nothing(params: dict) -> bool:
             and all(x is None for x in params.get("out_layouts", ()))
             and not any(params.get("donated_invars", ()))
             and not params.get("compiler_options_kvs"))
+
+
+# ---- taxpr flags that JAX's trace caches key on --------------------------------
+
+def trace_context_flag(name: str, help: str) -> Any:
+    """A thread-local boolean flag that is part of JAX's trace context.
+
+    JAX caches traces (jit's jaxpr, the bodies of scan/while/cond, checkpoint,
+    custom_jvp/custom_vjp) by function identity and ``config.trace_context()``;
+    a flag that changes what tracing produces must be in that key, or a trace
+    made with the flag off is reused with it on. Returns an object ``flag``
+    with ``flag.value`` and ``with flag(True): ...``.
+    """
+    import inspect
+    from jax._src import config
+    if name in getattr(config, "config_states", {}):
+        return config.config_states[name]  # module reloaded: reuse the registered flag
+    if "include_in_trace_context" not in inspect.signature(config.bool_state).parameters:
+        raise ImportError("taxpr: this JAX has no trace-context config flags "
+                          "(config.bool_state(include_in_trace_context=...))")
+    return config.bool_state(name, False, help, include_in_trace_context=True)

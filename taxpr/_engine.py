@@ -166,6 +166,16 @@ class Hooks:
         depend on the tangents, or reverse mode cannot linearize it."""
         return rule
 
+    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception | None:
+        """A selected tag inside a user's derivative rule (custom_jvp rule,
+        custom_vjp fwd/bwd) that runs only when the rewritten program is
+        differentiated from outside, after the rewrite: the error to raise,
+        or None to leave it a tag (oryx's harvest does). The state layer
+        raises (a read would see the init, a write would be lost)."""
+        return None
+
+    checks_rules = False  # whether rule_site can raise (tracing bwd to look costs a trace)
+
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
         if len(set(collects)) > 1:
             raise ValueError(f"taxpr: cond branches at {format_path(path)} collect "
@@ -667,6 +677,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         if zeros in cache:
             return cache[zeros]
         jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
+        _reject_rule_sites(engine, jvp_jaxpr, level.path + ("custom_jvp[jvp rule]",))
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
         rule = None
@@ -776,6 +787,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         if nonzeros in fwd_cache:
             return fwd_cache[nonzeros]
         fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
+        _reject_rule_sites(engine, fwd_jaxpr, level.path + ("custom_vjp[fwd]",))
 
         def f(*primals):
             res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
@@ -789,6 +801,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         n_res = len(args) - n_out - n_y
         user_res, primals = args[:n_res - n_all - n_x], args[n_res - n_all - n_x:n_res]
         ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
+        _reject_bwd_sites(engine, user_bwd, [*user_res, *ct_outs],
+                          level.path + ("custom_vjp[bwd]",))
         user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         out_avals = [v.aval for v in eqn.outvars]
@@ -805,6 +819,38 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
     return ctx_out
+
+
+def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
+    """A selected tag inside a user's derivative rule (custom_jvp rule,
+    custom_vjp fwd/bwd) traced when the rewritten program is differentiated
+    from outside cannot be threaded: the rule is traced after the rewrite.
+    Eagerly the rule's effects would happen (instead of the function's), so
+    rather than drop or misplace them this is an error naming the tag."""
+    if not engine.hooks.checks_rules:
+        return
+    for eqn, sub_path in _traverse.iter_eqns(rule_jaxpr, path):
+        if eqn.primitive is tag_p and is_selected(eqn, engine.predicate):
+            error = engine.hooks.rule_site(user_params(eqn.params), sub_path)
+            if error is not None:
+                raise error
+
+
+def _reject_bwd_sites(engine, user_bwd, args: Sequence[Any], path: tuple[str, ...]) -> None:
+    """``_reject_rule_sites`` for a custom_vjp bwd, which JAX calls with values
+    rather than tracing it: trace it once more abstractly to look inside."""
+    if not engine.hooks.checks_rules:
+        return
+    try:
+        avals = [_compat.abstractify(a) for a in args]
+    except TypeError:
+        return  # not arrays (cannot happen for JAX's own calls): nothing to trace
+
+    def flat(*a):
+        cts = jax.tree_util.tree_leaves(_compat.call_custom_vjp_bwd(user_bwd, a)[0])
+        return [c for c in cts if isinstance(c, (jax.Array, core.Tracer))]
+
+    _reject_rule_sites(engine, _compat.trace_flat(flat, avals), path)
 
 
 def _zeros_like_ct(aval) -> Any:

@@ -9,10 +9,10 @@ import jax
 from jax._src import core
 
 from . import _compat
-from ._engine import Engine, InjectError, Level, _describe, inline
+from ._engine import Engine, Hooks, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import (GUARD_FROM, TREE, keep_tags, n_values, tag_cotangent_p, tag_p,
-                              user_params)
+from .primitives._tag import (BATCHED, GUARD_FROM, TREE, keep_tags, n_values,
+                              tag_cotangent_p, tag_p, user_params)
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
 
@@ -39,9 +39,10 @@ class _InjectSites:
         self._traced: dict = {}
 
     # -- tracing the injector, once per signature --
-    def _trace(self, kind: str, params: dict, tree, token_avals, path, context=None):
+    def _trace(self, kind: str, params: dict, tree, token_avals, path, context=None,
+               batched: bool = False):
         key = (kind, tuple(sorted(params.items(), key=lambda kv: kv[0])), tree, token_avals,
-               id(context))
+               id(context), batched)
         hit = self._traced.get(key)
         if hit is not None:
             return hit
@@ -100,7 +101,7 @@ class _InjectSites:
             with context():
                 closed = _compat.trace_flat(flat, avals)
         if kind == "primal":
-            self._check(closed, found, params, tree, token_avals, path)
+            self._check(closed, found, params, tree, token_avals, path, batched)
             result = (closed, None)
         else:
             used = _compat.used_invars(closed)
@@ -108,7 +109,7 @@ class _InjectSites:
         self._traced[key] = result
         return result
 
-    def _check(self, closed, found, params, tree, token_avals, path):
+    def _check(self, closed, found, params, tree, token_avals, path, batched):
         where = _describe(params, path)
         out_avals = [v.aval for v in _compat.jaxpr_parts(closed).outvars]
         if found["token"] != tree:
@@ -123,7 +124,10 @@ class _InjectSites:
             for i, (g, w) in enumerate(zip(got, want)):
                 if g.shape != w.shape or g.dtype != w.dtype:
                     hint = ""
-                    if kind == "ctx" and g.dtype == w.dtype and g.shape[1:] == w.shape:
+                    # Only where it is true: the tag was batched by vmap and
+                    # the leaf has exactly one extra leading axis.
+                    if (kind == "ctx" and batched and g.dtype == w.dtype
+                            and len(g.shape) == len(w.shape) + 1 and g.shape[1:] == w.shape):
                         hint = (" (it looks batched: under vmap the token is batched, and a "
                                 "batched value cannot be stored into an unbatched ctx)")
                     raise InjectError(
@@ -146,7 +150,7 @@ class _InjectSites:
         token_avals = tuple(v.aval for v in eqn.invars[:n])
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
-                                    level.context)
+                                    level.context, bool(eqn.params.get(BATCHED)))
             level.site_ctx[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
@@ -270,8 +274,8 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
-           predicate: Predicate | None = None, *, _guard_merge: Callable | None = None,
-           _check_per_shard: bool = True) -> Any:
+           predicate: Predicate | None = None, *, hooks: Hooks | None = None,
+           _guard_merge: Callable | None = None, _check_per_shard: bool = True) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -285,6 +289,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
             context's structure and types.
         predicate: ``predicate(params, shape) -> bool`` selects tags; the rest
             stay as tags.
+        hooks: how an effect layer reports misuse (``_engine.Hooks``).
 
     Returns:
         A closed jaxpr ``(*ctx_leaves, *inputs) -> (*outputs, *ctx_leaves)``
@@ -301,7 +306,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge)
     sites.check_per_shard = _check_per_shard
-    engine = Engine(sites, predicate, ctx_avals)
+    engine = Engine(sites, predicate, ctx_avals, hooks)
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 

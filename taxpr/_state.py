@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
-from ._engine import format_path
+from ._engine import Hooks, format_path
 from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
@@ -54,9 +53,6 @@ class StateOp:
 
 
 GET, SET = StateOp("get"), StateOp("set")
-# Concrete ``init`` values seen while tracing (the initial value of a state
-# the example run never reaches).
-_INITS = threading.local()
 
 
 class StateError(ValueError):
@@ -87,9 +83,8 @@ def get_state(name: str, init: Any) -> jax.Array:
     if callable(init):
         with jax.ensure_compile_time_eval():
             init = init()
-    inits = getattr(_INITS, "seen", None)
-    if inits is not None and name not in inits and not isinstance(init, jax.core.Tracer):
-        inits[name] = np.asarray(init)
+    # The init stays in the jaxpr as the tag's operand: a state the example
+    # run never reaches gets it from there (``initial_states``).
     return tag(jnp.asarray(init), op=GET, name=name)
 
 
@@ -161,23 +156,28 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         site = TagSite(user_params(eqn.params), tag_shape(eqn), path)
         name, op, aval = site.params["name"], site.params["op"], site.shape
         if name not in states:
-            states[name] = StateInfo(name, tuple(aval.shape), np.dtype(aval.dtype),
+            states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
                                      op == GET, op == SET)
             first[name] = site
             continue
         info = states[name]
-        if tuple(aval.shape) != info.shape or np.dtype(aval.dtype) != info.dtype:
-            got = f"{np.dtype(aval.dtype).name}{list(aval.shape)}"
+        if tuple(aval.shape) != info.shape or aval.dtype != info.dtype:
+            got = f"{aval.dtype.name}{list(aval.shape)}"
             want = f"{info.dtype.name}{list(info.shape)}"
             hint = ""
-            if tuple(aval.shape[1:]) == info.shape and op == SET:
-                hint = (" (it looks batched: setting a state to a value batched by vmap is "
-                        "not allowed; reads under vmap broadcast, writes must be unbatched)")
+            # Only where it is true: same dtype, one extra leading axis.
+            if (op == SET and aval.dtype == info.dtype
+                    and len(aval.shape) == len(info.shape) + 1
+                    and tuple(aval.shape[1:]) == info.shape):
+                hint = (f" (it has an extra leading axis of size {aval.shape[0]}; if that "
+                        f"axis comes from vmap: setting a state to a batched value is not "
+                        f"allowed; reads under vmap broadcast, writes must be unbatched)")
             raise StateError(
                 f"taxpr: state {name!r}: {_describe_site(site)} has type {got}, but "
                 f"{_describe_site(first[name])} gave it type {want}{hint}")
         states[name] = dataclasses.replace(info, read=info.read or op == GET,
                                            written=info.written or op == SET)
+    check_custom_rules(closed)
     return dict(sorted(states.items()))
 
 
@@ -201,6 +201,80 @@ def _check_unchecked_shard_maps(jaxpr: Any, path: tuple = (), unchecked: bool = 
             _check_unchecked_shard_maps(sj, path + (sub.label,), inner)
 
 
+def check_custom_rules(closed: Any) -> None:
+    """State accesses inside a user's derivative rule (custom_jvp rule,
+    custom_vjp fwd/bwd) are an error.
+
+    Such a rule runs instead of the function when the pure function is
+    differentiated from outside (``jax.grad(lambda x: pure(state, x)[0])``),
+    after the rewrite, so its accesses cannot be threaded: a read would see
+    the init and a write would be lost. (A rule that runs inside the traced
+    function, under a ``jax.grad`` there, is part of the program and fine.)
+
+    Only functions whose own body uses no state are checked here, when
+    tracing: one whose body does is rewritten by the engine, whose custom
+    rules raise ``InjectError`` if a rule with state runs (only when it is
+    differentiated from outside).
+
+    Raises:
+        StateError: naming the state and the rule's place.
+    """
+    for eqn, path in _traverse.iter_eqns(closed):
+        name, p = eqn.primitive.name, eqn.params
+        if name.startswith("custom_") and any(
+                e.primitive is tag_p and _is_state(e.params)
+                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+            continue
+        if name == "custom_jvp_call":
+            n = len(eqn.invars) - p["num_consts"]
+            rule, _, _ = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
+            _reject_state_in_rule(rule, path + ("custom_jvp[jvp rule]",))
+        elif name == "custom_vjp_call":
+            nc = p["num_consts"]
+            fwd, _ = p["fwd_jaxpr_thunk"].call_wrapped(*([True] * (len(eqn.invars) - nc)))
+            _reject_state_in_rule(fwd, path + ("custom_vjp[fwd]",))
+            bwd = _traced_bwd(eqn, fwd)
+            if bwd is not None:
+                _reject_state_in_rule(bwd, path + ("custom_vjp[bwd]",))
+
+
+def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
+    for eqn, sub in _traverse.iter_eqns(rule_jaxpr, path):
+        if eqn.primitive is tag_p and _is_state(eqn.params):
+            raise _rule_error(eqn.params["name"], eqn.params["op"], sub)
+
+
+def _rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
+    return StateError(
+        f"taxpr: state {name!r}: {op.kind}_state({name!r}) at {format_path(path)} is inside "
+        f"a derivative rule, which runs instead of the function when uncurry's pure "
+        f"function is differentiated from outside; taxpr cannot thread state there (a "
+        f"read would see the init, a write would be lost). Access the state in the "
+        f"function itself, outside the rule, or differentiate inside the function")
+
+
+def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
+    """A custom_vjp's bwd traced at its argument types (residuals, output
+    cotangents); None where they cannot be told (nothing to check then)."""
+    try:
+        nc, n_out = eqn.params["num_consts"], len(eqn.outvars)
+        _, res_tree, fwds = eqn.params["out_trees"]()
+        own = iter(v.aval for v in fwd_jaxpr.outvars[:len(fwd_jaxpr.outvars) - n_out])
+        res = [next(own) if f is None else eqn.invars[nc + f].aval for f in fwds]
+        cts = [v.aval.to_tangent_aval() for v in eqn.outvars]
+        bwd = eqn.params["bwd"]
+
+        def flat(*args):
+            out = _compat.call_custom_vjp_bwd(bwd, args)[0]
+            return [c for c in jax.tree_util.tree_leaves(out)
+                    if isinstance(c, (jax.Array, jax.core.Tracer))]
+        return _compat.trace_flat(flat, [*res, *cts])
+    except StateError:
+        raise
+    except Exception:  # noqa: BLE001 - the types could not be told: nothing to check
+        return None
+
+
 def _state_injector(ctx: dict, token: Any, params: dict):
     name = params["name"]
     if params["op"] is GET:
@@ -215,8 +289,9 @@ def _init_injector(ctx: dict, token: Any, params: dict):
     value, initial, seen = ctx[name]
     yes = jnp.ones((), bool)
     if params["op"] is GET:
-        new = jnp.where(seen, value, token)
-        return new, {**ctx, name: (new, jnp.where(seen, initial, token), yes)}
+        # lax.select, not jnp.where: it takes every dtype (typed keys too).
+        new = jax.lax.select(seen, value, token)
+        return new, {**ctx, name: (new, jax.lax.select(seen, initial, token), yes)}
     # A state first set (never read before) starts at zeros.
     return token, {**ctx, name: (token, initial, yes)}
 
@@ -235,17 +310,29 @@ def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict
     return values
 
 
+class _StateHooks(Hooks):
+    """State accesses in a derivative rule that runs only when the pure
+    function is differentiated from outside are an error (see
+    ``check_custom_rules``)."""
+
+    checks_rules = True
+
+    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
+        return _rule_error(params["name"], params["op"], path)
+
+
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
-    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state)
+    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state,
+                  hooks=_StateHooks())
 
 
-def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any],
-                   static_inits: dict | None = None) -> dict:
+def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
     """Run ``closed`` once on ``args`` and return each state's value at first
-    use; a state the run never reaches starts at its (concrete) ``init``, or
-    zeros."""
-    zeros = {n: (np.zeros(s.shape, s.dtype), np.zeros(s.shape, s.dtype), np.zeros((), bool))
+    use. A state the run never reaches starts at the ``init`` of its first
+    ``get_state`` in trace order, computed exactly from the program
+    (``unreached_init``), or at zeros if it is only ever set."""
+    zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state,
                   _guard_merge=_reached_by_any_example,
@@ -256,23 +343,151 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
     final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
-    static = static_inits or {}
-    return {n: initial if bool(seen) or n not in static else jnp.asarray(static[n], initial.dtype)
-            for n, (_, initial, seen) in final.items()}
+    first_gets = _first_gets(closed)
+    result = {}
+    for n, (_, initial, seen) in final.items():
+        if not isinstance(seen, jax.core.Tracer) and bool(seen):
+            result[n] = initial
+            continue
+        if n not in first_gets:  # only ever set: zeros (already in ``initial``)
+            result[n] = initial
+            continue
+        chain, path = first_gets[n]
+        if isinstance(seen, jax.core.Tracer):
+            # uncurry inside a traced function: whether the example run
+            # reaches the state is itself traced.
+            try:
+                fallback = unreached_init(chain, path, n, args)
+            except StateError as e:
+                raise StateError(
+                    f"{e} (uncurry is called inside a traced function, so whether the "
+                    f"example run reaches it is unknown at trace time)") from None
+            result[n] = jax.lax.select(seen, initial, fallback)
+        else:
+            result[n] = unreached_init(chain, path, n, args)
+    return result
+
+
+# ---- the init of a state the example run never reaches ---------------------------
+
+def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
+    """Each state's first ``get_state`` in trace order: ``name -> (chain,
+    path)``, ``chain`` the enclosing ``(jaxpr, eqn, sub)`` from the top level
+    down, ending with ``(jaxpr, tag_eqn, None)``."""
+    out: dict = {}
+
+    def visit(jaxpr, chain, path):
+        for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+            if eqn.primitive is tag_p:
+                p = eqn.params
+                if p.get("op") is GET and p["name"] not in out:
+                    out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if eqn.primitive.name == "cond":
+                subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
+            for sub, sj in subs:
+                visit(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,))
+
+    visit(closed, [], ())
+    return out
+
+
+_CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2",
+                   "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _outer_operand(eqn, sub, i: int) -> Any | None:
+    """The operand of ``eqn`` that input ``i`` of its sub-jaxpr ``sub`` is
+    bound to, the same in every iteration; None if there is none (a loop's
+    carry or xs, a shard_map's shard)."""
+    name = eqn.primitive.name
+    if name in _CALLS:
+        return eqn.invars[i] if i < len(eqn.invars) else None
+    if name == "cond":
+        return eqn.invars[1 + i]
+    if name == "scan":
+        nc, _ = _compat.scan_counts(eqn.params)
+        return eqn.invars[i] if i < nc else None
+    if name == "while":
+        cc, bc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        if sub.key == "cond_jaxpr":
+            return eqn.invars[i] if i < cc else None
+        return eqn.invars[cc + i] if i < bc else None
+    return None
+
+
+def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
+    """The value of a ``get_state``'s init operand that the example run never
+    reaches, computed from the program and ``args`` (the top-level inputs).
+
+    The init's computation is sliced out of each enclosing jaxpr, from the
+    site outwards; an input of a nested jaxpr is followed to the enclosing
+    equation's operand when that operand is the same on every run of the
+    body (jit/checkpoint/custom rule arguments, cond operands, loop consts).
+
+    Raises:
+        StateError: the init depends on a value that differs per run of its
+            body (a loop's carry or xs), on a state, or on an effect.
+    """
+    where = f"get_state({name!r}) at {format_path(path)}"
+
+    def fail(why: str) -> StateError:
+        return StateError(
+            f"taxpr: state {name!r}: {where} is never reached when running the example "
+            f"arguments, and its init {why}, so its initial value cannot be computed; give "
+            f"an init that does not depend on traced values (e.g. a callable), or example "
+            f"arguments that reach it")
+
+    def values(level: int, atoms: list) -> list:
+        jaxpr = chain[level][0]
+        constvars, consts, invars, eqns, _, _, dbg = _compat.jaxpr_parts(jaxpr)
+        needed = {a for a in atoms if type(a) is _compat.Var}
+        kept = []
+        for eqn in reversed(eqns):
+            if not any(type(o) is _compat.Var and o in needed for o in eqn.outvars):
+                continue
+            if eqn.primitive is tag_p:
+                if _is_state(eqn.params) and eqn.params["op"] is GET:
+                    raise fail(f"depends on state {eqn.params['name']!r}")
+            elif eqn.effects:
+                raise fail(f"depends on an effect ({eqn.primitive.name})")
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if type(v) is _compat.Var)
+        kept.reverse()
+        ins = [v for v in invars if v in needed]
+        if ins:
+            if level == 0:
+                index = {v: k for k, v in enumerate(invars)}
+                in_vals = [args[index[v]] for v in ins]
+            else:
+                _, eqn, sub = chain[level - 1]
+                pos = {v: k for k, v in enumerate(invars)}
+                outer = [_outer_operand(eqn, sub, pos[v]) for v in ins]
+                if any(o is None for o in outer):
+                    raise fail(f"depends on a value that changes on every run of "
+                               f"{sub.label} (e.g. a loop's carry or xs)")
+                in_vals = values(level - 1, outer)
+        else:
+            in_vals = []
+        if consts is None and any(v in needed for v in constvars):
+            raise fail("depends on a free variable of an open jaxpr")
+        sliced = _compat.make_closed(constvars, consts or [], ins, kept, list(atoms),
+                                     _traverse.effects_of_eqns(kept), dbg)
+        return list(_compat.jaxpr_as_fun(sliced)(*in_vals))
+
+    _, tag_eqn, _ = chain[-1]
+    # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
+    return jnp.asarray(values(len(chain) - 1, [tag_eqn.invars[0]])[0])
 
 
 class _Traced:
     """One traced signature of ``uncurry``'s function."""
 
     def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
-        _INITS.seen = {}
-        try:
-            self.closed, self.out_tree = trace_program(
-                fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
-                rebuild=lambda dyn: eqx.combine(dyn, static))
-            self.inits = _INITS.seen
-        finally:
-            _INITS.seen = None
+        self.closed, self.out_tree = trace_program(
+            fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
+            rebuild=lambda dyn: eqx.combine(dyn, static))
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 
@@ -305,14 +520,15 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         return hit, leaves
 
     t0, leaves0 = traced(example_args, example_kwargs)
-    state0 = initial_states(t0.closed, t0.states, leaves0, t0.inits)
+    state0 = initial_states(t0.closed, t0.states, leaves0)
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
         names = list(t.states)
-        if set(state) != set(names):
-            raise StateError(f"taxpr: uncurry's pure function takes states {names}, "
-                             f"got {sorted(state)}")
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise StateError(f"taxpr: uncurry's pure function takes states {names}; "
+                             f"missing {missing} (got {sorted(state)})")
         for n in names:
             info, v = t.states[n], state[n]
             if tuple(np.shape(v)) != info.shape or jnp.result_type(v) != info.dtype:
@@ -321,8 +537,10 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
                     f"{jnp.result_type(v).name}{list(np.shape(v))}")
         outs = _compat.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
         n_out = t.out_tree.num_leaves
+        # Entries this call path does not use pass through unchanged, as
+        # they would in a dict (e.g. the state of a whole training run).
         return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
-                dict(zip(names, outs[n_out:])))
+                {**state, **dict(zip(names, outs[n_out:]))})
 
     return pure, state0
 

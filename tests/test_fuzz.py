@@ -1669,3 +1669,266 @@ def test_regression_plant_append_in_two_conds():
 
     np.testing.assert_allclose(h.reap(f, tag=T)(1.0)["a"], [2.0, 2.0])
     assert float(h.plant(f, tag=T)({"a": jnp.array([1.0, 2.0])}, 1.0)) == 21.0
+
+
+# ---------------------------------------------------------------------------------
+# Programs as users really run them (issue 10): warm trace caches, inits built
+# inside the trace, extra state entries
+# ---------------------------------------------------------------------------------
+# ``to_source_hoisted`` renders a program with every inner function (scan /
+# fori / while bodies, branches, jitted and checkpointed functions) defined
+# once at module level, its free variables passed explicitly (``ex``): the
+# functions keep their identity across calls, so JAX's trace caches (keyed by
+# function identity) are warm when the program ran before (under ``jax.jit``,
+# eagerly or ``jax.make_jaxpr``) and taxpr transforms it. ``init_style``
+# renders a state's init as a NumPy constant, a JAX constant (a tracer inside
+# a traced body), ``c * jnp.ones(())`` or a callable: unreached states must
+# start at that init in every style.
+
+INIT_STYLES = ("numpy", "jnp", "ones", "callable")
+WARM_UPS = ("none", "jit", "eager", "make_jaxpr")
+
+
+def _styled_init(init, style: str) -> str:
+    if style == "numpy":
+        return _npinit(init)
+    if isinstance(init, tuple):
+        value = f"jnp.array([{', '.join(_f(x) for x in init)}], jnp.float32)"
+        ones = f"{value} * jnp.ones((3,), jnp.float32)"
+    else:
+        value = f"jnp.float32({_f(init)})"
+        ones = f"{_f(init)} * jnp.ones((), jnp.float32)"
+    if style == "jnp":
+        return value
+    if style == "ones":
+        return ones
+    return f"lambda: {value}"
+
+
+class _Hoisted:
+    """The renderer of ``to_source_hoisted``."""
+
+    def __init__(self, init_style: str):
+        self.init_style = init_style
+        self.defs: list[str] = []
+
+    def get(self, state: str, init) -> str:
+        return f'tx.get_state("{state}", {_styled_init(init, self.init_style)})'
+
+    def function(self, header: str, scope: tuple, lines: list) -> None:
+        """A module-level def: ``header`` then unpacking ``ex`` into ``scope``."""
+        self.defs.append(header)
+        self.defs.append(f"    {', '.join(scope)}, = ex")
+        self.defs.extend(lines)
+        self.defs.append("")
+
+    def block(self, stmts, ind: str, out: list, scope: tuple) -> None:
+        for s in stmts:
+            self.stmt(s, ind, out, scope)
+
+    def body(self, stmts, scope: tuple) -> list:
+        lines: list = []
+        self.block(stmts, "    ", lines, scope)
+        return lines
+
+    def stmt(self, s, ind: str, out: list, scope: tuple) -> None:
+        w = lambda line: out.append(ind + line)  # noqa: E731
+        ex = f"({', '.join(scope)},)"
+        if isinstance(s, Get):
+            w(f"{s.target} = {self.get(s.state, s.init)}")
+        elif isinstance(s, (Assign, Set, Sow)):
+            rstmt(s, ind, out)
+        elif isinstance(s, Scan):
+            u, inner = s.uid, (*scope, f"x{s.uid}", f"i{s.uid}")
+            lines = [f"    x{u}, i{u} = xi", *self.body(s.body, inner),
+                     f"    return (({ENV_S}), ex), {s.yvar}"]
+            self.defs.append(f"def scan{u}(carry, xi):")
+            self.defs.append(f"    ({ENV_S}), ex = carry")
+            self.function_tail(scope, lines)
+            coefs = _vec(s.coefs) if s.length else "jnp.zeros((0,), jnp.float32)"
+            rev = ", reverse=True" if s.reverse else ""
+            w(f"(({ENV_S}), _), ys{u} = lax.scan(scan{u}, (({ENV_S}), {ex}), "
+              f"({coefs} * {rexpr(s.xsrc, False)}, jnp.arange({s.length}, dtype=jnp.int32)){rev})")
+            w(f"{s.out} = jnp.tanh(jnp.sum(ys{u}, axis=0))")
+        elif isinstance(s, Fori):
+            u, inner = s.uid, (*scope, f"i{s.uid}")
+            lines = [*self.body(s.body, inner), f"    return ({ENV_S}), ex"]  # nested defs first
+            self.defs.append(f"def fori{u}(i{u}, carry):")
+            self.defs.append(f"    ({ENV_S}), ex = carry")
+            self.function_tail(scope, lines)
+            w(f"({ENV_S}), _ = lax.fori_loop(jnp.clip({s.ivar} + {s.lo}, 0, 2), "
+              f"jnp.clip({s.ivar} + {s.hi}, 0, 3), fori{u}, (({ENV_S}), {ex}))")
+        elif isinstance(s, While):
+            u = s.uid
+            outer = scope
+            if s.kind == "state":
+                w(f"lim{u} = {CNT_GET} + {s.bound}")
+                scope = (*scope, f"lim{u}")
+                ex = f"({', '.join(scope)},)"
+            carry = f"k{u}, ({ENV_S}), ex" if s.kind == "carry" else f"({ENV_S}), ex"
+            inner = (*outer, f"k{u}") if s.kind == "carry" else scope
+            cond_lines = []
+            if s.csow:
+                cond_lines.append(f'    h.sow({s.csow[0]}, tag=T, name="{s.csow[1]}", '
+                                  f'mode="clobber")')
+            pred = f"k{u} < {s.bound}" if s.kind == "carry" else f"{CNT_GET} < lim{u}"
+            if s.spred:
+                st_, init, t = s.spred
+                pred = f"({pred}) & ({self.get(st_, init)} > {_f(t)})"
+            cond_lines.append(f"    return {pred}")
+            self.defs.append(f"def wcond{u}(carry):")
+            self.defs.append(f"    {carry} = carry")
+            self.function_tail(scope, cond_lines)
+            body_lines = []
+            if s.kind == "state":
+                body_lines.append(f'    tx.set_state("cnt", {CNT_GET} + 1)')
+            # The body sees k{u} (carry kind) as a free variable of nested functions.
+            body_lines += self.body(s.body, inner)
+            body_lines.append("    return " + (f"k{u} + 1, ({ENV_S}), ex" if s.kind == "carry"
+                                               else f"({ENV_S}), ex"))
+            self.defs.append(f"def wbody{u}(carry):")
+            self.defs.append(f"    {carry} = carry")
+            self.function_tail(scope, body_lines)
+            if s.kind == "carry":
+                w(f"_, ({ENV_S}), _ = lax.while_loop(wcond{u}, wbody{u}, "
+                  f"(jnp.int32(0), ({ENV_S}), {ex}))")
+            else:
+                w(f"({ENV_S}), _ = lax.while_loop(wcond{u}, wbody{u}, (({ENV_S}), {ex}))")
+        elif isinstance(s, (Cond, Switch)):
+            u = s.uid
+            for b, body in enumerate(s.branches):
+                self.function(f"def br{u}_{b}({ENV_S}, ex):", scope,
+                              [*self.body(body, scope), f"    return {ENV_S}"])
+            names = ", ".join(f"br{u}_{b}" for b in range(len(s.branches)))
+            names += "," if len(s.branches) == 1 else ""
+            if isinstance(s, Cond):
+                w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S}, {ex})")
+            else:
+                w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S}, {ex})")
+        elif isinstance(s, (Jit, Ckpt)):
+            kind = "jit" if isinstance(s, Jit) else "ckpt"
+            self.function(f"def {kind}{s.uid}_fn({ENV_S}, ex):", scope,
+                          [*self.body(s.body, scope), f"    return {ENV_S}"])
+            wrap = "jax.jit" if kind == "jit" else "jax.checkpoint"
+            self.defs.append(f"{kind}{s.uid} = {wrap}({kind}{s.uid}_fn)")
+            self.defs.append("")
+            for _ in range(s.calls):
+                w(f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})")
+        else:
+            raise TypeError(s)
+
+    def function_tail(self, scope: tuple, lines: list) -> None:
+        """The rest of a def whose header unpacked ``ex`` from its carry."""
+        self.defs.append(f"    {', '.join(scope)}, = ex")
+        self.defs.extend(lines)
+        self.defs.append("")
+
+
+def to_source_hoisted(program: Program, init_style: str = "numpy") -> str:
+    """The program as ``program(p0, p1, p2, pv, n)`` with its inner functions
+    at module level (see above)."""
+    r = _Hoisted(init_style)
+    main = ["def program(p0, p1, p2, pv, n):", f"    {ENV_S} = p0, p1, p2, pv"]
+    r.block(program.body, "    ", main, ("n",))
+    main.append(f"    return {ENV_S}")
+    return "\n".join([HEADER, *r.defs, *main]) + "\n"
+
+
+def build_hoisted(program: Program, init_style: str):
+    src = to_source_hoisted(program, init_style)
+    _BUILD_COUNT[0] += 1
+    fname = f"<fuzz-hoisted-{_BUILD_COUNT[0]}>"
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    namespace: dict = {}
+    exec(compile(src, fname, "exec"), namespace)
+    return namespace["program"]
+
+
+def warm_up(fn, how: str, args) -> None:
+    """Run ``fn`` before taxpr transforms it, so JAX's trace caches are warm."""
+    if how == "jit":
+        jax.block_until_ready(jax.jit(fn)(*args))
+    elif how == "eager":
+        jax.block_until_ready(fn(*args))
+    elif how == "make_jaxpr":
+        jax.make_jaxpr(fn)(*args)
+
+
+EXTRA_ENTRIES = {"zz_extra": np.float32(3.5), "aa_steps": np.int32(7)}
+
+
+def _linearized(fn):
+    """``fn`` computed under ``jax.vjp`` w.r.t. its first argument (the
+    forward pass, as ``jax.grad`` runs it): the same outputs and effects, but
+    traced through linearization and partial evaluation, where tags must be
+    kept (what a warm trace cache made with tags not kept broke)."""
+    def g(p0, *rest):
+        return jax.vjp(lambda p: fn(p, *rest), p0)[0]
+    return g
+
+
+def check_as_users_run(program, args, args2, warm: str, init_style: str, extra: bool,
+                       with_reap: bool, linearize: bool = False):
+    """uncurry (and reap of the pure function) of the hoisted program after a
+    warm-up, with inits in ``init_style`` and, with ``extra``, unknown entries
+    in the state dict (they pass through unchanged); with ``linearize`` the
+    transformed function runs the program under ``jax.vjp``."""
+    fn = build_hoisted(program, init_style)
+    warm_up(fn, warm, args)
+    if linearize:
+        fn = _linearized(fn)
+    out_r, fin_r, s0_r, _ = reference(program, args)
+    pure, state0 = tx.uncurry(fn, *args)
+    assert_dict_close(state0, s0_r, "state0")
+    out, fin = pure(state0, *args)
+    assert_outs_close(out, out_r, "pure(state0) out")
+    assert_dict_close(fin, fin_r, "pure(state0) state")
+    closed, infos = tx.make_jaxpr(fn)(*args)
+    check(closed)
+    assert [i.name for i in infos] == sorted(s0_r)
+    other = perturb(state0)
+    out_r2, fin_r2, _, reaps_r = reference(program, args2, other)
+    start = {**other, **EXTRA_ENTRIES} if extra else other
+    want_fin = {**fin_r2, **EXTRA_ENTRIES} if extra else fin_r2
+    if with_reap:
+        (out2, fin2), reaps = jax.jit(h.call_and_reap(pure, tag=T))(start, *args2)
+        assert_dict_close(reaps, reaps_r, "reap(pure) reaps")
+    else:
+        out2, fin2 = jax.jit(pure)(start, *args2)
+    assert_outs_close(out2, out_r2, "pure(other state) out")
+    assert_dict_close(fin2, want_fin, "pure(other state) state")
+
+
+def _as_users_run_case(data):
+    program = data.draw(programs())
+    args, args2 = data.draw(arguments()), data.draw(arguments())
+    warm = data.draw(st.sampled_from(WARM_UPS))
+    init_style = data.draw(st.sampled_from(INIT_STYLES))
+    extra = data.draw(st.booleans())
+    with_reap = data.draw(st.booleans())
+    # Reverse mode of a while loop (incl. fori with traced bounds) is not
+    # supported (as in check_derivatives).
+    linearize = data.draw(st.booleans()) and not any(
+        isinstance(s, (While, Fori)) for s in walk(program.body))
+    event(f"warm-up {warm}")
+    event(f"init {init_style}")
+    run_check(check_as_users_run, program, args, args2, warm, init_style, extra, with_reap,
+              linearize)
+
+
+AS_USERS_RUN_SHARE = 60
+
+
+@_seeded
+@ci_settings(AS_USERS_RUN_SHARE)
+@given(st.data())
+def test_programs_as_users_run_them_match_reference(data):
+    _as_users_run_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(AS_USERS_RUN_SHARE)
+@given(st.data())
+def test_long_programs_as_users_run_them(data):
+    _as_users_run_case(data)

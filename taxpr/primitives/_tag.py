@@ -21,7 +21,6 @@ Design (see README "How tags stay alive"):
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any
 
 import jax
@@ -49,7 +48,11 @@ BATCHED = "_taxpr_batched"
 # first. GUARD_FROM names the cond branches / while parts that guard it.
 GUARD = "_taxpr_guard"
 GUARD_FROM = "_taxpr_guard_from"
-_KEEP = threading.local()
+# Keep mode is part of JAX's trace context, so that a trace JAX cached with
+# keep mode off (the user ran the function before) is never reused under
+# ``keep_tags()`` and vice versa.
+_KEEP = _compat.trace_context_flag(
+    "taxpr_keep_tags", "taxpr: bind tags as kept tags (set by taxpr.keep_tags())")
 
 
 @contextlib.contextmanager
@@ -62,12 +65,8 @@ def keep_tags():
     that are not differentiated (whose JVP rule never runs). Use it around
     ``jax.make_jaxpr`` when passing the result to ``inject`` yourself.
     """
-    prev = getattr(_KEEP, "on", False)
-    _KEEP.on = True
-    try:
+    with _KEEP(True):
         yield
-    finally:
-        _KEEP.on = prev
 HIDDEN_PREFIX = "_taxpr_"
 
 
@@ -326,7 +325,7 @@ def tag(value: Any, **params: Any) -> Any:
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         return value
     params = {TREE: tree, **params}
-    if getattr(_KEEP, "on", False):
+    if _KEEP.value:
         params[KEPT] = True
     out = tag_p.bind(*leaves, **params)
     return jax.tree_util.tree_unflatten(tree, out)
