@@ -377,7 +377,7 @@ def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
     out: dict = {}
 
     def visit(jaxpr, chain, path):
-        for eqn in _compat.jaxpr_parts(jaxpr)[3]:
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             if eqn.primitive is tag_p:
                 p = eqn.params
                 if p.get("op") is GET and p["name"] not in out:

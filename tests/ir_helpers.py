@@ -11,7 +11,7 @@ from taxpr import _compat, _traverse
 
 def counts(j) -> tuple[int, int]:
     """``(top-level equations, nested equations)`` of ``j``."""
-    top = len(_compat.jaxpr_parts(j)[3])
+    top = len(_compat.jaxpr_parts(j).eqns)
     total = sum(1 for _ in _traverse.iter_eqns(j))
     return top, total - top
 

@@ -112,7 +112,7 @@ def test_two_calls_of_jitted_function_with_callbacks_still_call_twice():
     for p in [*PASSES, ir.optimize_jaxpr]:
         o = p(j)
         check(o)
-        assert sum(e.primitive.name in ("jit", "pjit") for e in _compat.jaxpr_parts(o)[3]) == 2
+        assert sum(e.primitive.name in ("jit", "pjit") for e in _compat.jaxpr_parts(o).eqns) == 2
         calls.clear()
         jax.block_until_ready(run(o, np.float32(1.0), jit=False))
         jax.effects_barrier()
@@ -129,7 +129,7 @@ def test_large_pad_is_not_folded_and_small_pad_is():
     jb = jax.make_jaxpr(big)(jnp.float32(1.0))
     ob = ir.constant_fold(jb)
     assert "pad" in {e.primitive.name for e, _ in ir_iter(ob)}
-    assert all(np.size(c) <= 1000 for c in _compat.jaxpr_parts(ob)[1])
+    assert all(np.size(c) <= 1000 for c in _compat.jaxpr_parts(ob).consts)
     assert_bitwise(run(ob, np.float32(1.0)), run(jb, np.float32(1.0)))
     js = jax.make_jaxpr(small)(jnp.float32(1.0))
     os_ = ir.constant_fold(js)
@@ -168,7 +168,7 @@ def test_algebraic_simplification_keeps_ieee_semantics(x):
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
     o = ir.dead_code_elimination(ir.algebraic_simplification(j))
     check(o)
-    names = [e.primitive.name for e in _compat.jaxpr_parts(o)[3]]
+    names = [e.primitive.name for e in _compat.jaxpr_parts(o).eqns]
     assert names == ["add", "mul", "sub"]  # x + 0.0, x * 0.0, x - x stay
     assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)))
 
@@ -176,18 +176,18 @@ def test_algebraic_simplification_keeps_ieee_semantics(x):
 def test_algebraic_simplification_keeps_the_exact_output_type():
     # weak-typed x times a strongly typed 1 is strongly typed: not x.
     j = jax.make_jaxpr(lambda x: lax.mul_p.bind(x, np.float32(1)))(1.0)
-    (eqn,) = _compat.jaxpr_parts(j)[3]
+    (eqn,) = _compat.jaxpr_parts(j).eqns
     assert eqn.invars[0].aval.weak_type and not eqn.outvars[0].aval.weak_type
     assert ir.algebraic_simplification(j) is j
     # bf16 x converted to f32 then times 1: the multiply goes, the convert stays.
     jb = jax.make_jaxpr(lambda x: x.astype(jnp.float32) * 1.0)(jnp.bfloat16(1.5))
     ob = ir.optimize_jaxpr(jb, validate=True)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(ob)[3]] == ["convert_element_type"]
+    assert [e.primitive.name for e in _compat.jaxpr_parts(ob).eqns] == ["convert_element_type"]
     assert_bitwise(run(ob, jnp.bfloat16(1.5)), run(jb, jnp.bfloat16(1.5)))
     # integer division stays integer division; x // 1 is x.
     ji = jax.make_jaxpr(lambda a, b: (lax.div(a, b), lax.div(a, 1)))(7, 2)
     oi = ir.optimize_jaxpr(ji, validate=True)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(oi)[3]] == ["div"]
+    assert [e.primitive.name for e in _compat.jaxpr_parts(oi).eqns] == ["div"]
     assert_bitwise(run(oi, np.int32(-7), np.int32(2)), run(ji, np.int32(-7), np.int32(2)))
 
 
@@ -248,7 +248,7 @@ def test_dce_prunes_unused_scan_carries_and_outputs():
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
     o = ir.dead_code_elimination(j)
     check(o)
-    (scan,) = [e for e in _compat.jaxpr_parts(o)[3] if e.primitive.name == "scan"]
+    (scan,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "scan"]
     assert len(scan.outvars) == 1
     assert counts(o) == (1, 1)
     assert_bitwise(run(o, np.float32(2.0)), run(j, np.float32(2.0)))
@@ -287,9 +287,9 @@ def test_passes_work_inside_every_kind_of_nested_jaxpr():
     j = jax.make_jaxpr(every_nesting)(jnp.float32(0.3))
     o = ir.optimize_jaxpr(j, validate=True)
     from taxpr import _traverse
-    levels_before = [len(_compat.jaxpr_parts(sj)[3]) for e, _ in _traverse.iter_eqns(j)
+    levels_before = [len(_compat.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(j)
                      for _, sj in _traverse.subjaxprs(e)]
-    levels_after = [len(_compat.jaxpr_parts(sj)[3]) for e, _ in _traverse.iter_eqns(o)
+    levels_after = [len(_compat.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(o)
                     for _, sj in _traverse.subjaxprs(e)]
     assert total(o) < total(j)
     # jit, checkpoint, 2 cond branches, while cond and body, custom_jvp,
@@ -367,5 +367,5 @@ def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks
     for p in [*PASSES, ir.optimize_jaxpr]:
         o = p(j)
         check(o)
-        (cond,) = [e for e in _compat.jaxpr_parts(o)[3] if e.primitive.name == "cond"]
+        (cond,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "cond"]
         assert cond.effects, p
