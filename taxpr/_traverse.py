@@ -181,17 +181,9 @@ def _sub(env: dict, v: Any) -> Any:
     return v
 
 
-class Level(NamedTuple):
-    """One jaxpr of a nested program, as the parts ``map_levels`` hands to a
-    level rewrite (``consts`` is None for an open 0.10 jaxpr's free constvars)."""
-
-    constvars: list
-    consts: list | None
-    invars: list
-    eqns: list
-    outvars: list
-    effects: Any
-    debug_info: Any
+# One jaxpr of a nested program, as the parts ``map_levels`` hands to a level
+# rewrite (``consts`` is None for an open 0.10 jaxpr's free constvars).
+Level = _compat.JaxprParts
 
 
 def map_levels(jaxpr: Any, rewrite_level: Callable[[Level, tuple[str, ...], bool], Level | None],
