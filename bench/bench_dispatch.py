@@ -5,10 +5,10 @@ the same function without tags, in one process, with interleaved repetitions
 (median of the per-repetition means). Two cases:
 
 * ``jit``: ``jax.jit(f)``: plain tags carry no effect, so the function keeps
-  JAX's fast C++ dispatch path. SPEC target: ratio <= 1.2.
+  JAX's fast C++ dispatch path. Target: ratio <= 1.2.
 * ``jit_grad``: ``jax.jit(jax.grad(f))``: under differentiation the tags are
-  re-bound as *kept* tags carrying ``TagEffect`` (see README, "How tags stay
-  alive"). Reported separately.
+  re-bound as *kept* tags carrying ``TagEffect`` (see docs/semantics.md, "How tags
+  stay alive"). Reported separately.
 
 Run: ``python bench/bench_dispatch.py [--quick]``.
 """
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import taxpr as tx
 
 NUM_TAGS = 20
-TARGET = 1.2  # SPEC section A/G: dispatch ratio with tags left in
+TARGET = 1.2  # target: dispatch ratio with tags left in
 
 
 def _f(x, tags: bool):
@@ -85,7 +85,7 @@ def run(quick: bool = False) -> dict:
     out["figures"] = [
         {"name": f"dispatch jit, {NUM_TAGS} tags / none", "value": out["jit"]["ratio"],
          "target": f"<= {TARGET}", "pass": out["jit"]["ratio"] <= TARGET},
-        # No SPEC target: kept tags carry TagEffect, which turns off JAX's
+        # No target: kept tags carry TagEffect, which turns off JAX's
         # C++ fast dispatch path for the jitted gradient.
         {"name": f"dispatch jit(grad), {NUM_TAGS} tags / none",
          "value": out["jit_grad"]["ratio"], "target": None, "pass": None},

@@ -1,4 +1,4 @@
-"""Cost of ``taxpr.harvest`` under nesting (SPEC section G).
+"""Cost of ``taxpr.harvest`` under nesting.
 
 Workload: ``lax.scan`` nested 1..8 deep (length 2) with 10 sows at every
 level (outside the outermost scan and inside each body), alternating
@@ -18,7 +18,7 @@ Timed at each depth, each a tracing cost (nothing is executed):
 * ``make_jaxpr``: ``jax.make_jaxpr(f)(x)``, the same program without
   harvest (context: the overhead ratio of each transformation over it).
 
-Figures: t(8)/t(4) of ``reap``, ``jit_reap`` and ``plant``, SPEC target
+Figures: t(8)/t(4) of ``reap``, ``jit_reap`` and ``plant``, target
 <= 2.5, i.e. cost grows at most linearly with depth (a tracer that re-traces
 each loop body twice grows as 2**depth). The overhead at the deepest depth
 (transformation time / plain ``make_jaxpr`` time) is reported with no target.

@@ -1,15 +1,15 @@
-"""Cost of ``tx.inject`` (SPEC section G).
+"""Cost of ``tx.inject``.
 
 Two figures, each measured as a ratio within one process:
 
 * ``straight``: a straight-line program with N tags (1,600 and 10,000),
   ``x = x * 1.0001 + tag(x, op=...)`` with three distinct ``op`` params, so
   the injector is traced three times. Ratio of the ``tx.inject`` time to the
-  ``jax.make_jaxpr`` time of the same function. SPEC target: <= 0.25
+  ``jax.make_jaxpr`` time of the same function. Target: <= 0.25
   (taxpr 0.0.3: about 2.8).
 * ``nested_scan``: ``lax.scan`` nested 1..8 deep with 10 tags at each level;
   ``tx.inject`` time at each depth (the jaxpr is made once per depth and not
-  timed). SPEC target: t(8)/t(4) <= 2.5, i.e. cost grows at most linearly
+  timed). Target: t(8)/t(4) <= 2.5, i.e. cost grows at most linearly
   with depth (a tracer that re-traces each loop body twice grows as 2**depth).
 
 Timing: medians over repetitions, the two timed operations interleaved, with

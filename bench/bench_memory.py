@@ -1,4 +1,4 @@
-"""Peak memory of ``tx.inject`` on a large jaxpr (SPEC section G).
+"""Peak memory of ``tx.inject`` on a large jaxpr.
 
 Workload: a straight-line program of about 100,000 equations (quick: about
 2,000), ``y = tag(x * 1.0001, op=...); x = x + y * 0.5 - 0.25`` repeated:
@@ -8,7 +8,7 @@ equation and tag counts are reported.
 
 Figure: the peak Python memory allocated during ``tx.inject`` of the jaxpr,
 divided by the peak during the ``jax.make_jaxpr`` call that produced it.
-SPEC target: <= 2.0.
+Target: <= 2.0.
 
 Measurement: ``tracemalloc``, in one process. For each call the garbage
 collector is run first, then the peak is reset (``tracemalloc.reset_peak``)

@@ -1,4 +1,4 @@
-"""Cost of taxpr state (SPEC section G): ``uncurry`` vs hand-written pure code.
+"""Cost of taxpr state: ``uncurry`` vs hand-written pure code.
 
 Three parts, each measured as ratios within one process:
 
@@ -13,7 +13,7 @@ Three parts, each measured as ratios within one process:
   step written by hand with the statistics passed in and returned.
 * ``nested_scan``: ``tx.uncurry`` time (trace, state discovery, inject and
   the run for the initial values) for ``lax.scan`` nested 1..8 deep with
-  a get/set at each level; figure t(8)/t(4), SPEC target <= 2.5. Most of
+  a get/set at each level; figure t(8)/t(4), target <= 2.5. Most of
   it is the initial-value run, which XLA-compiles the program; the same
   ratio for ``tx.make_jaxpr`` (trace, discovery and rewrite only) is a
   second figure.

@@ -34,7 +34,7 @@ DEFAULT_OUT = BENCH_DIR / "results.json"
 # ``--quick`` (smoke-size, noisy figures) never overwrites the tracked results.
 QUICK_OUT = BENCH_DIR / "results.quick.json"
 
-# Targets (SPEC section G) for modules that return ratios but no "figures":
+# Targets for modules that return ratios but no "figures":
 # (module, key) -> upper bound on result[key]["ratio"].
 KNOWN_TARGETS = {
     ("bench_dispatch", "jit"): 1.2,

@@ -320,7 +320,7 @@ class Engine:
                             f"'{prim.name}' at {format_path(level.path)}: it contains "
                             f"selected tags and taxpr has no rule for it. Register one "
                             f"with taxpr.register_thread_rule(primitive, rule) (see "
-                            f"'Adding a primitive' in taxpr's README)")
+                            f"'Adding a primitive' in taxpr's documentation, docs/extending.md)")
                     ctx = rule(self, eqn, level, ctx, subs)
                     continue
             level.emit(eqn)

@@ -1,4 +1,4 @@
-"""SPEC H: a table of bad inputs. Each raises a clear error that names the
+"""A table of bad inputs. Each raises a clear error that names the
 tag or state and where it is; afterwards JAX's trace state is clean and
 unrelated JAX code still works."""
 

@@ -1,4 +1,4 @@
-"""SPEC F: transpose / partition_out / partial / strip_outputs / TypedClosedJaxpr."""
+"""Utilities: transpose / partition_out / partial / strip_outputs / TypedClosedJaxpr."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Finding and removing tags: iter_tags, find_tags, dissolve_tags (SPEC section B)."""
+"""Finding and removing tags: iter_tags, find_tags, dissolve_tags."""
 
 from __future__ import annotations
 

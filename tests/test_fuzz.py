@@ -1,4 +1,4 @@
-"""Differential fuzzing of state and harvest (SPEC H).
+"""Differential fuzzing of state and harvest.
 
 Hypothesis generates small random programs as an AST (``Program``): scalar
 float32 variables ``f0 f1 f2`` and a float32[3] ``v``, integer loop indices,
@@ -1322,7 +1322,7 @@ def check_vmap_inside(program, args, p0s, jit: bool, with_reap: bool = False):
 
     ``with_reap`` also reaps (non-append names compared): off in the
     profiles, because reaping under vmap a name whose sites differ in
-    batchedness is a known limitation (README) that this check finds."""
+    batchedness is a known limitation (docs/limitations.md) that this check finds."""
     fn = build(program)
 
     def batched(p0, p1, p2, pv, n):

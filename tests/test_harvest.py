@@ -1,4 +1,4 @@
-"""taxpr.harvest: oryx-compatible sow / reap / plant (SPEC E).
+"""taxpr.harvest: oryx-compatible sow / reap / plant.
 
 Every result is compared with a value computed by hand or by plain Python /
 NumPy. Error tests also check that JAX still works afterwards.

@@ -1,11 +1,12 @@
-"""inject / injected (SPEC section C): semantics against an eager reference.
+"""inject / injected: semantics against an eager reference.
 
 Every program is written once against a small "backend" ``B``:
 
 * ``LAX`` traces it with raw JAX (``tx.tag``, ``lax.scan``, ``lax.cond``, ...);
   the jaxpr is then rewritten by ``tx.inject``.
 * ``Eager`` runs it with Python control flow, ``ctx`` a Python attribute that
-  every tag replaces by calling the injector -- the meaning SPEC C asks for.
+  every tag replaces by calling the injector -- the meaning inject has
+  (the per-primitive table in docs/semantics.md).
 
 Both must agree on the outputs and on the final ctx, for several inputs, when
 the injected jaxpr is evaluated directly, under ``jax.jit``, ``jax.vmap`` and

@@ -1,4 +1,4 @@
-"""inject: derivative consistency and custom derivative rules (SPEC C)."""
+"""inject: derivative consistency and custom derivative rules."""
 
 import jax
 import jax.numpy as jnp

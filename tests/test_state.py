@@ -1,11 +1,11 @@
-"""State effects (SPEC section D): get_state / set_state / uncurry / make_jaxpr.
+"""State effects: get_state / set_state / uncurry / make_jaxpr.
 
 Every program is written once against a small backend ``S``:
 
 * ``TX`` traces it with raw JAX (``tx.get_state``, ``lax.scan``, ``lax.cond``,
   ``jax.jit``, ...); ``tx.uncurry`` turns it into ``pure(state, *args)``.
 * ``Eager`` runs the same code with Python control flow and a mutable dict of
-  states -- the meaning SPEC D asks for.
+  states -- the meaning state has (docs/state.md, "Semantics").
 
 Both must agree on the output and on the final states, for several inputs and
 several starting states.

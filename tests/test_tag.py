@@ -1,4 +1,4 @@
-"""The tag primitive (SPEC section A)."""
+"""The tag primitive."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``tx.register_thread_rule``: a rule registered for a primitive taxpr does
-not handle (``lax.custom_linear_solve``, the README's example rule) makes
+not handle (``lax.custom_linear_solve``, the example rule of docs/extending.md) makes
 state, ``inject`` and the walkers work through it, compared with the same
 program run eagerly with a dict for state."""
 
@@ -19,7 +19,7 @@ from taxpr import _engine
 
 from helpers import check
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+EXTENDING = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 OFF_DIAG = 0.1  # A = diag(d) + OFF_DIAG * (ones - I): diagonally dominant
 
@@ -35,10 +35,11 @@ def registry(monkeypatch):
 
 @pytest.fixture
 def solve_rule(registry):
-    """The README's ``linear_solve_rule``, registered by the README's code."""
-    section = README.read_text().split("## Adding a primitive", 1)[1].split("\n## ", 1)[0]
-    namespace: dict = {"__name__": "readme_adding_a_primitive"}
-    exec(compile(BLOCK.search(section).group(1), "README.md", "exec"), namespace)
+    """The ``linear_solve_rule`` of docs/extending.md, registered by that
+    page's code."""
+    namespace: dict = {"__name__": "docs_extending"}
+    exec(compile(BLOCK.search(EXTENDING.read_text()).group(1), "docs/extending.md", "exec"),
+         namespace)
     assert registry[jax.lax.linear_solve_p] is namespace["linear_solve_rule"]
     return namespace["linear_solve_rule"]
 

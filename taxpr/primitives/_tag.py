@@ -1,6 +1,6 @@
 """The ``tag`` primitive: an identity that marks a pytree of values.
 
-Design (see README "How tags stay alive"):
+Design (see docs/semantics.md, "How tags stay alive"):
 
 * A plain tag has no effect and a DCE rule that always keeps it. That keeps
   unused tags under make_jaxpr, jit, vmap, scan, cond, while and
