@@ -398,6 +398,18 @@ def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
         f"taxpr: cannot find the batching rule of {prim}")
 
 
+def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
+    ``wrapper(original, trace, *tracers, **params)``."""
+    original = pe.custom_partial_eval_rules[prim]
+    if getattr(original, "_taxpr_wrapped", False):
+        return
+    rule = lambda trace, *tracers, **params: wrapper(  # noqa: E731
+        original, trace, *tracers, **params)
+    rule._taxpr_wrapped = True
+    pe.custom_partial_eval_rules[prim] = rule
+
+
 def batch_closed_jaxpr(closed: Any, axis_data: Any, in_axes: Sequence[Any],
                        out_axes: Sequence[Any]) -> Any:
     """``closed`` batched by ``axis_data`` (in/out batch axes, None unbatched)."""

@@ -1918,11 +1918,7 @@ def _as_users_run_case(data):
     with_reap = data.draw(st.booleans())
     # Reverse mode of a while loop (incl. fori with traced bounds) is not
     # supported (as in check_derivatives).
-    # The jax.vjp dimension finds a known bug (states set in a cond inside a
-    # scan are lost when the program runs under jax.vjp: see
-    # test_regression_state_set_in_cond_in_scan_under_vjp), so CI leaves it to
-    # the long profile until that is fixed.
-    linearize = LONG and data.draw(st.booleans()) and not any(
+    linearize = data.draw(st.booleans()) and not any(
         isinstance(s, (While, Fori)) for s in walk(program.body))
     event(f"warm-up {warm}")
     event(f"init {init_style}")
@@ -1950,9 +1946,9 @@ def test_long_programs_as_users_run_them(data):
     _as_users_run_case(data)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug found by the as-users-run fuzzer: a state "
-                   "set in a cond inside a scan is lost when the program runs under jax.vjp")
-def test_regression_state_set_in_cond_in_scan_under_vjp():
+def test_state_set_in_cond_in_scan_under_vjp_is_kept():
+    # Found by this fuzzer's jax.vjp dimension: JAX's cond partial evaluation
+    # dropped the staged half of the cond (it holds only the set).
     def program(p0, n):
         def branch(f0):
             def step(f, _):
@@ -1968,5 +1964,9 @@ def test_regression_state_set_in_cond_in_scan_under_vjp():
     def under_vjp(p0, n):
         return jax.vjp(lambda p: program(p, n), p0)[0]
 
-    _, state0 = tx.uncurry(under_vjp, np.float32(0.5), np.int32(0))
+    pure, state0 = tx.uncurry(under_vjp, np.float32(0.5), np.int32(0))
     assert set(state0) == {"s0"}  # eagerly: s0 is set (to 0.5) on both steps
+    _, state1 = pure(state0, np.float32(0.5), np.int32(0))
+    np.testing.assert_array_equal(state1["s0"], np.float32(0.5))
+    _, state1 = pure({"s0": np.float32(3.0)}, np.float32(-1.0), np.int32(0))
+    np.testing.assert_array_equal(state1["s0"], np.float32(3.0))  # not taken: unchanged

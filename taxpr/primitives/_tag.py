@@ -344,6 +344,24 @@ def _tag_partial_eval(trace, *tracers, **params):
 pe.custom_partial_eval_rules[tag_p] = _tag_partial_eval
 
 
+def _cond_partial_eval(original, trace, index, *operands, branches, **params):
+    """Partial evaluation stages a ``cond`` whose branches hold kept tags
+    whole. JAX's rule (index known) splits each branch into a known and a
+    staged part, but keeps the staged ``cond`` only when its outputs are used:
+    a ``set_state`` in a branch (no used output) was dropped, e.g. under
+    ``jax.vjp`` of a ``scan`` whose body has such a ``cond``. Staged whole, the
+    ``cond`` is an effectful equation the partial evaluator always keeps."""
+    if index.pval.is_known() and any(
+            isinstance(e, TagEffect) for b in branches for e in b.jaxpr.effects):
+        tracers = [trace.instantiate_const(t) for t in (index, *operands)]
+        return trace.default_process_primitive(
+            _compat.cond_p, tracers, dict(branches=branches, **params))
+    return original(trace, index, *operands, branches=branches, **params)
+
+
+_compat.wrap_partial_eval_rule(_compat.cond_p, _cond_partial_eval)
+
+
 def _tag_linearized_primal(*primals, **params):
     return tag_p.bind(*primals, **dict(params, **{KEPT: True}))
 
