@@ -20,7 +20,9 @@ primitive needs (e.g. scan: after the consts / before the carry).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -821,6 +823,27 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     return ctx_out
 
 
+class RuleNotTraceable(Exception):
+    """Raised instead of a rule-site error while a rule is traced only to
+    look into it (``speculative_rule_traces``): nothing runs the rule yet."""
+
+
+_SPECULATIVE = contextvars.ContextVar("taxpr_speculative_rule_traces", default=False)
+
+
+@contextlib.contextmanager
+def speculative_rule_traces() -> Iterator[None]:
+    """Rules traced in this block are looked into, not run (harvest's search
+    for sows in custom JVP rules): one whose tags cannot be threaded raises
+    ``RuleNotTraceable``, and its real error comes if JAX ever runs it (its
+    trace is not cached)."""
+    token = _SPECULATIVE.set(True)
+    try:
+        yield
+    finally:
+        _SPECULATIVE.reset(token)
+
+
 def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
     """A selected tag inside a user's derivative rule (custom_jvp rule,
     custom_vjp fwd/bwd) traced when the rewritten program is differentiated
@@ -833,6 +856,8 @@ def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
         if eqn.primitive is tag_p and is_selected(eqn, engine.predicate):
             error = engine.hooks.rule_site(user_params(eqn.params), sub_path)
             if error is not None:
+                if _SPECULATIVE.get():
+                    raise RuleNotTraceable(str(error)) from error
                 raise error
 
 

@@ -31,7 +31,8 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
 from . import _compat, _traverse
-from ._engine import Engine, Hooks, Level, format_path, inline
+from ._engine import (Engine, Hooks, Level, RuleNotTraceable, format_path, inline,
+                      speculative_rule_traces)
 from ._find import dissolve_tags
 from ._inject import trace_program
 from ._inject import guarded_place
@@ -796,9 +797,16 @@ class _JvpRules:
         return None if hit is None else hit[1]
 
     def _trace(self, eqn) -> Any:
+        """The rule's closed jaxpr, or None when it cannot be traced before
+        it runs (a rule with state: its error comes when JAX runs it)."""
         fun = eqn.params["jvp_jaxpr_fun"]
         n = len(eqn.invars) - eqn.params.get("num_consts", 0)
-        jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+        try:
+            with speculative_rule_traces():
+                jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+        except RuleNotTraceable:
+            self._rules[id(eqn)] = (eqn, None)
+            return None
         constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
         rule = _compat.make_closed(constvars, consts, invars, eqns, outvars, effects, dbg)
         self._rules[id(eqn)] = (eqn, rule)
@@ -814,7 +822,8 @@ class _JvpRules:
             yield eqn, path, False
             if (self.enabled and eqn.primitive.name == "custom_jvp_call"
                     and "shard_map" not in path):
-                for e, p in _traverse.iter_eqns(self._trace(eqn), (*path, _RULE)):
+                rule = self._trace(eqn)
+                for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, _RULE)):
                     yield e, p, True
 
 

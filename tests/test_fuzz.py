@@ -241,6 +241,20 @@ class Ckpt:
     calls: int = 1
 
 
+@dataclass(frozen=True)
+class CustomJvp:
+    """A ``jax.custom_jvp`` function whose rule is ``jax.jvp`` of the function
+    itself (derivatives as autodiff's). Its body reads no scan element (a
+    closed-over value it were differentiated by is an error in JAX)."""
+    uid: int
+    body: tuple
+    calls: int = 1
+
+
+# The function statements: (kind in generated names, how the source wraps it).
+FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp"}
+
+
 @dataclass(frozen=True, repr=False)
 class Program:
     body: tuple
@@ -416,12 +430,17 @@ def rstmt(s, ind: str, out: list) -> None:
             w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S})")
         else:
             w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S})")
-    elif isinstance(s, (Jit, Ckpt)):
-        kind = "jit" if isinstance(s, Jit) else "ckpt"
-        w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
+    elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+        kind = FUNCTION_KINDS[type(s)]
+        if kind != "cjvp":
+            w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
         w(f"def {kind}{s.uid}({ENV_S}):")
         rblock(s.body, i2, out)
         out.append(f"{i2}return {ENV_S}")
+        if kind == "cjvp":
+            w(f"cjvp{s.uid}_fn = cjvp{s.uid}")
+            w(f"cjvp{s.uid} = jax.custom_jvp(cjvp{s.uid}_fn)")
+            w(f"cjvp{s.uid}.defjvp(lambda p, t: jax.jvp(cjvp{s.uid}_fn, p, t))")
         for _ in range(s.calls):
             w(f"{ENV_S} = {kind}{s.uid}({ENV_S})")
     else:
@@ -457,11 +476,25 @@ def build(program: Program):
 # ---------------------------------------------------------------------------------
 
 def children(s) -> list[tuple]:
-    if isinstance(s, (Scan, Fori, While, Jit, Ckpt)):
+    if isinstance(s, (Scan, Fori, While, Jit, Ckpt, CustomJvp)):
         return [s.body]
     if isinstance(s, (Cond, Switch)):
         return list(s.branches)
     return []
+
+
+def uses_state(stmts) -> bool:
+    """Whether ``stmts`` read or write a state anywhere (statically)."""
+    return any(isinstance(s, (Get, Set)) or (isinstance(s, While) and (
+        s.kind == "state" or s.spred)) for s in walk(stmts))
+
+
+def stateful_custom_jvps(program: Program) -> list:
+    """The custom_jvp functions whose body uses state: their rule (jvp of the
+    body) has state too, which taxpr cannot thread when the pure function is
+    differentiated from outside (a clear StateError), nor when the primal
+    output depends on a read under a jax.grad inside (docs/limitations.md)."""
+    return [s for s in walk(program.body) if isinstance(s, CustomJvp) and uses_state(s.body)]
 
 
 def walk(stmts):
@@ -548,7 +581,7 @@ def append_slots(program: Program) -> dict[str, list[Slot]]:
                     slots.setdefault(s.name, []).append(Slot(key, s.name, lens, sow_kind(s.name)))
             elif isinstance(s, Scan):
                 visit(s.body, (*lens, s.length), calls)
-            elif isinstance(s, (Jit, Ckpt)):
+            elif isinstance(s, (Jit, Ckpt, CustomJvp)):
                 for c in range(s.calls):
                     visit(s.body, lens, (*calls, (s.uid, c)))
             else:
@@ -739,7 +772,7 @@ class Reference:
         elif isinstance(s, Switch):
             b = min(max(self.ev(s.idx, env, ienv), 0), len(s.branches) - 1)
             self.branch(s.branches[b], env, ienv, site)
-        elif isinstance(s, (Jit, Ckpt)):
+        elif isinstance(s, (Jit, Ckpt, CustomJvp)):
             for c in range(s.calls):
                 self.branch(s.body, env, ienv, (idx, (*calls, (s.uid, c))))
         else:
@@ -821,7 +854,7 @@ THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
 SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
-              "scan", "sow", "get", "while", "cond")
+              "scan", "sow", "get", "while", "cond", "cjvp")
 
 
 class Gen:
@@ -997,10 +1030,13 @@ class Gen:
                 return Cond(uid, self.pred(ctx), bodies)
             return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
                           bodies)
-        if k in ("jit", "ckpt"):
+        if k in ("jit", "ckpt", "cjvp"):
             calls = self.pick((1, 2))
-            body = self.block(dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1), 3)
-            return (Jit if k == "jit" else Ckpt)(uid, body, calls)
+            sub = dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1)
+            if k == "cjvp":
+                sub = dataclasses.replace(sub, fvars=())
+            body = self.block(sub, 3)
+            return {"jit": Jit, "ckpt": Ckpt, "cjvp": CustomJvp}[k](uid, body, calls)
         raise AssertionError(k)
 
     def pad_branches(self, bodies: list, ctx: Ctx) -> None:
@@ -1252,6 +1288,12 @@ def check_derivatives(program, args, seed: int, variant: str):
     fn = build(program)
     pure, state0 = tx.uncurry(fn, *args)
     state = perturb(state0)
+    if stateful_custom_jvps(program):
+        with pytest.raises(tx.StateError, match=r"custom_jvp\[jvp rule\]"):
+            jax.jvp(lambda *xs: pure(state, *xs, args[4])[0], tuple(args[:4]),
+                    tuple(np.ones_like(a) for a in args[:4]))
+        event("derivatives: stateful custom_jvp rule is a clear error")
+        return
     fkeys = sorted(k for k in state if k != "cnt")
     rng = np.random.default_rng(seed)
     plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
@@ -1805,12 +1847,14 @@ class _Hoisted:
                 w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S}, {ex})")
             else:
                 w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S}, {ex})")
-        elif isinstance(s, (Jit, Ckpt)):
-            kind = "jit" if isinstance(s, Jit) else "ckpt"
+        elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+            kind = FUNCTION_KINDS[type(s)]
             self.function(f"def {kind}{s.uid}_fn({ENV_S}, ex):", scope,
                           [*self.body(s.body, scope), f"    return {ENV_S}"])
-            wrap = "jax.jit" if kind == "jit" else "jax.checkpoint"
+            wrap = {"jit": "jax.jit", "ckpt": "jax.checkpoint", "cjvp": "jax.custom_jvp"}[kind]
             self.defs.append(f"{kind}{s.uid} = {wrap}({kind}{s.uid}_fn)")
+            if kind == "cjvp":
+                self.defs.append(f"cjvp{s.uid}.defjvp(lambda p, t: jax.jvp(cjvp{s.uid}_fn, p, t))")
             self.defs.append("")
             for _ in range(s.calls):
                 w(f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})")
@@ -1917,9 +1961,10 @@ def _as_users_run_case(data):
     extra = data.draw(st.booleans())
     with_reap = data.draw(st.booleans())
     # Reverse mode of a while loop (incl. fori with traced bounds) is not
-    # supported (as in check_derivatives).
+    # supported (as in check_derivatives); nor a custom_jvp rule with state.
     linearize = data.draw(st.booleans()) and not any(
-        isinstance(s, (While, Fori)) for s in walk(program.body))
+        isinstance(s, (While, Fori)) for s in walk(program.body)
+    ) and not stateful_custom_jvps(program)
     event(f"warm-up {warm}")
     event(f"init {init_style}")
     run_check(check_as_users_run, program, args, args2, warm, init_style, extra, with_reap,

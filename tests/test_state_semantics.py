@@ -547,3 +547,32 @@ def test_state_written_in_a_loop_invariant_custom_jvp_of_a_differentiated_scan_m
     ref = Eager(s0)
     assert_close(out, _scan_with_body(ref, body, f32(0.5)))
     assert_states(s1, ref.state)
+
+
+def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_error():
+    """harvest looks into custom JVP rules for sows when JAX may differentiate
+    (any non-jit trace, vmap included): a rule with state must not make that
+    look fail; the error belongs to differentiating it (found by the fuzzer)."""
+    from taxpr import harvest as h
+
+    def body(x):
+        s = tx.get_state("s", f32(0.5))
+        tx.set_state("s", s + x)
+        h.sow(x * 3.0, tag="t", name="a")
+        return x * s
+
+    counted = jax.custom_jvp(body)
+    counted.defjvp(lambda p, t: jax.jvp(body, p, t))
+    pure, s0 = tx.uncurry(counted, f32(1.0))
+    xs = jnp.array([1.0, 2.0], f32)
+    (out, fin), reaps = jax.vmap(h.call_and_reap(pure, tag="t"), in_axes=(None, 0))(s0, xs)
+    for row, x in enumerate((1.0, 2.0)):
+        ref = Eager(s0)  # eagerly: s = 0.5, then s + x; out = x * 0.5; sown 3x
+        want = x * ref.get("s", None)
+        ref.set("s", ref.get("s", None) + x)
+        assert_close(out[row], want)
+        assert_close(fin["s"][row], ref.state["s"])
+        assert_close(reaps["a"][row], 3.0 * x)
+    with pytest.raises(tx.StateError, match=r"state 's'.*custom_jvp\[jvp rule\]"):
+        jax.grad(lambda x: h.call_and_reap(pure, tag="t")(s0, x)[0][0])(f32(1.0))
+    jax_still_works()
