@@ -236,7 +236,14 @@ def trace_flat(fn: Callable, avals: Sequence[core.AbstractValue], name: str = "t
     from jax._src import linear_util as lu
     wrapped = lu.wrap_init(lambda *a: list(fn(*a)), debug_info=debug_info(name))
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(wrapped, list(avals))
-    if MERGED_JAXPR:
+    return close_traced(jaxpr, consts)
+
+
+def close_traced(jaxpr: Any, consts: Sequence[Any]) -> Any:
+    """The closed jaxpr of an open one and its separately returned consts (as
+    ``trace_to_jaxpr_dynamic`` or a custom_jvp rule's thunk return them). A
+    merged open jaxpr has no constvars: its first invars take the consts."""
+    if MERGED_JAXPR and not jaxpr.consts:
         all_in = jaxpr.all_invars
         constvars, invars = all_in[:len(consts)], all_in[len(consts):]
     else:

@@ -730,10 +730,10 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 
 def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
     """A custom JVP rule's jaxpr, threaded (ctx in first, out last)."""
-    constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jvp_jaxpr)
-    closed = _compat.make_closed(constvars, jvp_consts, invars, eqns, outvars, effects, dbg)
+    closed = _compat.close_traced(jvp_jaxpr, jvp_consts)
     closed = engine.hooks.prepare_rule(engine, closed, n_primals)
-    rule = engine.thread_jaxpr(closed, path, 0, len(outvars), context)
+    rule = engine.thread_jaxpr(closed, path, 0, len(_compat.jaxpr_parts(closed).outvars),
+                               context)
     ch = engine.channels(rule)
     if ch.collects or ch.feeds:
         raise NotImplementedError(

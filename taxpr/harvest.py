@@ -807,8 +807,7 @@ class _JvpRules:
         except RuleNotTraceable:
             self._rules[id(eqn)] = (eqn, None)
             return None
-        constvars, _, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
-        rule = _compat.make_closed(constvars, consts, invars, eqns, outvars, effects, dbg)
+        rule = _compat.close_traced(jaxpr, consts)
         self._rules[id(eqn)] = (eqn, rule)
         return rule
 

@@ -1151,6 +1151,31 @@ def test_sow_in_custom_jvp_rule_is_reaped_when_jax_differentiates_the_call():
                          {"s": 4.0})
 
 
+def test_sow_in_custom_jvp_rule_with_array_constants_is_reaped():
+    """A rule whose trace has constants (a NumPy array): JAX returns its jaxpr
+    open with the constants apart (on JAX 0.12 as leading invars)."""
+    w = np.array([1.0, 2.0], np.float32)
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        s = h.sow(jnp.sum(x * w), tag=T, name="s")
+        return jnp.sin(x), t * s
+
+    (out, reaps), (out_t, _) = jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
+    allclose(out, np.sin(2.0))
+    allclose(out_t, 6.0)  # eagerly: t * sum(x * w) = 1 * (2 + 4)
+    assert_tree_allclose(reaps, {"s": 6.0})
+    # looked into (not run) under vmap: the same rule, batched
+    (out, reaps) = jax.vmap(h.call_and_reap(f, tag=T))(jnp.array([2.0, 3.0]))
+    allclose(out, np.sin([2.0, 3.0]))
+    assert reaps == {}
+
+
 def test_sow_in_custom_jvp_rule_is_not_reaped_when_the_rule_does_not_run():
     f, _ = _rule_sows()
     out, reaps = h.call_and_reap(f, tag=T)(2.0)
