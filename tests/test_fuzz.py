@@ -244,15 +244,34 @@ class Ckpt:
 @dataclass(frozen=True)
 class CustomJvp:
     """A ``jax.custom_jvp`` function whose rule is ``jax.jvp`` of the function
-    itself (derivatives as autodiff's). Its body reads no scan element (a
-    closed-over value it were differentiated by is an error in JAX)."""
+    itself (derivatives as autodiff's). Its body reads only its arguments (the
+    env and ``n``): JAX's custom derivatives do not support closing over
+    traced values."""
     uid: int
     body: tuple
     calls: int = 1
 
 
-# The function statements: (kind in generated names, how the source wraps it).
-FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp"}
+@dataclass(frozen=True)
+class CustomVjp:
+    """A ``jax.custom_vjp`` function: fwd runs the function (saving its
+    inputs), bwd is ``jax.vjp`` of it (derivatives as autodiff's; with state
+    in the body the rules have state too). Reads only its arguments."""
+    uid: int
+    body: tuple
+    calls: int = 1
+
+
+# The function statements: their kind in generated names.
+FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp", CustomVjp: "cvjp"}
+FUNCTIONS = tuple(FUNCTION_KINDS)
+# How a custom function gets its rules, given its name ``{f}`` (the custom
+# function) and ``{f}_fn`` (the plain one).
+CUSTOM_RULES = {
+    "cjvp": ("jax.custom_jvp", "{f}.defjvp(lambda p, t: jax.jvp({f}_fn, p, t))"),
+    "cvjp": ("jax.custom_vjp", "{f}.defvjp(lambda *p: ({f}_fn(*p), p), "
+                               "lambda p, ct: jax.vjp({f}_fn, *p)[1](ct))"),
+}
 
 
 @dataclass(frozen=True, repr=False)
@@ -430,19 +449,25 @@ def rstmt(s, ind: str, out: list) -> None:
             w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S})")
         else:
             w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S})")
-    elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+    elif isinstance(s, FUNCTIONS):
         kind = FUNCTION_KINDS[type(s)]
-        if kind != "cjvp":
+        custom = kind in CUSTOM_RULES
+        if not custom:
             w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
-        w(f"def {kind}{s.uid}({ENV_S}):")
+        # A custom function takes ``n`` as an argument: closing over a traced
+        # value is not supported by JAX's custom derivatives.
+        params = f"{ENV_S}, n" if custom else ENV_S
+        w(f"def {kind}{s.uid}({params}):")
         rblock(s.body, i2, out)
         out.append(f"{i2}return {ENV_S}")
-        if kind == "cjvp":
-            w(f"cjvp{s.uid}_fn = cjvp{s.uid}")
-            w(f"cjvp{s.uid} = jax.custom_jvp(cjvp{s.uid}_fn)")
-            w(f"cjvp{s.uid}.defjvp(lambda p, t: jax.jvp(cjvp{s.uid}_fn, p, t))")
+        if custom:
+            f = f"{kind}{s.uid}"
+            wrap, rules = CUSTOM_RULES[kind]
+            w(f"{f}_fn = {f}")
+            w(f"{f} = {wrap}({f}_fn)")
+            w(rules.format(f=f))
         for _ in range(s.calls):
-            w(f"{ENV_S} = {kind}{s.uid}({ENV_S})")
+            w(f"{ENV_S} = {kind}{s.uid}({params})")
     else:
         raise TypeError(s)
 
@@ -476,7 +501,7 @@ def build(program: Program):
 # ---------------------------------------------------------------------------------
 
 def children(s) -> list[tuple]:
-    if isinstance(s, (Scan, Fori, While, Jit, Ckpt, CustomJvp)):
+    if isinstance(s, (Scan, Fori, While, *FUNCTIONS)):
         return [s.body]
     if isinstance(s, (Cond, Switch)):
         return list(s.branches)
@@ -489,12 +514,14 @@ def uses_state(stmts) -> bool:
         s.kind == "state" or s.spred)) for s in walk(stmts))
 
 
-def stateful_custom_jvps(program: Program) -> list:
-    """The custom_jvp functions whose body uses state: their rule (jvp of the
-    body) has state too, which taxpr cannot thread when the pure function is
-    differentiated from outside (a clear StateError), nor when the primal
-    output depends on a read under a jax.grad inside (docs/limitations.md)."""
-    return [s for s in walk(program.body) if isinstance(s, CustomJvp) and uses_state(s.body)]
+def stateful_custom_rules(program: Program) -> list:
+    """The custom_jvp/custom_vjp functions whose body uses state: their rules
+    (built from the body) have state too, which taxpr cannot thread when the
+    pure function is differentiated from outside (a clear StateError), nor
+    when the primal output depends on a read under a jax.grad inside
+    (docs/limitations.md)."""
+    return [s for s in walk(program.body)
+            if isinstance(s, (CustomJvp, CustomVjp)) and uses_state(s.body)]
 
 
 def walk(stmts):
@@ -581,7 +608,7 @@ def append_slots(program: Program) -> dict[str, list[Slot]]:
                     slots.setdefault(s.name, []).append(Slot(key, s.name, lens, sow_kind(s.name)))
             elif isinstance(s, Scan):
                 visit(s.body, (*lens, s.length), calls)
-            elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+            elif isinstance(s, FUNCTIONS):
                 for c in range(s.calls):
                     visit(s.body, lens, (*calls, (s.uid, c)))
             else:
@@ -772,7 +799,7 @@ class Reference:
         elif isinstance(s, Switch):
             b = min(max(self.ev(s.idx, env, ienv), 0), len(s.branches) - 1)
             self.branch(s.branches[b], env, ienv, site)
-        elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+        elif isinstance(s, FUNCTIONS):
             for c in range(s.calls):
                 self.branch(s.body, env, ienv, (idx, (*calls, (s.uid, c))))
         else:
@@ -854,7 +881,7 @@ THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
 SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
-              "scan", "sow", "get", "while", "cond", "cjvp")
+              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp")
 
 
 class Gen:
@@ -1030,13 +1057,14 @@ class Gen:
                 return Cond(uid, self.pred(ctx), bodies)
             return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
                           bodies)
-        if k in ("jit", "ckpt", "cjvp"):
+        if k in ("jit", "ckpt", "cjvp", "cvjp"):
             calls = self.pick((1, 2))
             sub = dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1)
-            if k == "cjvp":
-                sub = dataclasses.replace(sub, fvars=())
+            if k in CUSTOM_RULES:  # reads only its arguments (see rblock)
+                sub = dataclasses.replace(sub, fvars=(), ivars=("n",))
             body = self.block(sub, 3)
-            return {"jit": Jit, "ckpt": Ckpt, "cjvp": CustomJvp}[k](uid, body, calls)
+            kinds = {kind: cls for cls, kind in FUNCTION_KINDS.items()}
+            return kinds[k](uid, body, calls)
         raise AssertionError(k)
 
     def pad_branches(self, bodies: list, ctx: Ctx) -> None:
@@ -1288,11 +1316,20 @@ def check_derivatives(program, args, seed: int, variant: str):
     fn = build(program)
     pure, state0 = tx.uncurry(fn, *args)
     state = perturb(state0)
-    if stateful_custom_jvps(program):
-        with pytest.raises(tx.StateError, match=r"custom_jvp\[jvp rule\]"):
-            jax.jvp(lambda *xs: pure(state, *xs, args[4])[0], tuple(args[:4]),
-                    tuple(np.ones_like(a) for a in args[:4]))
-        event("derivatives: stateful custom_jvp rule is a clear error")
+    # Forward mode of a custom_vjp function, reverse mode of a while loop
+    # (incl. fori with traced bounds) are not supported by JAX.
+    can_jvp = not any(isinstance(s, CustomVjp) for s in walk(program.body))
+    can_grad = not any(isinstance(s, (While, Fori)) for s in walk(program.body))
+    if stateful_custom_rules(program):
+        if can_jvp or can_grad:
+            with pytest.raises(tx.StateError, match=r"custom_(jvp|vjp)\["):
+                floats_in = tuple(np.asarray(a) for a in args[:4])
+                fn_out = lambda *xs: _objective(*pure(state, *xs, args[4]))  # noqa: E731
+                if can_grad:
+                    jax.grad(fn_out, argnums=(0, 1, 2, 3))(*floats_in)
+                else:
+                    jax.jvp(fn_out, floats_in, tuple(np.ones_like(a) for a in floats_in))
+            event("derivatives: stateful custom rule is a clear error")
         return
     fkeys = sorted(k for k in state if k != "cnt")
     rng = np.random.default_rng(seed)
@@ -1328,10 +1365,11 @@ def check_derivatives(program, args, seed: int, variant: str):
     plus = [np.asarray(x, np.float64) + eps * t for x, t in zip(floats, tangents)]
     minus = [np.asarray(x, np.float64) - eps * t for x, t in zip(floats, tangents)]
     fd = (f_ref(plus) - f_ref(minus)) / (2 * eps)
-    _, jvp = jax.jvp(f, floats, tangents)
-    np.testing.assert_allclose(float(jvp), fd, rtol=2e-3, atol=2e-3,
-                               err_msg=f"{variant}: jvp vs finite differences")
-    if not any(isinstance(s, (While, Fori)) for s in walk(program.body)):
+    if can_jvp:
+        _, jvp = jax.jvp(f, floats, tangents)
+        np.testing.assert_allclose(float(jvp), fd, rtol=2e-3, atol=2e-3,
+                                   err_msg=f"{variant}: jvp vs finite differences")
+    if can_grad:
         grads = jax.grad(f, argnums=tuple(range(len(floats))))(*floats)
         dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
         np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
@@ -1847,14 +1885,16 @@ class _Hoisted:
                 w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S}, {ex})")
             else:
                 w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S}, {ex})")
-        elif isinstance(s, (Jit, Ckpt, CustomJvp)):
+        elif isinstance(s, FUNCTIONS):
             kind = FUNCTION_KINDS[type(s)]
-            self.function(f"def {kind}{s.uid}_fn({ENV_S}, ex):", scope,
+            f = f"{kind}{s.uid}"
+            self.function(f"def {f}_fn({ENV_S}, ex):", scope,
                           [*self.body(s.body, scope), f"    return {ENV_S}"])
-            wrap = {"jit": "jax.jit", "ckpt": "jax.checkpoint", "cjvp": "jax.custom_jvp"}[kind]
-            self.defs.append(f"{kind}{s.uid} = {wrap}({kind}{s.uid}_fn)")
-            if kind == "cjvp":
-                self.defs.append(f"cjvp{s.uid}.defjvp(lambda p, t: jax.jvp(cjvp{s.uid}_fn, p, t))")
+            wrap, rules = CUSTOM_RULES.get(kind, ({"jit": "jax.jit", "ckpt": "jax.checkpoint"}
+                                                  .get(kind), None))
+            self.defs.append(f"{f} = {wrap}({f}_fn)")
+            if rules:
+                self.defs.append(rules.format(f=f))
             self.defs.append("")
             for _ in range(s.calls):
                 w(f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})")
@@ -1964,7 +2004,7 @@ def _as_users_run_case(data):
     # supported (as in check_derivatives); nor a custom_jvp rule with state.
     linearize = data.draw(st.booleans()) and not any(
         isinstance(s, (While, Fori)) for s in walk(program.body)
-    ) and not stateful_custom_jvps(program)
+    ) and not stateful_custom_rules(program)
     event(f"warm-up {warm}")
     event(f"init {init_style}")
     run_check(check_as_users_run, program, args, args2, warm, init_style, extra, with_reap,
