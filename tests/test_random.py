@@ -424,3 +424,24 @@ def test_seed_seeds_only_its_stream_and_other_states_stay_effects():
 def test_seed_rejects_a_key_array():
     with pytest.raises(tx.StateError, match="'rng'.*one key"):
         tx.seed(lambda: tx.next_key(), jax.random.split(jax.random.key(0)))
+
+
+def test_pmap_is_a_state_error_naming_the_stream():
+    # pmap is a shard_map without vma checking: taxpr cannot tell that the
+    # stream stays the same on every device, so it refuses (use shard_map).
+    f = jax.pmap(lambda x: x + jax.random.normal(tx.next_key("noise")),
+                 devices=cpu_mesh("d").devices.ravel().tolist())
+    with pytest.raises(tx.StateError, match=r"'noise'.*check_vma=False"):
+        tx.uncurry(f, jnp.zeros(4))
+    jax_still_works()
+
+
+def test_unreached_next_key_starts_the_stream_at_key_zero():
+    def f(x):
+        body = lambda c, _: (c + jax.random.normal(tx.next_key()), None)  # noqa: E731
+        return lax.scan(body, x, None, length=0)[0]
+    pure, s0 = tx.uncurry(f, f32(1.0))
+    same_keys(s0["rng"], jax.random.key(0))
+    out, s1 = pure(s0, f32(1.0))
+    assert float(out) == 1.0
+    same_keys(s1["rng"], jax.random.key(0))
