@@ -33,6 +33,7 @@ from ._state import (
     set_state as set_state,
     uncurry as uncurry,
 )
+from ._random import next_key as next_key, seed as seed
 from ._typed import (
     TypedClosedJaxpr as TypedClosedJaxpr,
     tcj_partition_out as tcj_partition_out,
@@ -43,8 +44,8 @@ from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
 __all__ = [
     "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
-    "keep_tags", "make_jaxpr", "partial", "partition_out", "set_state", "strip_outputs",
-    "register_thread_rule", "ThreadRule",
+    "keep_tags", "make_jaxpr", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
+    "register_thread_rule", "seed", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]
 

@@ -569,3 +569,62 @@ def trace_context_flag(name: str, help: str) -> Any:
         raise ImportError("taxpr: this JAX has no trace-context config flags "
                           "(config.bool_state(include_in_trace_context=...))")
     return config.bool_state(name, False, help, include_in_trace_context=True)
+
+
+# ---- random keys (taxpr._random) -----------------------------------------------
+
+def register_axis_batcher(prim: Any, rule: Callable) -> None:
+    """Register ``rule(axis_data, args, dims, **params) -> (out, out_dim)`` as
+    ``prim``'s batching rule. JAX calls such an axis-data rule for every
+    equation a vmap traces, also when no operand is batched (a plain rule is
+    skipped then), which is what lets ``next_key`` see that it runs under a
+    vmap whose examples would otherwise share its key."""
+    from jax._src.interpreters import batching
+    if not hasattr(batching, "fancy_primitive_batchers"):
+        raise NotImplementedError(  # a JAX without axis-data batching rules
+            f"taxpr: cannot register an axis-data batching rule for {prim}")
+    batching.fancy_primitive_batchers[prim] = rule
+
+
+def axis_has_name(axis_data: Any) -> bool:
+    """Whether a vmap axis has a name (``vmap(..., axis_name=...)``)."""
+    return axis_data.name is not core.no_axis_name
+
+
+def manual_mesh_axes() -> tuple:
+    """The mesh axes that are manual where code is being traced (inside a
+    ``shard_map`` / ``pmap`` body), in the mesh's order; ``()`` elsewhere."""
+    from jax.sharding import get_abstract_mesh
+    mesh = get_abstract_mesh()
+    manual = frozenset(getattr(mesh, "manual_axes", ()) or ())
+    if not manual:
+        return ()
+    return tuple(a for a in mesh.axis_names if a in manual)
+
+
+def is_jacfwd_axis(axis_data: Any) -> bool:
+    """Whether the vmap axis ``axis_data`` is the one ``jax.jacfwd`` (and so
+    ``jax.hessian``) maps over its tangent basis, or ``jax.jacrev`` over its
+    cotangent basis (a checkpoint recomputes the primal there): the primal
+    computation is the same for every element of that axis, so one key for
+    all of them is right. Decided from the Python stack (the frame of JAX's batching that
+    made the vmap's trace for this very ``axis_data``, called from
+    ``jacfwd``'s / ``jacrev``'s inner function);
+    when the stack does not show it, the answer is False (the caller then
+    raises its error rather than share a key silently)."""
+    import sys
+    frame = sys._getframe(1)
+    seen_axis = False  # passed the frame that made the vmap's BatchTrace
+    while frame is not None:
+        if not seen_axis:
+            seen_axis = (frame.f_code.co_name == "_batch_inner"
+                         and frame.f_locals.get("axis_data") is axis_data)
+        elif frame.f_code.co_name == "vmap_f":
+            caller = frame.f_back
+            while caller is not None and caller.f_globals.get("__name__") == \
+                    "jax._src.traceback_util":  # vmap_f's api_boundary wrapper
+                caller = caller.f_back
+            return (caller is not None and caller.f_code.co_name == "jacfun"
+                    and caller.f_globals.get("__name__") == "jax._src.api")
+        frame = frame.f_back
+    return False

@@ -3,6 +3,8 @@
 Hypothesis generates small random programs as an AST (``Program``): scalar
 float32 variables ``f0 f1 f2`` and a float32[3] ``v``, integer loop indices,
 ``get_state`` / ``set_state`` of three states (plus an int32 counter state),
+``tx.next_key`` draws (``uniform(next_key(), -1, 1)``: the "rng" stream, a
+typed key as state; the reference splits a Python key variable per draw),
 ``sow`` / ``sow_cond`` in every mode (and sows of another tag), and
 ``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
 bounds, ``while_loop`` whose cond reads state (and may sow), ``cond``,
@@ -168,6 +170,11 @@ class Get:
 class Set:
     state: str
     e: Any
+
+
+@dataclass(frozen=True)
+class Draw:  # target = uniform(tx.next_key(), minval=-1, maxval=1): stream "rng"
+    target: str
 
 
 @dataclass(frozen=True)
@@ -369,6 +376,8 @@ def _state_get(state: str, init) -> str:
 
 
 CNT_GET = 'tx.get_state("cnt", np.int32(0))'
+DRAW = "jax.random.uniform(tx.next_key(), minval=-1.0, maxval=1.0)"
+RNG = "rng"  # the stream next_key draws from: a state holding a typed key
 ENV_S = ", ".join(ENV)
 
 
@@ -386,6 +395,8 @@ def rstmt(s, ind: str, out: list) -> None:
         w(f"{s.target} = {_state_get(s.state, s.init)}")
     elif isinstance(s, Set):
         w(f'tx.set_state("{s.state}", {rexpr(s.e)})')
+    elif isinstance(s, Draw):
+        w(f"{s.target} = {DRAW}")
     elif isinstance(s, Sow):
         tag = "T" if s.tag == T else "OTHER"
         if s.mode == "cond_clobber":
@@ -509,8 +520,9 @@ def children(s) -> list[tuple]:
 
 
 def uses_state(stmts) -> bool:
-    """Whether ``stmts`` read or write a state anywhere (statically)."""
-    return any(isinstance(s, (Get, Set)) or (isinstance(s, While) and (
+    """Whether ``stmts`` read or write a state anywhere (statically; a key
+    draw reads and writes the "rng" stream)."""
+    return any(isinstance(s, (Get, Set, Draw)) or (isinstance(s, While) and (
         s.kind == "state" or s.spred)) for s in walk(stmts))
 
 
@@ -548,6 +560,8 @@ def states_of(program: Program) -> dict[str, str]:
     for s in walk(program.body):
         if isinstance(s, (Get, Set)):
             out[s.state] = STATES[s.state]
+        elif isinstance(s, Draw):
+            out[RNG] = "K"
         elif isinstance(s, While):
             if s.kind == "state":
                 out["cnt"] = "I"
@@ -564,6 +578,8 @@ def first_traced_inits(program: Program) -> dict:
         for s in stmts:
             if isinstance(s, Get):
                 out.setdefault(s.state, s.init)
+            elif isinstance(s, Draw):
+                out.setdefault(RNG, None)
             elif isinstance(s, While):
                 if s.kind == "state":
                     out.setdefault("cnt", 0)
@@ -701,7 +717,7 @@ class Reference:
 
     # -- state
     def get(self, name, init):
-        init = _np(init) if name != "cnt" else 0
+        init = 0 if name == "cnt" else (jax.random.key(0) if name == RNG else _np(init))
         if self.mode == "none":
             return init
         if name not in self.cur:
@@ -751,6 +767,11 @@ class Reference:
             env[s.target] = self.get(s.state, s.init)
         elif isinstance(s, Set):
             self.set(s.state, self.ev(s.e, env, ienv))
+        elif isinstance(s, Draw):
+            # Eager semantics of next_key: key, sub = split(key); draw from sub.
+            key, sub = jax.random.split(self.get(RNG, None))
+            self.set(RNG, key)
+            env[s.target] = np.float64(jax.random.uniform(sub, minval=-1.0, maxval=1.0))
         elif isinstance(s, Sow):
             value = self.ev(s.e, env, ienv)
             out = self.sow(s, value, env, ienv, site)
@@ -823,8 +844,10 @@ class Reference:
             inits = first_traced_inits(self.program)
             for name, kind in names.items():
                 if name not in self.state0:
-                    self.state0[name] = (_np(inits[name]) if name in inits and name != "cnt"
-                                         else (0 if kind == "I" else _zeros(kind)))
+                    self.state0[name] = (
+                        jax.random.key(0) if kind == "K"
+                        else _np(inits[name]) if name in inits and name != "cnt"
+                        else (0 if kind == "I" else _zeros(kind)))
         final = {}
         if self.mode != "none":
             start = self.state0 if self.mode == "example" else {}
@@ -849,7 +872,13 @@ class Reference:
         return out
 
 
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def _np(x):
+    if _is_key(x):  # the "rng" stream's key stays a key
+        return x
     if isinstance(x, tuple):
         return np.array(x, np.float64)
     a = np.asarray(x)
@@ -878,7 +907,7 @@ COEFS = (1.0, -0.5, 0.5, 0.25, -1.0, 0.75)
 # Thresholds away from the values simple programs compute (a value within
 # 1e-3 of its threshold makes the example ambiguous and discarded).
 THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
-SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow")
+SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
               "scan", "sow", "get", "while", "cond", "cjvp", "cvjp")
@@ -1002,6 +1031,8 @@ class Gen:
             return Set(state, self.expr(STATES[state], ctx))
         if k == "sow":
             return self.sow(ctx)
+        if k == "draw":
+            return Draw(self.pick(SVARS))
         uid = self.next_uid()
         sub = dataclasses.replace(ctx, depth=ctx.depth + 1)
         if k == "scan":
@@ -1105,6 +1136,11 @@ TOL = dict(rtol=2e-4, atol=2e-4)
 
 
 def assert_close(got, want, what: str) -> None:
+    if _is_key(want):
+        assert _is_key(got) and got.dtype == want.dtype, f"{what}: {got!r} is not a {want.dtype}"
+        assert np.array_equal(jax.random.key_data(got), jax.random.key_data(want)), \
+            f"{what}: key {jax.random.key_data(got)} != reference {jax.random.key_data(want)}"
+        return
     g = np.asarray(got)
     w = np.asarray(want)
     assert g.shape == w.shape, f"{what}: shape {g.shape} != reference {w.shape}"
@@ -1132,6 +1168,9 @@ def perturb(state: dict) -> dict:
     """Another valid state: floats moved, the counter advanced."""
     out = {}
     for k, v in state.items():
+        if _is_key(v):  # another key for the stream
+            out[k] = jax.random.fold_in(v, 7)
+            continue
         a = np.asarray(v)
         out[k] = (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
     return out
@@ -1276,6 +1315,8 @@ def check_harvest(program, args, seed: int, jit: bool):
 
 
 def _stack(a, b):
+    if _is_key(a):
+        return jnp.stack([a, b])
     return np.stack([np.asarray(a), np.asarray(b)])
 
 
@@ -1302,7 +1343,7 @@ def check_vmap(program, args, args2, with_reap: bool):
 
 def _objective(out, state, reaps=None) -> Any:
     """A scalar of every float output, float state and reaped value."""
-    leaves = [*out, *(v for k, v in sorted(state.items()) if k != "cnt"),
+    leaves = [*out, *(v for k, v in sorted(state.items()) if k not in ("cnt", RNG)),
               *(v for _, v in sorted((reaps or {}).items()))]
     return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
 
@@ -1331,7 +1372,7 @@ def check_derivatives(program, args, seed: int, variant: str):
                     jax.jvp(fn_out, floats_in, tuple(np.ones_like(a) for a in floats_in))
             event("derivatives: stateful custom rule is a clear error")
         return
-    fkeys = sorted(k for k in state if k != "cnt")
+    fkeys = sorted(k for k in state if k not in ("cnt", RNG))
     rng = np.random.default_rng(seed)
     plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
     pkeys = sorted(plants)
@@ -1816,7 +1857,7 @@ class _Hoisted:
         ex = f"({', '.join(scope)},)"
         if isinstance(s, Get):
             w(f"{s.target} = {self.get(s.state, s.init)}")
-        elif isinstance(s, (Assign, Set, Sow)):
+        elif isinstance(s, (Assign, Set, Sow, Draw)):
             rstmt(s, ind, out)
         elif isinstance(s, Scan):
             u, inner = s.uid, (*scope, f"x{s.uid}", f"i{s.uid}")

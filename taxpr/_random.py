@@ -1,0 +1,231 @@
+"""Random keys as an effect: ``next_key`` and ``seed``.
+
+A stream is a state (``get_state`` / ``set_state``) holding a typed PRNG
+key; ``next_key`` splits it, as eager Python with a key variable would
+(``key, sub = split(key)``; return ``sub``), so everything the state layer
+threads (raw ``scan`` / ``while_loop`` / ``cond``, ``jit``, ``checkpoint``,
+custom derivative rules, ``shard_map``) threads the stream too.
+
+One thing state cannot say is "each example of a vmap needs its own key":
+the stream's state is unbatched, so every example would draw the same key.
+``next_key`` therefore passes its key through ``key_p``, an identity whose
+batching rule runs under every vmap (also when nothing is batched):
+
+* vmap without an axis name: an error naming the stream;
+* ``vmap(..., axis_name=name)``: example ``i`` gets ``fold_in(key, i)``
+  (``i = axis_index(name)``);
+* a key already batched (a vmap over a batch of states): unchanged;
+* the vmap of ``jax.jacfwd`` / ``jax.jacrev``: unchanged (every element of
+  that axis computes the same primal).
+
+Inside a ``shard_map`` / ``pmap`` body ``key_p`` folds in the index of every
+manual mesh axis when it is bound (the ``folded`` param records which, so a
+jaxpr evaluated again in the same body does not fold twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+
+from . import _compat
+from ._inject import inject, trace_program
+from ._state import (
+    GET, StateError, _StateHooks, _is_state, _state_injector, collect_states, set_state,
+)
+from .primitives._tag import tag
+
+DEFAULT_STREAM = "rng"
+
+
+class _KeyPrimitive(Primitive):
+    """``key_p``: binding it inside a shard_map body folds in the manual axes."""
+
+    def bind(self, key, *, stream: str, folded: tuple = ()):  # type: ignore[override]
+        new_axes = tuple(a for a in _compat.manual_mesh_axes() if a not in folded)
+        for axis in new_axes:
+            key = _fold_in(key, jax.lax.axis_index(axis))
+        return super().bind(key, stream=stream, folded=tuple(folded) + new_axes)
+
+
+key_p = _KeyPrimitive("taxpr_key")
+key_p.def_impl(lambda key, **_: key)
+key_p.def_abstract_eval(lambda aval, **_: aval)
+mlir.register_lowering(key_p, lambda ctx, key, **_: [key])
+
+
+def _key_jvp(primals, tangents, **params):
+    # Keys have no derivative (float0 tangents); only reached when JAX
+    # instantiates the zero tangent.
+    (key,), (tangent,) = primals, tangents
+    return key_p.bind(key, **params), tangent
+
+
+ad.primitive_jvps[key_p] = _key_jvp
+
+
+def _fold_in(keys: jax.Array, index: Any) -> jax.Array:
+    """``fold_in(k, index)`` for every key ``k`` of an array of keys."""
+    if keys.ndim == 0:
+        return jax.random.fold_in(keys, index)
+    return jax.vmap(_fold_in, in_axes=(0, None))(keys, index)
+
+
+def _key_batcher(axis_data, args, dims, *, stream: str, folded: tuple):
+    (key,), (dim,) = args, dims
+    if dim is not None:  # a batch of keys (e.g. a vmap over a batch of states)
+        return key_p.bind(key, stream=stream, folded=folded), dim
+    if not _compat.axis_has_name(axis_data):
+        if _compat.is_jacfwd_axis(axis_data):
+            return key_p.bind(key, stream=stream, folded=folded), None
+        raise StateError(
+            f"taxpr: next_key({stream!r}) runs under jax.vmap without an axis name, so every "
+            f"example would draw the same key from stream {stream!r} (whose state is one "
+            f"unbatched key). Give the vmap an axis name (jax.vmap(..., axis_name='batch')): "
+            f"each example then gets fold_in(key, axis_index('batch')); or vmap uncurry's "
+            f"pure function over a batch of keys (state[{stream!r}] of shape (n,))")
+    index = jnp.arange(axis_data.size, dtype=jnp.uint32)
+    batched = jax.vmap(_fold_in, in_axes=(None, 0))(key, index)
+    # Bound again so that an enclosing vmap folds in its index too.
+    return key_p.bind(batched, stream=stream, folded=folded), 0
+
+
+_compat.register_axis_batcher(key_p, _key_batcher)
+
+
+# ---- the init of a stream ----------------------------------------------------
+
+_local = threading.local()  # .impls: {stream: key impl} set by seed while tracing
+_default_keys: dict[Any, jax.Array] = {}
+
+
+def _init_key(stream: str) -> jax.Array:
+    """``jax.random.key(0)`` of the stream's impl (the one of the key ``seed``
+    gives it, else JAX's default impl), made once per impl."""
+    impl = getattr(_local, "impls", {}).get(stream)
+    cache_key = impl if impl is not None else ("default", jax.config.jax_default_prng_impl)
+    key = _default_keys.get(cache_key)
+    if key is None:
+        with jax.ensure_compile_time_eval():
+            key = _default_keys[cache_key] = jax.random.key(0, impl=impl)
+    return key
+
+
+def next_key(stream: str = DEFAULT_STREAM) -> jax.Array:
+    """A fresh typed PRNG key from stream ``stream``, different on every call.
+
+    The stream is a state named ``stream`` holding a typed key (initially
+    ``jax.random.key(0)``): each call does what eager Python with a key
+    variable does, ``key, sub = jax.random.split(key)``, and returns ``sub``.
+    ``tx.uncurry`` / ``tx.make_jaxpr`` list the stream among the states; put
+    another key in the state dict (or use ``tx.seed``) to reseed.
+
+    Under ``jax.vmap`` every example needs its own key: with
+    ``vmap(..., axis_name=name)`` example ``i`` gets ``fold_in(sub, i)``;
+    without an axis name it is an error. Inside ``shard_map`` each shard gets
+    ``fold_in(sub, axis_index(axis))`` for every manual mesh axis. The
+    stream's state stays unbatched and replicated in both cases.
+
+    Arguments:
+        stream: the name of the stream (a state name).
+
+    Returns:
+        A typed key (``jax.random.key``-style) of the stream's impl.
+
+    Raises:
+        StateError: under a vmap without an axis name (names the stream).
+    """
+    # get_state(stream, init) without its jnp.asarray(init): the init is
+    # already a key array, and asarray of a typed key costs ~0.3 ms a call.
+    key = tag(_init_key(stream), op=GET, name=stream)
+    key, sub = jax.random.split(key)
+    set_state(stream, key)
+    return key_p.bind(sub, stream=stream, folded=())
+
+
+@contextlib.contextmanager
+def _stream_impl(stream: str, impl: Any):
+    saved = getattr(_local, "impls", {})
+    _local.impls = {**saved, stream: impl}
+    try:
+        yield
+    finally:
+        _local.impls = saved
+
+
+def _as_typed_key(key: Any, stream: str) -> jax.Array:
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise StateError(f"taxpr: seed for stream {stream!r} must be one key, got a key "
+                             f"array of shape {key.shape}")
+        return key
+    if key.dtype == jnp.uint32 and key.shape == (2,):  # a raw jax.random.PRNGKey
+        return jax.random.wrap_key_data(key)
+    raise StateError(f"taxpr: seed for stream {stream!r} must be a typed key "
+                     f"(jax.random.key) or a raw jax.random.PRNGKey, got "
+                     f"{key.dtype}{list(key.shape)}")
+
+
+def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
+    """``fn`` with stream ``stream`` seeded by ``key``: its ``next_key`` calls
+    draw from ``key`` (as numpyro's ``seed`` handler, but through raw JAX
+    control flow). Other states ``fn`` uses stay effects (an enclosing
+    ``uncurry`` threads them).
+
+    Arguments:
+        fn: a function that calls ``next_key(stream)``. Array leaves of its
+            arguments are traced, other leaves are static.
+        key: a typed key (any impl) or a raw ``jax.random.PRNGKey``.
+        stream: the stream to seed.
+
+    Returns:
+        A function with ``fn``'s signature returning ``fn``'s outputs only
+        (the stream's final key is dropped); each call starts from ``key``.
+    """
+    key = _as_typed_key(key, stream)
+    impl = jax.random.key_impl(key)
+    cache: dict = {}
+
+    def seeded(*args, **kwargs):
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, tree = jax.tree_util.tree_flatten(dyn)
+        avals = tuple(_compat.abstractify(x) for x in leaves)
+        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
+        cache_key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
+        hit = cache.get(cache_key)
+        if hit is None:
+            with _stream_impl(stream, impl):
+                closed, out_tree = trace_program(
+                    fn, tree, avals, getattr(fn, "__name__", "fn"),
+                    rebuild=lambda d: eqx.combine(d, static))
+            states = collect_states(closed)  # also checks the stream is used consistently
+            if stream in states and states[stream].dtype != key.dtype:
+                raise StateError(
+                    f"taxpr: seed: stream {stream!r} holds {states[stream].dtype} keys in "
+                    f"{getattr(fn, '__name__', 'fn')}, but the seed is a {key.dtype} (a "
+                    f"get_state({stream!r}, ...) of another impl?)")
+            spec = {stream: jax.ShapeDtypeStruct((), key.dtype)}
+            pure = inject(closed, _state_injector, spec, hooks=_StateHooks(),
+                          predicate=lambda p, _shape=None: _is_state(p) and p["name"] == stream)
+            hit = cache[cache_key] = (pure, out_tree)
+        pure, out_tree = hit
+        outs = _compat.jaxpr_as_fun(pure)(key, *leaves)
+        return jax.tree_util.tree_unflatten(out_tree, outs[:out_tree.num_leaves])
+
+    return seeded
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("id", id(x))
