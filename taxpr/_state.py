@@ -275,6 +275,23 @@ def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
         return None
 
 
+def _state_direct(names: Sequence[str]) -> Callable:
+    """``_state_injector`` as atom substitution (see ``_inject``'s ``direct``):
+    a get's value is the state's current atom, a set makes its value the
+    state's atom. ``names``: the states in ctx leaf order."""
+    index = {n: i for i, n in enumerate(names)}
+
+    def direct(params: dict, ctx: list, token: list):
+        i = index[params["name"]]
+        if params["op"] is GET:
+            return [ctx[i]], ctx
+        new = list(ctx)
+        new[i] = token[0]
+        return token, new
+
+    return direct
+
+
 def _state_injector(ctx: dict, token: Any, params: dict):
     name = params["name"]
     if params["op"] is GET:
@@ -323,8 +340,11 @@ class _StateHooks(Hooks):
 
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
-    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state,
-                  hooks=_StateHooks())
+    ctx = _state_ctx(states)
+    # ctx leaves are in the flattened dict's (sorted) key order.
+    names = jax.tree_util.tree_leaves({n: n for n in ctx})
+    return inject(closed, _state_injector, ctx, predicate=_is_state, hooks=_StateHooks(),
+                  _direct=_state_direct(names))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
