@@ -321,6 +321,13 @@ def match_varying(x: Any, axes: frozenset) -> Any:
     return jax.lax.pcast(x, missing, to="varying")
 
 
+def current_trace() -> Any | None:
+    """The trace JAX binds into now (a jaxpr trace, vmap, jvp ...), or None
+    when evaluating eagerly."""
+    trace = core.trace_ctx.trace
+    return None if isinstance(trace, core.EvalTrace) else trace
+
+
 def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:
     """``x`` with ``aval``'s weak type (same dtype), so types stay exact."""
     xa = core.typeof(x) if isinstance(x, core.Tracer) else core.shaped_abstractify(x)

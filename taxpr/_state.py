@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
@@ -81,11 +83,70 @@ def get_state(name: str, init: Any) -> jax.Array:
         The state's current value (``init`` when called outside ``uncurry``).
     """
     if callable(init):
-        with jax.ensure_compile_time_eval():
-            init = init()
+        init = _call_init(name, init)
     # The init stays in the jaxpr as the tag's operand: a state the example
     # run never reaches gets it from there (``initial_states``).
     return tag(jnp.asarray(init), op=GET, name=name)
+
+
+# Per trace (weakly held, so a finished trace drops its entries): the value
+# of each (state name, callable init) already called in it.
+_INIT_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _init_key(init: Callable) -> tuple | None:
+    """What makes two callable inits give the same value: the same object,
+    or functions with the same code, globals, defaults and closure contents
+    (a lambda written in a loop is a new object every iteration). None if
+    that cannot be told (an empty closure cell)."""
+    if not isinstance(init, types.FunctionType):
+        return ("object", init)
+    try:
+        cells = tuple(c.cell_contents for c in init.__closure__ or ())
+    except ValueError:
+        return None
+    # The objects themselves (not their ids) are held in the key, so an id
+    # cannot be reused while the trace lives; compared by identity.
+    return ("function", init.__code__, _Ident(init.__globals__), _Ident(init.__defaults__),
+            _Ident(init.__kwdefaults__), tuple(map(_Ident, cells)))
+
+
+class _Ident:
+    """Wraps an object so that it hashes and compares by identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is _Ident and other.obj is self.obj
+
+
+def _call_init(name: str, init: Callable) -> Any:
+    """``init()`` (evaluated at trace time), called once per trace and state.
+
+    Only the first ``get_state`` of a state in a jaxpr can be its first use
+    (a jaxpr's equations run in order), so later calls in the same trace
+    may reuse its value; caching them is what keeps a stateful program that
+    is unrolled in Python as cheap to trace as one with explicit carries."""
+    trace = _compat.current_trace()
+    key = None if trace is None else _init_key(init)
+    if key is None:
+        with jax.ensure_compile_time_eval():
+            return init()
+    per_trace = _INIT_VALUES.get(trace)
+    if per_trace is None:
+        per_trace = _INIT_VALUES[trace] = {}
+    key = (name, key)
+    hit = per_trace.get(key)
+    if hit is None:
+        with jax.ensure_compile_time_eval():
+            hit = per_trace[key] = (init(),)
+    return hit[0]
 
 
 def set_state(name: str, value: Any) -> Any:
