@@ -22,6 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core
 
 from . import _compat
 from ._engine import Hooks, format_path
@@ -413,6 +414,9 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     use. A state the run never reaches starts at the ``init`` of its first
     ``get_state`` in trace order, computed exactly from the program
     (``unreached_init``), or at zeros if it is only ever set."""
+    known = _initial_states_without_run(closed, states, args)
+    if known is not None:
+        return known
     zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state,
@@ -446,6 +450,81 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
             result[n] = jax.lax.select(seen, initial, fallback)
         else:
             result[n] = unreached_init(chain, path, n, args)
+    return result
+
+
+# ---- initial values without running the program ----------------------------------
+
+def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
+                                args: Sequence[Any]) -> dict | None:
+    """Each state's value at first use, found without running the program
+    when every state's first use is certain from the program's structure;
+    None where it is not (the example run decides then).
+
+    A state's first access is certain when, walking the program in execution
+    order, it is met before any place that may or may not run (a cond
+    branch, a while loop, a scan of length 0, a shard_map body, a site
+    guarded by vmap) that also accesses the state: the equations of a jaxpr
+    run in order, and calls and scans of length >= 1 run their bodies'
+    equations in order. A first ``set_state`` means zeros; a first
+    ``get_state`` its init, computed from only the part of the program that
+    computes it (``unreached_init``; an init that needs a loop's carry or
+    another state leaves it to the example run). Constant inits need no
+    computation at all."""
+    first: dict[str, tuple | None] = {}
+    uses_state: dict[int, tuple[Any, frozenset]] = {}
+
+    def names_in(jaxpr) -> frozenset:
+        hit = uses_state.get(id(jaxpr))
+        if hit is None:
+            found = frozenset(e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
+                              if e.primitive is tag_p and _is_state(e.params))
+            hit = uses_state[id(jaxpr)] = (jaxpr, found)
+        return hit[1]
+
+    def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+            p = eqn.params
+            if eqn.primitive is tag_p:
+                if not _is_state(p) or p["name"] in first:
+                    continue
+                if GUARD in p or p.get(BATCHED):
+                    return False
+                first[p["name"]] = ([*chain, (jaxpr, eqn, None)], path) if p["op"] is GET \
+                    else None
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            name = eqn.primitive.name
+            runs_in_order = name in _CALLS or (name == "scan" and p["length"] >= 1)
+            for sub, sj in subs:
+                if not names_in(sj) - first.keys():
+                    continue
+                if not runs_in_order:
+                    return False
+                if not walk(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,)):
+                    return False
+        return True
+
+    if not walk(closed, [], ()) or first.keys() != states.keys():
+        return None
+    result = {}
+    for n, info in states.items():
+        aval = core.ShapedArray(info.shape, info.dtype)
+        if first[n] is None:  # first set: zeros, as in the example run
+            result[n] = jnp.zeros(info.shape, info.dtype)
+            continue
+        chain, path = first[n]
+        try:
+            value = unreached_init(chain, path, n, args)
+        except StateError:
+            return None
+        value = _compat.cast_weak_type(value, aval)
+        # A fresh array, as the example run gives: the init may be the
+        # user's own array (or a const of the program), and state0 may be
+        # donated.
+        result[n] = value if isinstance(value, core.Tracer) else value.copy()
     return result
 
 
