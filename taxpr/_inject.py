@@ -11,7 +11,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, Hooks, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import (BATCHED, GUARD_FROM, TREE, keep_tags, n_values,
+from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
                               tag_cotangent_p, tag_p, user_params)
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
@@ -35,6 +35,7 @@ class _InjectSites:
         # types (else, and for derivative / guarded / shard_map sites, the
         # traced injector runs as usual).
         self.direct = direct
+        self._same: dict = {}
         # How a guarded site (see ``taxpr._guards``) that changes ctx merges
         # the new ctx: ``guard_merge(guard, old_leaves, new_leaves) -> leaves``
         # (traced); None: such a site is an InjectError.
@@ -152,12 +153,9 @@ class _InjectSites:
     # -- the site rule --
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
         params = user_params(eqn.params)
-        tree = eqn.params[TREE]
-        n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
-        ins = [level.atom(v) for v in eqn.invars[:n]]
-        token_avals = tuple(v.aval for v in eqn.invars[:n])
-        if (self.direct is not None and eqn.primitive is tag_p and n == len(eqn.invars)
+        if (self.direct is not None and eqn.primitive is tag_p and GUARD not in eqn.params
                 and level.context is None):
+            ins = [level.atom(v) for v in eqn.invars]
             subst = self._substitute(eqn, params, ctx, ins)
             if subst is not None:
                 level.site_ctx[tuple(map(id, ins))] = ctx
@@ -166,6 +164,10 @@ class _InjectSites:
                     if not isinstance(o, core.DropVar):
                         level.env[o] = a
                 return new_ctx
+        tree = eqn.params[TREE]
+        n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
+        ins = [level.atom(v) for v in eqn.invars[:n]]
+        token_avals = tuple(v.aval for v in eqn.invars[:n])
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
                                     level.context, bool(eqn.params.get(BATCHED)))
@@ -206,13 +208,25 @@ class _InjectSites:
         new_token, new_ctx = out
         if len(new_token) != len(eqn.outvars) or len(new_ctx) != len(self.ctx_avals):
             return None
+        same = self._same_type
         for a, o in zip(new_token, eqn.outvars):
-            if _aval_of(a) != o.aval:
+            if not same(_aval_of(a), o.aval):
                 return None
         for a, old, want in zip(new_ctx, ctx, self.ctx_avals):
-            if a is not old and _aval_of(a) != want:
+            if a is not old and not same(_aval_of(a), want):
                 return None
         return list(new_token), list(new_ctx)
+
+    def _same_type(self, a, b) -> bool:
+        """``a == b`` for avals, remembered per pair of aval objects (a
+        program has few distinct ones, and comparing them is not free)."""
+        if a is b:
+            return True
+        key = (id(a), id(b))
+        hit = self._same.get(key)
+        if hit is None:
+            hit = self._same[key] = (a, b, a == b)  # holds a, b: ids stay theirs
+        return hit[2]
 
     def _check_unchecked_shard_map(self, eqn, level: Level, closed, ctx: list,
                                    new_ctx: list) -> None:

@@ -86,8 +86,9 @@ def get_state(name: str, init: Any) -> jax.Array:
     if callable(init):
         init = _call_init(name, init)
     # The init stays in the jaxpr as the tag's operand: a state the example
-    # run never reaches gets it from there (``initial_states``).
-    return tag(jnp.asarray(init), op=GET, name=name)
+    # run never reaches gets it from there (``initial_states``). (asarray
+    # returns arrays and tracers as they are: skip its checks for them.)
+    return tag(init if isinstance(init, jax.Array) else jnp.asarray(init), op=GET, name=name)
 
 
 # Per trace (weakly held, so a finished trace drops its entries): the value
@@ -161,7 +162,8 @@ def set_state(name: str, value: Any) -> Any:
     Returns:
         ``value``.
     """
-    return tag(jnp.asarray(value), op=SET, name=name)
+    return tag(value if isinstance(value, jax.Array) else jnp.asarray(value), op=SET,
+               name=name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +196,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         StateError: two accesses of a state disagree (names the state, both
             places, and says when a value looks batched by ``vmap``).
     """
-    sites = [(eqn, path) for eqn, path in _traverse.iter_eqns(closed)
-             if eqn.primitive is tag_p and _is_state(eqn.params)]
+    sites, unchecked_sets, customs = _walk_program(closed)
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
         if p["op"] is SET and GUARD in p:
@@ -211,16 +212,25 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
-    _check_unchecked_shard_maps(closed)
+    if unchecked_sets:
+        _, path = unchecked_sets[0]
+        raise StateError(
+            f"taxpr: state {unchecked_sets[0][0].params['name']!r}: set_state at "
+            f"{format_path(path)} is "
+            f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
+            f"uses): taxpr cannot tell whether the value is the same on every shard, and "
+            f"a state holds one value (only one shard's would be kept); use shard_map "
+            f"with check_vma=True (a value that differs per shard is then a clear error), "
+            f"or set the state outside the shard_map / pmap")
     states: dict[str, StateInfo] = {}
-    first: dict[str, Any] = {}
+    first: dict[str, tuple] = {}
     for eqn, path in sites:
-        site = TagSite(user_params(eqn.params), tag_shape(eqn), path)
-        name, op, aval = site.params["name"], site.params["op"], site.shape
+        p = eqn.params
+        name, op, aval = p["name"], p["op"], tag_shape(eqn)
         if name not in states:
             states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
-                                     op == GET, op == SET)
-            first[name] = site
+                                     op is GET, op is SET)
+            first[name] = (eqn, path)
             continue
         info = states[name]
         if tuple(aval.shape) != info.shape or aval.dtype != info.dtype:
@@ -228,42 +238,70 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             want = f"{info.dtype.name}{list(info.shape)}"
             hint = ""
             # Only where it is true: same dtype, one extra leading axis.
-            if (op == SET and aval.dtype == info.dtype
+            if (op is SET and aval.dtype == info.dtype
                     and len(aval.shape) == len(info.shape) + 1
                     and tuple(aval.shape[1:]) == info.shape):
                 hint = (f" (it has an extra leading axis of size {aval.shape[0]}; if that "
                         f"axis comes from vmap: setting a state to a batched value is not "
                         f"allowed; reads under vmap broadcast, writes must be unbatched)")
             raise StateError(
-                f"taxpr: state {name!r}: {_describe_site(site)} has type {got}, but "
-                f"{_describe_site(first[name])} gave it type {want}{hint}")
-        states[name] = dataclasses.replace(info, read=info.read or op == GET,
-                                           written=info.written or op == SET)
-    check_custom_rules(closed)
+                f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type {got}, "
+                f"but {_describe_site(_site(*first[name]))} gave it type {want}{hint}")
+        if (op is GET and not info.read) or (op is SET and not info.written):
+            states[name] = dataclasses.replace(info, read=info.read or op is GET,
+                                               written=info.written or op is SET)
+    check_custom_rules(customs)
     return dict(sorted(states.items()))
 
 
-def _check_unchecked_shard_maps(jaxpr: Any, path: tuple = (), unchecked: bool = False) -> None:
-    """A set_state inside a shard_map without vma checking (``check_vma=False``,
-    as ``jax.pmap`` uses) is an error: the value may differ per shard and a
-    state is one value (only one shard's would be kept)."""
-    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
-        if unchecked and eqn.primitive is tag_p and _is_state(eqn.params) \
-                and eqn.params["op"] is SET:
-            raise StateError(
-                f"taxpr: state {eqn.params['name']!r}: set_state at {format_path(path)} is "
-                f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
-                f"uses): taxpr cannot tell whether the value is the same on every shard, and "
-                f"a state holds one value (only one shard's would be kept); use shard_map "
-                f"with check_vma=True (a value that differs per shard is then a clear error), "
-                f"or set the state outside the shard_map / pmap")
-        inner = unchecked or (eqn.primitive.name == "shard_map"
-                              and not _compat.shard_map_checks_vma(eqn.params))
-        for sub, sj in _traverse.subjaxprs(eqn):
-            _check_unchecked_shard_maps(sj, path + (sub.label,), inner)
+def _site(eqn, path: tuple[str, ...]) -> TagSite:
+    return TagSite(user_params(eqn.params), tag_shape(eqn), path)
 
 
-def check_custom_rules(closed: Any) -> None:
+def _walk_program(closed: Any) -> tuple[list, list, list]:
+    """One walk over the program (what ``collect_states`` checks), in
+    program order: ``(sites, unchecked_sets, customs)``: every state access
+    ``(eqn, path)``; the sets inside a shard_map without vma checking (``check_vma=False``,
+    as ``jax.pmap`` uses; an error: the value may differ per shard and a
+    state is one value); every ``custom_*`` equation ``(eqn, path,
+    body_uses_state)``."""
+    sites: list = []
+    unchecked_sets: list = []
+    customs: list = []
+
+    def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> bool:
+        found = False
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+            if eqn.primitive is tag_p:
+                if _is_state(eqn.params):
+                    found = True
+                    sites.append((eqn, path))
+                    if unchecked and eqn.params["op"] is SET:
+                        unchecked_sets.append((eqn, path))
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            name = eqn.primitive.name
+            inner = unchecked or (name == "shard_map"
+                                  and not _compat.shard_map_checks_vma(eqn.params))
+            at = None
+            if name.startswith("custom_"):
+                at = len(customs)
+                customs.append(None)  # filled after its body: program order
+            body_found = False
+            for sub, sj in subs:
+                body_found = visit(sj, path + (sub.label,), inner) or body_found
+            if at is not None:
+                customs[at] = (eqn, path, body_found)
+            found = found or body_found
+        return found
+
+    visit(closed, (), False)
+    return sites, unchecked_sets, customs
+
+
+def check_custom_rules(customs: Sequence[tuple]) -> None:
     """State accesses inside a user's derivative rule (custom_jvp rule,
     custom_vjp fwd/bwd) are an error.
 
@@ -278,15 +316,17 @@ def check_custom_rules(closed: Any) -> None:
     rules raise ``InjectError`` if a rule with state runs (only when it is
     differentiated from outside).
 
+    Arguments:
+        customs: the program's ``custom_*`` equations as ``(eqn, path,
+            body_uses_state)`` (``_walk_program``).
+
     Raises:
         StateError: naming the state and the rule's place.
     """
-    for eqn, path in _traverse.iter_eqns(closed):
-        name, p = eqn.primitive.name, eqn.params
-        if name.startswith("custom_") and any(
-                e.primitive is tag_p and _is_state(e.params)
-                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+    for eqn, path, body_uses_state in customs:
+        if body_uses_state:
             continue
+        name, p = eqn.primitive.name, eqn.params
         if name == "custom_jvp_call":
             n = len(eqn.invars) - p["num_consts"]
             rule, _, _ = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
