@@ -321,11 +321,18 @@ def match_varying(x: Any, axes: frozenset) -> Any:
     return jax.lax.pcast(x, missing, to="varying")
 
 
-def current_trace() -> Any | None:
-    """The trace JAX binds into now (a jaxpr trace, vmap, jvp ...), or None
-    when evaluating eagerly."""
+def outermost_trace() -> Any | None:
+    """The outermost trace enclosing the one JAX binds into now (e.g. the
+    ``make_jaxpr`` trace around a scan body's trace, a vmap's or jvp's
+    trace), following ``parent_trace``; None when evaluating eagerly."""
     trace = core.trace_ctx.trace
-    return None if isinstance(trace, core.EvalTrace) else trace
+    if isinstance(trace, core.EvalTrace):
+        return None
+    while True:
+        parent = getattr(trace, "parent_trace", None)
+        if parent is None or isinstance(parent, core.EvalTrace):
+            return trace
+        trace = parent
 
 
 def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:

@@ -91,8 +91,8 @@ def get_state(name: str, init: Any) -> jax.Array:
     return tag(init if isinstance(init, jax.Array) else jnp.asarray(init), op=GET, name=name)
 
 
-# Per trace (weakly held, so a finished trace drops its entries): the value
-# of each (state name, callable init) already called in it.
+# Per outermost trace (weakly held, so a finished trace drops its entries):
+# the value of each (state name, callable init) already called in it.
 _INIT_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -129,13 +129,17 @@ class _Ident:
 
 
 def _call_init(name: str, init: Callable) -> Any:
-    """``init()`` (evaluated at trace time), called once per trace and state.
+    """``init()`` (evaluated at trace time), called once per state and
+    trace (the outermost one: a program's scan bodies, branches and jitted
+    functions share it).
 
-    Only the first ``get_state`` of a state in a jaxpr can be its first use
-    (a jaxpr's equations run in order), so later calls in the same trace
-    may reuse its value; caching them is what keeps a stateful program that
-    is unrolled in Python as cheap to trace as one with explicit carries."""
-    trace = _compat.current_trace()
+    Inits with equal code, globals, defaults and closure contents give equal
+    values, so one call serves every ``get_state`` of the state; an init
+    that draws from a random generator of its own (NumPy's) draws once per
+    state, and that draw is the state's value at first use wherever it is.
+    Different states never share a call. This keeps a stateful program
+    unrolled in Python as cheap to trace as one with explicit carries."""
+    trace = _compat.outermost_trace()
     key = None if trace is None else _init_key(init)
     if key is None:
         with jax.ensure_compile_time_eval():

@@ -40,14 +40,22 @@ def _counted(calls: list, value: float, n: int = 2):
 def test_callable_init_is_called_once_per_trace_and_state():
     calls: list = []
 
+    def h_init():  # a new lambda object every call, same code and closure
+        return lambda: _counted(calls, 1.0)
+
     def prog(S, x):
-        for _ in range(5):  # a new lambda object every iteration, same code
-            h = S.get("h", lambda: _counted(calls, 1.0))
+        for _ in range(5):
+            h = S.get("h", h_init())
             S.set("h", h * 0.5 + x)
         for _ in range(3):
             g = S.get("g", lambda: _counted(calls, 2.0))
             S.set("g", g + h)
-        return g
+
+        def body(c, _):  # a nested trace shares the outer trace's values
+            S.set("h", S.get("h", h_init()) + c)
+            return c, None
+        S.scan(body, x, None, length=2)
+        return g + S.get("h", h_init())
 
     x = jnp.arange(2, dtype=f32)
     tx.make_jaxpr(functools.partial(prog, TX))(x)
