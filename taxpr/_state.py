@@ -470,8 +470,12 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
                   _check_per_shard=False)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed).outvars)
-    outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
-    final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
+    # Only (initial, seen) of each state are needed: the program's outputs
+    # and what only they need are pruned before compiling (effects stay).
+    needed = [False] * n_out + [i % 3 != 0 for i in range(len(leaves))]
+    outs = iter(jax.jit(_compat.jaxpr_as_fun(_compat.dce_closed(init, needed)))(*leaves, *args))
+    # ctx leaves: (value, initial, seen) per state, in flattened (sorted) order.
+    final = {n: (None, next(outs), next(outs)) for n in sorted(zeros)}
     first_gets = _first_gets(closed)
     result = {}
     for n, (_, initial, seen) in final.items():
