@@ -165,6 +165,10 @@ def _trace_times(make: Callable[[], dict], reps: int) -> dict[str, float]:
         "taxpr": lambda p: tx.make_jaxpr(_fresh(p["taxpr"]))(*p["args"]),
     }
     best = {k: float("inf") for k in variants}
+    # Cheap programs (a scan body traces in milliseconds) get more
+    # repetitions, so that the minimum is not one noisy sample.
+    t_plain, _ = timed(variants["plain"], make(), clock=time.thread_time)
+    reps = max(reps, min(40, int(0.25 / max(t_plain, 1e-4))))
     for _ in range(reps):
         for name, run in variants.items():  # interleaved: drifts hit all alike
             program = make()
