@@ -157,7 +157,8 @@ def _fresh(fn: Callable) -> Callable:
     return lambda *a: fn(*a)
 
 
-def _trace_times(make: Callable[[], dict], reps: int) -> dict[str, float]:
+def _trace_times(make: Callable[[], dict], reps: int, more_if_cheap: bool = True
+                 ) -> dict[str, float]:
     variants = {
         "plain": lambda p: jax.make_jaxpr(_fresh(p["plain"]))(*p["args"]),
         "refs": lambda p: jax.make_jaxpr(_fresh(p["refs"]))(*p["args"]),
@@ -167,8 +168,9 @@ def _trace_times(make: Callable[[], dict], reps: int) -> dict[str, float]:
     best = {k: float("inf") for k in variants}
     # Cheap programs (a scan body traces in milliseconds) get more
     # repetitions, so that the minimum is not one noisy sample.
-    t_plain, _ = timed(variants["plain"], make(), clock=time.thread_time)
-    reps = max(reps, min(40, int(0.25 / max(t_plain, 1e-4))))
+    if more_if_cheap:
+        t_plain, _ = timed(variants["plain"], make(), clock=time.thread_time)
+        reps = max(reps, min(40, int(0.25 / max(t_plain, 1e-4))))
     for _ in range(reps):
         for name, run in variants.items():  # interleaved: drifts hit all alike
             program = make()
@@ -204,7 +206,7 @@ def run(quick: bool = False) -> dict:
     }
     out: dict = {"trace": {}, "uncurry": {}, "figures": []}
     for name, make in programs.items():
-        times = _trace_times(make, reps)
+        times = _trace_times(make, reps, more_if_cheap=not quick)
         ratios = {k: v / times["plain"] for k, v in times.items() if k != "plain"}
         out["trace"][name] = {**ratios, "plain_s": times["plain"]}
         for variant in ("refs", "refs + discharge", "taxpr"):
