@@ -30,7 +30,8 @@ from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
 from ._inject import guarded_place
-from .primitives._tag import BATCHED, GUARD, keep_tags, tag, tag_p, user_params
+from .primitives._tag import (BATCHED, GUARD, keep_tags, keeping_tags, tag, tag_p,
+                              user_params)
 
 
 class StateOp:
@@ -102,7 +103,7 @@ def _init_key(init: Callable) -> tuple | None:
     (a lambda written in a loop is a new object every iteration). None if
     that cannot be told (an empty closure cell)."""
     if not isinstance(init, types.FunctionType):
-        return ("object", init)
+        return ("object", _Ident(init))
     try:
         cells = tuple(c.cell_contents for c in init.__closure__ or ())
     except ValueError:
@@ -138,8 +139,14 @@ def _call_init(name: str, init: Callable) -> Any:
     that draws from a random generator of its own (NumPy's) draws once per
     state, and that draw is the state's value at first use wherever it is.
     Different states never share a call. This keeps a stateful program
-    unrolled in Python as cheap to trace as one with explicit carries."""
-    trace = _compat.outermost_trace()
+    unrolled in Python as cheap to trace as one with explicit carries.
+
+    Only inside taxpr's own transformations (``keep_tags()``), where a
+    ``get_state``'s init is used only as the state's initial value (the
+    first use's) and for its type: traced without them, every
+    ``get_state`` returns its own init, so each is called (an init whose
+    closure holds a mutable object changed in between gives a new value)."""
+    trace = _compat.outermost_trace() if keeping_tags() else None
     key = None if trace is None else _init_key(init)
     if key is None:
         with jax.ensure_compile_time_eval():

@@ -101,6 +101,22 @@ def test_callable_init_with_changed_closure_is_called_again():
     assert_close(got, want)
 
 
+def test_callable_init_outside_taxpr_is_called_at_every_get_state():
+    # Traced by plain jax.jit (no uncurry) every get_state returns its own
+    # init: one reading a mutable object changed in between sees the change.
+    cfg = {"v": 0.0}
+
+    def f():
+        outs = []
+        for i in range(3):
+            cfg["v"] = float(i)
+            outs.append(tx.get_state("h", lambda: jnp.full((2,), cfg["v"], f32)))
+        return jnp.stack(outs)
+
+    want = jnp.stack([jnp.full((2,), float(i), f32) for i in range(3)])
+    assert_close(jax.jit(f)(), want)
+
+
 # ---- sites as substitutions -------------------------------------------------------------
 
 def _eqn_signature(closed) -> list:
