@@ -3,10 +3,13 @@
 A state access is a tag whose ``op`` param is a private ``StateOp`` value,
 so user tags (even ``op="get"``) are never mistaken for state accesses.
 ``uncurry`` traces the function once, finds every state access (also inside
-loops and branches), computes the initial values by running the program
-once with the example arguments (as Haiku's ``init`` does: a state's
-initial value is its ``init`` at first use), and rewrites the accesses with
-``inject`` into a pure function of ``(state, *args)``.
+loops and branches), computes the initial values (a state's initial value
+is its ``init`` at first use: taken from the program where every first use
+is certain from its structure, else found by running the program once with
+the example arguments, as Haiku's ``init`` does), and rewrites the accesses
+into a pure function of ``(state, *args)``: each access becomes a
+substitution of the state's current value (``inject`` with a ``direct``
+rule), with no equations of its own.
 """
 
 from __future__ import annotations
@@ -461,10 +464,13 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
-    """Run ``closed`` once on ``args`` and return each state's value at first
-    use. A state the run never reaches starts at the ``init`` of its first
-    ``get_state`` in trace order, computed exactly from the program
-    (``unreached_init``), or at zeros if it is only ever set."""
+    """Each state's value at first use when ``closed`` runs on ``args``:
+    without running it where every first use is certain from the program's
+    structure (``_initial_states_without_run``), else by running it once
+    (only what the initial values need is compiled). A state the run never
+    reaches starts at the ``init`` of its first ``get_state`` in trace order,
+    computed exactly from the program (``unreached_init``), or at zeros if
+    it is only ever set."""
     known = _initial_states_without_run(closed, states, args)
     if known is not None:
         return known
