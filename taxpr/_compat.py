@@ -328,6 +328,20 @@ def match_varying(x: Any, axes: frozenset) -> Any:
     return jax.lax.pcast(x, missing, to="varying")
 
 
+def outermost_trace() -> Any | None:
+    """The outermost trace enclosing the one JAX binds into now (e.g. the
+    ``make_jaxpr`` trace around a scan body's trace, a vmap's or jvp's
+    trace), following ``parent_trace``; None when evaluating eagerly."""
+    trace = core.trace_ctx.trace
+    if isinstance(trace, core.EvalTrace):
+        return None
+    while True:
+        parent = getattr(trace, "parent_trace", None)
+        if parent is None or isinstance(parent, core.EvalTrace):
+            return trace
+        trace = parent
+
+
 def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:
     """``x`` with ``aval``'s weak type (same dtype), so types stay exact."""
     xa = core.typeof(x) if isinstance(x, core.Tracer) else core.shaped_abstractify(x)

@@ -11,7 +11,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Engine, Hooks, InjectError, Level, _describe, inline
 from ._find import Predicate
-from .primitives._tag import (BATCHED, GUARD_FROM, TREE, keep_tags, n_values,
+from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
                               tag_cotangent_p, tag_p, user_params)
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
@@ -25,8 +25,17 @@ class _InjectSites:
     """The site rule of ``inject``: inline the (cached) injector jaxpr."""
 
     def __init__(self, injector: Injector, ctx_tree, ctx_avals,
-                 guard_merge: Callable | None = None):
+                 guard_merge: Callable | None = None, direct: Callable | None = None):
         self.injector = injector
+        # An effect layer whose injector only moves values between the token
+        # and ctx (the state layer) gives ``direct(params, ctx_atoms,
+        # token_atoms) -> (new_token_atoms, new_ctx_atoms)``: its sites are
+        # rewritten by substituting atoms, without tracing or inlining the
+        # injector. Used only where the result has exactly the original
+        # types (else, and for derivative / guarded / shard_map sites, the
+        # traced injector runs as usual).
+        self.direct = direct
+        self._same: dict = {}
         # How a guarded site (see ``taxpr._guards``) that changes ctx merges
         # the new ctx: ``guard_merge(guard, old_leaves, new_leaves) -> leaves``
         # (traced); None: such a site is an InjectError.
@@ -144,6 +153,17 @@ class _InjectSites:
     # -- the site rule --
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
         params = user_params(eqn.params)
+        if (self.direct is not None and eqn.primitive is tag_p and GUARD not in eqn.params
+                and level.context is None):
+            ins = [level.atom(v) for v in eqn.invars]
+            subst = self._substitute(eqn, params, ctx, ins)
+            if subst is not None:
+                level.site_ctx[tuple(map(id, ins))] = ctx
+                new_token, new_ctx = subst
+                for o, a in zip(eqn.outvars, new_token):
+                    if not isinstance(o, core.DropVar):
+                        level.env[o] = a
+                return new_ctx
         tree = eqn.params[TREE]
         n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
         ins = [level.atom(v) for v in eqn.invars[:n]]
@@ -178,6 +198,35 @@ class _InjectSites:
             if not isinstance(o, core.DropVar):
                 level.env[o] = a
         return list(new_ctx)
+
+    def _substitute(self, eqn, params: dict, ctx: list, ins: list) -> tuple | None:
+        """``direct``'s rewrite of a primal site, or None where it does not
+        apply or would change a type (weak type, shape, dtype)."""
+        out = self.direct(params, ctx, ins)
+        if out is None:
+            return None
+        new_token, new_ctx = out
+        if len(new_token) != len(eqn.outvars) or len(new_ctx) != len(self.ctx_avals):
+            return None
+        same = self._same_type
+        for a, o in zip(new_token, eqn.outvars):
+            if not same(_aval_of(a), o.aval):
+                return None
+        for a, old, want in zip(new_ctx, ctx, self.ctx_avals):
+            if a is not old and not same(_aval_of(a), want):
+                return None
+        return list(new_token), list(new_ctx)
+
+    def _same_type(self, a, b) -> bool:
+        """``a == b`` for avals, remembered per pair of aval objects (a
+        program has few distinct ones, and comparing them is not free)."""
+        if a is b:
+            return True
+        key = (id(a), id(b))
+        hit = self._same.get(key)
+        if hit is None:
+            hit = self._same[key] = (a, b, a == b)  # holds a, b: ids stay theirs
+        return hit[2]
 
     def _check_unchecked_shard_map(self, eqn, level: Level, closed, ctx: list,
                                    new_ctx: list) -> None:
@@ -275,7 +324,8 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
            predicate: Predicate | None = None, *, hooks: Hooks | None = None,
-           _guard_merge: Callable | None = None, _check_per_shard: bool = True) -> Any:
+           _guard_merge: Callable | None = None, _check_per_shard: bool = True,
+           _direct: Callable | None = None) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -304,7 +354,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     """
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
-    sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge)
+    sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge, _direct)
     sites.check_per_shard = _check_per_shard
     engine = Engine(sites, predicate, ctx_avals, hooks)
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars

@@ -3,23 +3,29 @@
 A state access is a tag whose ``op`` param is a private ``StateOp`` value,
 so user tags (even ``op="get"``) are never mistaken for state accesses.
 ``uncurry`` traces the function once, finds every state access (also inside
-loops and branches), computes the initial values by running the program
-once with the example arguments (as Haiku's ``init`` does: a state's
-initial value is its ``init`` at first use), and rewrites the accesses with
-``inject`` into a pure function of ``(state, *args)``.
+loops and branches), computes the initial values (a state's initial value
+is its ``init`` at first use: taken from the program where every first use
+is certain from its structure, else found by running the program once with
+the example arguments, as Haiku's ``init`` does), and rewrites the accesses
+into a pure function of ``(state, *args)``: each access becomes a
+substitution of the state's current value (``inject`` with a ``direct``
+rule), with no equations of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core
 
 from . import _compat
 from ._engine import Hooks, format_path
@@ -27,7 +33,8 @@ from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
 from ._inject import guarded_place
-from .primitives._tag import BATCHED, GUARD, keep_tags, tag, tag_p, user_params
+from .primitives._tag import (BATCHED, GUARD, keep_tags, keeping_tags, tag, tag_p,
+                              user_params)
 
 
 class StateOp:
@@ -81,11 +88,81 @@ def get_state(name: str, init: Any) -> jax.Array:
         The state's current value (``init`` when called outside ``uncurry``).
     """
     if callable(init):
-        with jax.ensure_compile_time_eval():
-            init = init()
+        init = _call_init(name, init)
     # The init stays in the jaxpr as the tag's operand: a state the example
-    # run never reaches gets it from there (``initial_states``).
-    return tag(jnp.asarray(init), op=GET, name=name)
+    # run never reaches gets it from there (``initial_states``). (asarray
+    # returns arrays and tracers as they are: skip its checks for them.)
+    return tag(init if isinstance(init, jax.Array) else jnp.asarray(init), op=GET, name=name)
+
+
+# Per outermost trace (weakly held, so a finished trace drops its entries):
+# the value of each (state name, callable init) already called in it.
+_INIT_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _init_key(init: Callable) -> tuple | None:
+    """What makes two callable inits give the same value: the same object,
+    or functions with the same code, globals, defaults and closure contents
+    (a lambda written in a loop is a new object every iteration). None if
+    that cannot be told (an empty closure cell)."""
+    if not isinstance(init, types.FunctionType):
+        return ("object", _Ident(init))
+    try:
+        cells = tuple(c.cell_contents for c in init.__closure__ or ())
+    except ValueError:
+        return None
+    # The objects themselves (not their ids) are held in the key, so an id
+    # cannot be reused while the trace lives; compared by identity.
+    return ("function", init.__code__, _Ident(init.__globals__), _Ident(init.__defaults__),
+            _Ident(init.__kwdefaults__), tuple(map(_Ident, cells)))
+
+
+class _Ident:
+    """Wraps an object so that it hashes and compares by identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is _Ident and other.obj is self.obj
+
+
+def _call_init(name: str, init: Callable) -> Any:
+    """``init()`` (evaluated at trace time), called once per state and
+    trace (the outermost one: a program's scan bodies, branches and jitted
+    functions share it).
+
+    Inits with equal code, globals, defaults and closure contents give equal
+    values, so one call serves every ``get_state`` of the state; an init
+    that draws from a random generator of its own (NumPy's) draws once per
+    state, and that draw is the state's value at first use wherever it is.
+    Different states never share a call. This keeps a stateful program
+    unrolled in Python as cheap to trace as one with explicit carries.
+
+    Only inside taxpr's own transformations (``keep_tags()``), where a
+    ``get_state``'s init is used only as the state's initial value (the
+    first use's) and for its type: traced without them, every
+    ``get_state`` returns its own init, so each is called (an init whose
+    closure holds a mutable object changed in between gives a new value)."""
+    trace = _compat.outermost_trace() if keeping_tags() else None
+    key = None if trace is None else _init_key(init)
+    if key is None:
+        with jax.ensure_compile_time_eval():
+            return init()
+    per_trace = _INIT_VALUES.get(trace)
+    if per_trace is None:
+        per_trace = _INIT_VALUES[trace] = {}
+    key = (name, key)
+    hit = per_trace.get(key)
+    if hit is None:
+        with jax.ensure_compile_time_eval():
+            hit = per_trace[key] = (init(),)
+    return hit[0]
 
 
 def set_state(name: str, value: Any) -> Any:
@@ -99,7 +176,8 @@ def set_state(name: str, value: Any) -> Any:
     Returns:
         ``value``.
     """
-    return tag(jnp.asarray(value), op=SET, name=name)
+    return tag(value if isinstance(value, jax.Array) else jnp.asarray(value), op=SET,
+               name=name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +210,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         StateError: two accesses of a state disagree (names the state, both
             places, and says when a value looks batched by ``vmap``).
     """
-    sites = [(eqn, path) for eqn, path in _traverse.iter_eqns(closed)
-             if eqn.primitive is tag_p and _is_state(eqn.params)]
+    sites, unchecked_sets, customs = _walk_program(closed)
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
         if p["op"] is SET and GUARD in p:
@@ -149,16 +226,25 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
-    _check_unchecked_shard_maps(closed)
+    if unchecked_sets:
+        _, path = unchecked_sets[0]
+        raise StateError(
+            f"taxpr: state {unchecked_sets[0][0].params['name']!r}: set_state at "
+            f"{format_path(path)} is "
+            f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
+            f"uses): taxpr cannot tell whether the value is the same on every shard, and "
+            f"a state holds one value (only one shard's would be kept); use shard_map "
+            f"with check_vma=True (a value that differs per shard is then a clear error), "
+            f"or set the state outside the shard_map / pmap")
     states: dict[str, StateInfo] = {}
-    first: dict[str, Any] = {}
+    first: dict[str, tuple] = {}
     for eqn, path in sites:
-        site = TagSite(user_params(eqn.params), tag_shape(eqn), path)
-        name, op, aval = site.params["name"], site.params["op"], site.shape
+        p = eqn.params
+        name, op, aval = p["name"], p["op"], tag_shape(eqn)
         if name not in states:
             states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
-                                     op == GET, op == SET)
-            first[name] = site
+                                     op is GET, op is SET)
+            first[name] = (eqn, path)
             continue
         info = states[name]
         if tuple(aval.shape) != info.shape or aval.dtype != info.dtype:
@@ -166,42 +252,70 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             want = f"{info.dtype.name}{list(info.shape)}"
             hint = ""
             # Only where it is true: same dtype, one extra leading axis.
-            if (op == SET and aval.dtype == info.dtype
+            if (op is SET and aval.dtype == info.dtype
                     and len(aval.shape) == len(info.shape) + 1
                     and tuple(aval.shape[1:]) == info.shape):
                 hint = (f" (it has an extra leading axis of size {aval.shape[0]}; if that "
                         f"axis comes from vmap: setting a state to a batched value is not "
                         f"allowed; reads under vmap broadcast, writes must be unbatched)")
             raise StateError(
-                f"taxpr: state {name!r}: {_describe_site(site)} has type {got}, but "
-                f"{_describe_site(first[name])} gave it type {want}{hint}")
-        states[name] = dataclasses.replace(info, read=info.read or op == GET,
-                                           written=info.written or op == SET)
-    check_custom_rules(closed)
+                f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type {got}, "
+                f"but {_describe_site(_site(*first[name]))} gave it type {want}{hint}")
+        if (op is GET and not info.read) or (op is SET and not info.written):
+            states[name] = dataclasses.replace(info, read=info.read or op is GET,
+                                               written=info.written or op is SET)
+    check_custom_rules(customs)
     return dict(sorted(states.items()))
 
 
-def _check_unchecked_shard_maps(jaxpr: Any, path: tuple = (), unchecked: bool = False) -> None:
-    """A set_state inside a shard_map without vma checking (``check_vma=False``,
-    as ``jax.pmap`` uses) is an error: the value may differ per shard and a
-    state is one value (only one shard's would be kept)."""
-    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
-        if unchecked and eqn.primitive is tag_p and _is_state(eqn.params) \
-                and eqn.params["op"] is SET:
-            raise StateError(
-                f"taxpr: state {eqn.params['name']!r}: set_state at {format_path(path)} is "
-                f"inside a shard_map without vma checking (check_vma=False, as jax.pmap "
-                f"uses): taxpr cannot tell whether the value is the same on every shard, and "
-                f"a state holds one value (only one shard's would be kept); use shard_map "
-                f"with check_vma=True (a value that differs per shard is then a clear error), "
-                f"or set the state outside the shard_map / pmap")
-        inner = unchecked or (eqn.primitive.name == "shard_map"
-                              and not _compat.shard_map_checks_vma(eqn.params))
-        for sub, sj in _traverse.subjaxprs(eqn):
-            _check_unchecked_shard_maps(sj, path + (sub.label,), inner)
+def _site(eqn, path: tuple[str, ...]) -> TagSite:
+    return TagSite(user_params(eqn.params), tag_shape(eqn), path)
 
 
-def check_custom_rules(closed: Any) -> None:
+def _walk_program(closed: Any) -> tuple[list, list, list]:
+    """One walk over the program (what ``collect_states`` checks), in
+    program order: ``(sites, unchecked_sets, customs)``: every state access
+    ``(eqn, path)``; the sets inside a shard_map without vma checking (``check_vma=False``,
+    as ``jax.pmap`` uses; an error: the value may differ per shard and a
+    state is one value); every ``custom_*`` equation ``(eqn, path,
+    body_uses_state)``."""
+    sites: list = []
+    unchecked_sets: list = []
+    customs: list = []
+
+    def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> bool:
+        found = False
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+            if eqn.primitive is tag_p:
+                if _is_state(eqn.params):
+                    found = True
+                    sites.append((eqn, path))
+                    if unchecked and eqn.params["op"] is SET:
+                        unchecked_sets.append((eqn, path))
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            name = eqn.primitive.name
+            inner = unchecked or (name == "shard_map"
+                                  and not _compat.shard_map_checks_vma(eqn.params))
+            at = None
+            if name.startswith("custom_"):
+                at = len(customs)
+                customs.append(None)  # filled after its body: program order
+            body_found = False
+            for sub, sj in subs:
+                body_found = visit(sj, path + (sub.label,), inner) or body_found
+            if at is not None:
+                customs[at] = (eqn, path, body_found)
+            found = found or body_found
+        return found
+
+    visit(closed, (), False)
+    return sites, unchecked_sets, customs
+
+
+def check_custom_rules(customs: Sequence[tuple]) -> None:
     """State accesses inside a user's derivative rule (custom_jvp rule,
     custom_vjp fwd/bwd) are an error.
 
@@ -216,15 +330,17 @@ def check_custom_rules(closed: Any) -> None:
     rules raise ``InjectError`` if a rule with state runs (only when it is
     differentiated from outside).
 
+    Arguments:
+        customs: the program's ``custom_*`` equations as ``(eqn, path,
+            body_uses_state)`` (``_walk_program``).
+
     Raises:
         StateError: naming the state and the rule's place.
     """
-    for eqn, path in _traverse.iter_eqns(closed):
-        name, p = eqn.primitive.name, eqn.params
-        if name.startswith("custom_") and any(
-                e.primitive is tag_p and _is_state(e.params)
-                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+    for eqn, path, body_uses_state in customs:
+        if body_uses_state:
             continue
+        name, p = eqn.primitive.name, eqn.params
         if name == "custom_jvp_call":
             n = len(eqn.invars) - p["num_consts"]
             rule, _, _ = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
@@ -275,6 +391,23 @@ def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
         return None
 
 
+def _state_direct(names: Sequence[str]) -> Callable:
+    """``_state_injector`` as atom substitution (see ``_inject``'s ``direct``):
+    a get's value is the state's current atom, a set makes its value the
+    state's atom. ``names``: the states in ctx leaf order."""
+    index = {n: i for i, n in enumerate(names)}
+
+    def direct(params: dict, ctx: list, token: list):
+        i = index[params["name"]]
+        if params["op"] is GET:
+            return [ctx[i]], ctx
+        new = list(ctx)
+        new[i] = token[0]
+        return token, new
+
+    return direct
+
+
 def _state_injector(ctx: dict, token: Any, params: dict):
     name = params["name"]
     if params["op"] is GET:
@@ -323,15 +456,24 @@ class _StateHooks(Hooks):
 
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
-    return inject(closed, _state_injector, _state_ctx(states), predicate=_is_state,
-                  hooks=_StateHooks())
+    ctx = _state_ctx(states)
+    # ctx leaves are in the flattened dict's (sorted) key order.
+    names = jax.tree_util.tree_leaves({n: n for n in ctx})
+    return inject(closed, _state_injector, ctx, predicate=_is_state, hooks=_StateHooks(),
+                  _direct=_state_direct(names))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
-    """Run ``closed`` once on ``args`` and return each state's value at first
-    use. A state the run never reaches starts at the ``init`` of its first
-    ``get_state`` in trace order, computed exactly from the program
-    (``unreached_init``), or at zeros if it is only ever set."""
+    """Each state's value at first use when ``closed`` runs on ``args``:
+    without running it where every first use is certain from the program's
+    structure (``_initial_states_without_run``), else by running it once
+    (only what the initial values need is compiled). A state the run never
+    reaches starts at the ``init`` of its first ``get_state`` in trace order,
+    computed exactly from the program (``unreached_init``), or at zeros if
+    it is only ever set."""
+    known = _initial_states_without_run(closed, states, args)
+    if known is not None:
+        return known
     zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
     init = inject(closed, _init_injector, zeros, predicate=_is_state,
@@ -341,8 +483,12 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
                   _check_per_shard=False)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed).outvars)
-    outs = jax.jit(_compat.jaxpr_as_fun(init))(*leaves, *args)
-    final = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(zeros), outs[n_out:])
+    # Only (initial, seen) of each state are needed: the program's outputs
+    # and what only they need are pruned before compiling (effects stay).
+    needed = [False] * n_out + [i % 3 != 0 for i in range(len(leaves))]
+    outs = iter(jax.jit(_compat.jaxpr_as_fun(_compat.dce_closed(init, needed)))(*leaves, *args))
+    # ctx leaves: (value, initial, seen) per state, in flattened (sorted) order.
+    final = {n: (None, next(outs), next(outs)) for n in sorted(zeros)}
     first_gets = _first_gets(closed)
     result = {}
     for n, (_, initial, seen) in final.items():
@@ -365,6 +511,81 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
             result[n] = jax.lax.select(seen, initial, fallback)
         else:
             result[n] = unreached_init(chain, path, n, args)
+    return result
+
+
+# ---- initial values without running the program ----------------------------------
+
+def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
+                                args: Sequence[Any]) -> dict | None:
+    """Each state's value at first use, found without running the program
+    when every state's first use is certain from the program's structure;
+    None where it is not (the example run decides then).
+
+    A state's first access is certain when, walking the program in execution
+    order, it is met before any place that may or may not run (a cond
+    branch, a while loop, a scan of length 0, a shard_map body, a site
+    guarded by vmap) that also accesses the state: the equations of a jaxpr
+    run in order, and calls and scans of length >= 1 run their bodies'
+    equations in order. A first ``set_state`` means zeros; a first
+    ``get_state`` its init, computed from only the part of the program that
+    computes it (``unreached_init``; an init that needs a loop's carry or
+    another state leaves it to the example run). Constant inits need no
+    computation at all."""
+    first: dict[str, tuple | None] = {}
+    uses_state: dict[int, tuple[Any, frozenset]] = {}
+
+    def names_in(jaxpr) -> frozenset:
+        hit = uses_state.get(id(jaxpr))
+        if hit is None:
+            found = frozenset(e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
+                              if e.primitive is tag_p and _is_state(e.params))
+            hit = uses_state[id(jaxpr)] = (jaxpr, found)
+        return hit[1]
+
+    def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
+        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+            p = eqn.params
+            if eqn.primitive is tag_p:
+                if not _is_state(p) or p["name"] in first:
+                    continue
+                if GUARD in p or p.get(BATCHED):
+                    return False
+                first[p["name"]] = ([*chain, (jaxpr, eqn, None)], path) if p["op"] is GET \
+                    else None
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            name = eqn.primitive.name
+            runs_in_order = name in _CALLS or (name == "scan" and p["length"] >= 1)
+            for sub, sj in subs:
+                if not names_in(sj) - first.keys():
+                    continue
+                if not runs_in_order:
+                    return False
+                if not walk(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,)):
+                    return False
+        return True
+
+    if not walk(closed, [], ()) or first.keys() != states.keys():
+        return None
+    result = {}
+    for n, info in states.items():
+        aval = core.ShapedArray(info.shape, info.dtype)
+        if first[n] is None:  # first set: zeros, as in the example run
+            result[n] = jnp.zeros(info.shape, info.dtype)
+            continue
+        chain, path = first[n]
+        try:
+            value = unreached_init(chain, path, n, args)
+        except StateError:
+            return None
+        value = _compat.cast_weak_type(value, aval)
+        # A fresh array, as the example run gives: the init may be the
+        # user's own array (or a const of the program), and state0 may be
+        # donated.
+        result[n] = value if isinstance(value, core.Tracer) else value.copy()
     return result
 
 

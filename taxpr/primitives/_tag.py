@@ -67,6 +67,11 @@ def keep_tags():
     """
     with _KEEP(True):
         yield
+
+
+def keeping_tags() -> bool:
+    """Whether tags traced now are kept (inside ``keep_tags()``)."""
+    return bool(_KEEP.value)
 HIDDEN_PREFIX = "_taxpr_"
 
 

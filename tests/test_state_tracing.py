@@ -1,0 +1,303 @@
+"""Tracing cost of state (issue 13): what the fast paths do, and that results
+stay those of the eager program.
+
+* A callable ``init`` is called once per trace and state (``get_state``
+  caches it by code, globals, defaults and closure contents), never shared
+  between states nor reused when its closure changed.
+* State sites become atom substitutions: the pure program has exactly the
+  equations of the same program written with explicit carries.
+* ``uncurry`` finds initial values without running the program when every
+  state's first use is certain (constant inits directly, inits computed
+  from inputs by slicing); otherwise the example run decides, as before.
+
+Programs are compared with the same code run eagerly with Python control
+flow and a dict for state (``Eager`` of ``test_state``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import jaxpr_as_fun
+
+import taxpr as tx
+from test_state import TX, Eager, assert_close, check_program
+
+f32 = jnp.float32
+
+
+# ---- callable inits -------------------------------------------------------------------
+
+def _counted(calls: list, value: float, n: int = 2):
+    calls.append(value)
+    return jnp.full((n,), value, f32)
+
+
+def test_callable_init_is_called_once_per_trace_and_state():
+    calls: list = []
+
+    def h_init():  # a new lambda object every call, same code and closure
+        return lambda: _counted(calls, 1.0)
+
+    def prog(S, x):
+        for _ in range(5):
+            h = S.get("h", h_init())
+            S.set("h", h * 0.5 + x)
+        for _ in range(3):
+            g = S.get("g", lambda: _counted(calls, 2.0))
+            S.set("g", g + h)
+
+        def body(c, _):  # a nested trace shares the outer trace's values
+            S.set("h", S.get("h", h_init()) + c)
+            return c, None
+        S.scan(body, x, None, length=2)
+        return g + S.get("h", h_init())
+
+    x = jnp.arange(2, dtype=f32)
+    tx.make_jaxpr(functools.partial(prog, TX))(x)
+    assert calls == [1.0, 2.0]  # one call per state, not one per get_state
+    calls.clear()
+    check_program(prog, (x,), [(x + 1.0,)])
+
+
+def test_callable_inits_of_distinct_states_stay_distinct():
+    # The same init code for several states (a helper used per layer), with
+    # NumPy's global random generator: every state gets its own draw.
+    def layer(S, name, x):
+        w = S.get(name, lambda: np.random.standard_normal(3).astype(np.float32))
+        return jnp.tanh(w * x)
+
+    def prog(S, x):
+        for i in range(4):
+            x = layer(S, f"w{i}", x)
+        return x
+
+    x = jnp.ones(3, f32)
+    np.random.seed(0)
+    _, state0 = tx.uncurry(functools.partial(prog, TX), x)
+    np.random.seed(0)
+    ref = Eager()
+    prog(ref, x)
+    assert_close(state0, ref.first)
+    assert len({tuple(np.asarray(v)) for v in state0.values()}) == 4
+
+
+def test_callable_init_with_changed_closure_is_called_again():
+    # Outside uncurry every get_state returns its own init: a lambda whose
+    # closure holds another value is not served from the cache.
+    def prog(S):
+        outs = []
+        for i in range(3):
+            scale = float(i)
+            outs.append(S.get("h", lambda: jnp.full((2,), scale, f32)))
+        return jnp.stack(outs)
+
+    got = jax.jit(lambda: prog(TX))()
+    want = jnp.stack([jnp.full((2,), float(i), f32) for i in range(3)])
+    assert_close(got, want)
+
+
+def test_callable_init_outside_taxpr_is_called_at_every_get_state():
+    # Traced by plain jax.jit (no uncurry) every get_state returns its own
+    # init: one reading a mutable object changed in between sees the change.
+    cfg = {"v": 0.0}
+
+    def f():
+        outs = []
+        for i in range(3):
+            cfg["v"] = float(i)
+            outs.append(tx.get_state("h", lambda: jnp.full((2,), cfg["v"], f32)))
+        return jnp.stack(outs)
+
+    want = jnp.stack([jnp.full((2,), float(i), f32) for i in range(3)])
+    assert_close(jax.jit(f)(), want)
+
+
+# ---- sites as substitutions -------------------------------------------------------------
+
+def _eqn_signature(closed) -> list:
+    return [(e.primitive.name, tuple(sorted((k, str(v)) for k, v in e.params.items())))
+            for e in closed.jaxpr.eqns]
+
+
+def test_pure_program_has_the_equations_of_explicit_carries():
+    steps = 6
+    w = jnp.eye(4, dtype=f32) * 0.5
+    xs = jnp.ones((steps, 4), f32) * 0.1
+
+    def carried(w, xs, h0):
+        h = h0
+        for t in range(steps):
+            h = jnp.tanh(w @ h + xs[t])
+        return h
+
+    def stateful(w, xs):
+        for t in range(steps):
+            h = tx.get_state("h", lambda: jnp.zeros(4, f32))
+            tx.set_state("h", jnp.tanh(w @ h + xs[t]))
+        return tx.get_state("h", lambda: jnp.zeros(4, f32))
+
+    pure, _ = tx.make_jaxpr(stateful)(w, xs)
+    plain = jax.make_jaxpr(carried)(w, xs, jnp.zeros(4, f32))
+    assert _eqn_signature(pure) == _eqn_signature(plain)
+    out = jaxpr_as_fun(pure)(jnp.full(4, 0.3, f32), w, xs)
+    ref = carried(w, xs, jnp.full(4, 0.3, f32))
+    assert_close(out[0], ref)
+    assert_close(out[1], ref)
+
+
+def test_weak_typed_state_values_keep_their_types():
+    # A Python-scalar init and set (weak types) take the traced injector,
+    # which casts them to the state's type: results as eager.
+    def prog(S, x):
+        a = S.get("a", 1.5)
+        S.set("a", 2.0)
+        S.set("b", S.get("b", jnp.zeros((), f32)) + a * x)
+        return S.get("a", 0.0) + x
+
+    check_program(prog, (jnp.float32(1.0),), [(jnp.float32(3.0),)])
+
+
+# ---- uncurry's initial values -----------------------------------------------------------
+
+def _with_probe(calls: list):
+    """A callback that counts how often the program runs."""
+    def probe(x):
+        jax.debug.callback(lambda v: calls.append(1), x)
+        return x
+    return probe
+
+
+def test_uncurry_with_constant_inits_does_not_run_the_program():
+    calls: list = []
+    probe = _with_probe(calls)
+
+    def prog(S, w, xs):
+        def body(_, x):
+            h = S.get("h", lambda: jnp.zeros(3, f32))
+            S.set("h", jnp.tanh(w * h + probe(x)))
+            S.set("n", S.get("n", jnp.zeros((), jnp.int32)) + 1)
+            return None, None
+        S.scan(body, None, xs)
+        S.set("last", S.get("h", jnp.ones(3, f32)))  # first use: a set (zeros)
+        return S.get("h", jnp.ones(3, f32))
+
+    w, xs = jnp.full(3, 0.5, f32), jnp.ones((4, 3), f32)
+    pure, state0 = tx.uncurry(functools.partial(prog, TX), w, xs)
+    jax.effects_barrier()
+    assert calls == []
+    ref = Eager()
+    prog(ref, w, xs)
+    assert_close(state0, ref.first)
+    out, _ = pure(state0, w, xs)
+    jax.effects_barrier()
+    assert calls  # the probe is live: the pure function runs it
+    calls.clear()
+    check_program(prog, (w, xs), [(w * 2.0, xs * 0.5)])
+
+
+def test_uncurry_init_computed_from_inputs_without_running_the_program():
+    calls: list = []
+    probe = _with_probe(calls)
+
+    def prog(S, x, y):
+        z = probe(jnp.sin(y))  # not needed by the init: not run
+        inner = S.jit(lambda a: S.get("h", a * 2.0 + 1.0))  # init from an input
+        h = inner(x)
+        S.set("h", h + z)
+        return h
+
+    x, y = jnp.arange(3, dtype=f32), jnp.ones(3, f32)
+    _, state0 = tx.uncurry(functools.partial(prog, TX), x, y)
+    jax.effects_barrier()
+    assert calls == []
+    assert_close(state0["h"], x * 2.0 + 1.0)
+    check_program(prog, (x, y), [(x - 1.0, y)])
+
+
+def test_uncurry_first_use_decided_by_values_runs_the_example():
+    # Which init counts depends on the predicate's value: the example run
+    # decides (both ways agree with eager).
+    def prog(S, p, x):
+        y = S.cond(p, lambda v: v + S.get("s", jnp.full(2, 3.0, f32)),
+                   lambda v: v - S.get("s", jnp.full(2, -1.0, f32)), x)
+        S.set("s", y)
+        return S.get("s", jnp.zeros(2, f32))
+
+    x = jnp.ones(2, f32)
+    for p in (True, False):
+        check_program(prog, (jnp.bool_(p), x), [(jnp.bool_(not p), x)])
+
+
+def test_uncurry_init_from_a_loop_carry_runs_the_example():
+    def prog(S, xs):
+        def body(c, x):
+            h = S.get("h", c * 3.0)  # the init changes per iteration
+            S.set("h", h + x)
+            return c + 1.0, None
+        S.scan(body, jnp.ones(2, f32), xs)
+        return S.get("h", jnp.zeros(2, f32))
+
+    check_program(prog, (jnp.ones((3, 2), f32),), [(jnp.full((3, 2), 2.0, f32),)])
+
+
+def test_uncurry_static_initial_values_under_jit():
+    def prog(S, x):
+        S.set("h", S.get("h", x * 2.0) + 1.0)
+        S.set("c", S.get("c", jnp.ones((), f32)) * 3.0)
+        return x
+
+    state0 = jax.jit(lambda x: tx.uncurry(functools.partial(prog, TX), x)[1])(
+        jnp.arange(2, dtype=f32))
+    ref = Eager()
+    prog(ref, jnp.arange(2, dtype=f32))
+    assert_close(state0, ref.first)
+
+
+def test_uncurry_state0_is_a_fresh_array():
+    init = jnp.ones(3, f32)
+
+    def prog(S, x):
+        S.set("h", S.get("h", init) + x)
+        return x
+
+    _, state0 = tx.uncurry(functools.partial(prog, TX), jnp.ones(3, f32))
+    assert state0["h"] is not init  # may be donated without deleting `init`
+    assert_close(state0["h"], init)
+
+
+def test_uncurry_scan_of_length_zero_runs_the_example():
+    def prog(S, xs):
+        def body(_, x):
+            S.set("h", S.get("h", jnp.full(2, 5.0, f32)) + x)
+            return None, None
+        S.scan(body, None, xs)
+        return S.get("h", jnp.full(2, 7.0, f32))
+
+    check_program(prog, (jnp.ones((0, 2), f32),), [(jnp.ones((0, 2), f32),)])
+
+
+def test_uncurry_while_body_first_use_runs_the_example():
+    def prog(S, n):
+        def body(i):
+            S.set("h", S.get("h", jnp.full((), 5.0, f32)) + 1.0)
+            return i + 1
+        S.while_loop(lambda i: i < n, body, 0)
+        return S.get("h", jnp.full((), 7.0, f32))
+
+    for n in (0, 2):
+        check_program(prog, (jnp.int32(n),), [(jnp.int32(3 - n),)])
+
+
+def test_uncurry_first_use_inside_lax_jit_and_checkpoint():
+    def prog(S, x):
+        f = S.checkpoint(lambda v: v * S.get("a", jnp.full(2, 2.0, f32)))
+        y = S.jit(f)(x)
+        S.set("a", y)
+        return lax.stop_gradient(y)
+
+    check_program(prog, (jnp.ones(2, f32),), [(jnp.full(2, 3.0, f32),)])
