@@ -47,6 +47,15 @@ def _describe(params: dict, path: Sequence[str]) -> str:
     return f"tag({shown}) at {format_path(path)}"
 
 
+def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> Any:
+    """``fn`` traced to a closed jaxpr, inside ``context()`` (a shard_map
+    body's tracing context) when given."""
+    if context is None:
+        return _compat.trace_flat(fn, avals)
+    with context():
+        return _compat.trace_flat(fn, avals)
+
+
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
@@ -70,6 +79,10 @@ class Level:
 
     def collect(self, key: Any, atoms: Sequence[Any]) -> None:
         self.collected.append((key, list(atoms)))
+
+    def trace(self, fn: Callable, avals: Sequence[Any]) -> Any:
+        """``fn`` traced to a closed jaxpr in this jaxpr's tracing context."""
+        return trace_in(self.context, fn, avals)
 
     def feed(self, key: Any, avals: Sequence[Any]) -> list:
         """Inputs fed to this jaxpr under ``key`` (the same vars if asked twice)."""

@@ -53,12 +53,7 @@ class _GuardSites:
         closed = self._and.get(key)
         if closed is None:
             fn = lambda a, b: [jnp.logical_and(a, b)]  # noqa: E731
-            if level.context is None:
-                closed = _compat.trace_flat(fn, avals)
-            else:
-                with level.context():
-                    closed = _compat.trace_flat(fn, avals)
-            self._and[key] = closed
+            closed = self._and[key] = level.trace(fn, avals)
         return inline(level, closed, [old, new])[0]
 
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:

@@ -9,7 +9,7 @@ import jax
 from jax._src import core
 
 from . import _compat
-from ._engine import Engine, Hooks, InjectError, Level, _describe, inline
+from ._engine import Engine, Hooks, InjectError, Level, _describe, inline, trace_in
 from ._find import Predicate
 from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
                               tag_cotangent_p, tag_p, user_params)
@@ -104,11 +104,7 @@ class _InjectSites:
                 return jax.tree_util.tree_leaves(t_out)
             avals = [*self.ctx_avals, *token_avals]
 
-        if context is None:
-            closed = _compat.trace_flat(flat, avals)
-        else:
-            with context():
-                closed = _compat.trace_flat(flat, avals)
+        closed = trace_in(context, flat, avals)
         if kind == "primal":
             self._check(closed, found, params, tree, token_avals, path, batched)
             result = (closed, None)
@@ -276,12 +272,7 @@ class _InjectSites:
                 return list(merge(g, list(leaves[:k]), list(leaves[k:])))
 
             avals = [guard.aval, *map(_aval_of, ctx), *map(_aval_of, ctx)]
-            if level.context is None:
-                closed = _compat.trace_flat(fn, avals)
-            else:
-                with level.context():
-                    closed = _compat.trace_flat(fn, avals)
-            self._traced[key] = closed
+            closed = self._traced[key] = level.trace(fn, avals)
         return inline(level, closed, [guard, *ctx, *new_ctx])
 
 

@@ -38,7 +38,8 @@ from jax.interpreters import ad, mlir
 from . import _compat
 from ._inject import inject, trace_program
 from ._state import (
-    GET, StateError, _StateHooks, _is_state, _state_injector, collect_states, set_state,
+    GET, StateError, _StateHooks, _is_state, _state_injector, collect_states, per_signature,
+    set_state,
 )
 from .primitives._tag import tag
 
@@ -192,40 +193,29 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
     """
     key = _as_typed_key(key, stream)
     impl = jax.random.key_impl(key)
-    cache: dict = {}
+
+    def trace(static: Any, avals: tuple, tree: Any) -> tuple[Any, Any]:
+        with _stream_impl(stream, impl):
+            closed, out_tree = trace_program(
+                fn, tree, avals, getattr(fn, "__name__", "fn"),
+                rebuild=lambda d: eqx.combine(d, static))
+        states = collect_states(closed)  # also checks the stream is used consistently
+        if stream in states and states[stream].dtype != key.dtype:
+            raise StateError(
+                f"taxpr: seed: stream {stream!r} holds {states[stream].dtype} keys in "
+                f"{getattr(fn, '__name__', 'fn')}, but the seed is a {key.dtype} (a "
+                f"get_state({stream!r}, ...) of another impl?)")
+        spec = {stream: jax.ShapeDtypeStruct((), key.dtype)}
+        pure = inject(closed, _state_injector, spec, hooks=_StateHooks(),
+                      predicate=lambda p, _shape=None: _is_state(p) and p["name"] == stream)
+        return pure, out_tree
+
+    traced = per_signature(trace)
 
     def seeded(*args, **kwargs):
-        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
-        leaves, tree = jax.tree_util.tree_flatten(dyn)
-        avals = tuple(_compat.abstractify(x) for x in leaves)
-        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
-        cache_key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
-        hit = cache.get(cache_key)
-        if hit is None:
-            with _stream_impl(stream, impl):
-                closed, out_tree = trace_program(
-                    fn, tree, avals, getattr(fn, "__name__", "fn"),
-                    rebuild=lambda d: eqx.combine(d, static))
-            states = collect_states(closed)  # also checks the stream is used consistently
-            if stream in states and states[stream].dtype != key.dtype:
-                raise StateError(
-                    f"taxpr: seed: stream {stream!r} holds {states[stream].dtype} keys in "
-                    f"{getattr(fn, '__name__', 'fn')}, but the seed is a {key.dtype} (a "
-                    f"get_state({stream!r}, ...) of another impl?)")
-            spec = {stream: jax.ShapeDtypeStruct((), key.dtype)}
-            pure = inject(closed, _state_injector, spec, hooks=_StateHooks(),
-                          predicate=lambda p, _shape=None: _is_state(p) and p["name"] == stream)
-            hit = cache[cache_key] = (pure, out_tree)
-        pure, out_tree = hit
+        (pure, out_tree), leaves = traced(args, kwargs)
         outs = _compat.jaxpr_as_fun(pure)(key, *leaves)
         return jax.tree_util.tree_unflatten(out_tree, outs[:out_tree.num_leaves])
 
     return seeded
 
-
-def _hashable(x: Any) -> Any:
-    try:
-        hash(x)
-        return x
-    except TypeError:
-        return ("id", id(x))

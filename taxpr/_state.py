@@ -727,19 +727,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         ``pure(state, *args, **kwargs) -> (out, new_state)`` is an ordinary
         JAX function (jit, vmap, grad, scan all apply).
     """
-    cache: dict = {}
-
-    def traced(args, kwargs) -> tuple[_Traced, list]:
-        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
-        leaves, tree = jax.tree_util.tree_flatten(dyn)
-        avals = tuple(_compat.abstractify(x) for x in leaves)
-        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
-        key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = _Traced(fn, static, avals, tree)
-        return hit, leaves
-
+    traced = per_signature(lambda static, avals, tree: _Traced(fn, static, avals, tree))
     t0, leaves0 = traced(example_args, example_kwargs)
     state0 = initial_states(t0.closed, t0.states, leaves0)
 
@@ -764,6 +752,30 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
                 {**state, **dict(zip(names, outs[n_out:]))})
 
     return pure, state0
+
+
+def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
+    """A cache of ``make(static, avals, dyn_tree)`` per call signature, as
+    ``equinox.filter_jit`` keys it: array leaves of ``(args, kwargs)`` are
+    traced (their avals count), other leaves are static (hashed, or by id).
+
+    Returns:
+        ``lookup(args, kwargs) -> (made, array_leaves)``.
+    """
+    cache: dict = {}
+
+    def lookup(args: tuple, kwargs: dict) -> tuple[Any, list]:
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, tree = jax.tree_util.tree_flatten(dyn)
+        avals = tuple(_compat.abstractify(x) for x in leaves)
+        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
+        key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = make(static, avals, tree)
+        return hit, leaves
+
+    return lookup
 
 
 def _hashable(x: Any) -> Any:

@@ -368,12 +368,7 @@ class _Sites:
         avals = tuple(_aval(a) for a in atoms)
         hit = self._fns.get((key, avals, id(level.context)))
         if hit is None:
-            if level.context is None:
-                hit = _compat.trace_flat(fn, avals)
-            else:
-                with level.context():
-                    hit = _compat.trace_flat(fn, avals)
-            self._fns[(key, avals, id(level.context))] = hit
+            hit = self._fns[(key, avals, id(level.context))] = level.trace(fn, avals)
         return inline(level, hit, atoms)
 
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
