@@ -293,6 +293,20 @@ def open_with_constvars(closed: Any) -> tuple[Any, list]:
     return core.Jaxpr(constvars, invars, outvars, eqns, effects, dbg), list(consts)
 
 
+def trace_custom_vjp_fwd(eqn: core.JaxprEqn) -> Any:
+    """The fwd jaxpr of a ``custom_vjp_call`` equation, as differentiating it
+    w.r.t. every input would trace it; or w.r.t. none, where that raises
+    JAX's ``CustomVJPException`` (a fwd lifted by ``vmap`` refuses nonzero
+    tangents for the values it closes over). Either way it runs the user's
+    fwd, which is what callers look into."""
+    n = len(eqn.invars) - eqn.params["num_consts"]
+    thunk = eqn.params["fwd_jaxpr_thunk"]
+    try:
+        return thunk.call_wrapped(*([True] * n))[0]
+    except _ad.CustomVJPException:
+        return thunk.call_wrapped(*([False] * n))[0]
+
+
 def wrap_fun(fn: Callable, like: Any) -> Any:
     """An ``lu.WrappedFun`` of ``fn`` with the debug info of ``like``."""
     from jax._src import linear_util as lu

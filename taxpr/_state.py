@@ -346,8 +346,7 @@ def check_custom_rules(customs: Sequence[tuple]) -> None:
             rule, _, _ = p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
             _reject_state_in_rule(rule, path + ("custom_jvp[jvp rule]",))
         elif name == "custom_vjp_call":
-            nc = p["num_consts"]
-            fwd, _ = p["fwd_jaxpr_thunk"].call_wrapped(*([True] * (len(eqn.invars) - nc)))
+            fwd = _compat.trace_custom_vjp_fwd(eqn)
             _reject_state_in_rule(fwd, path + ("custom_vjp[fwd]",))
             bwd = _traced_bwd(eqn, fwd)
             if bwd is not None:

@@ -576,3 +576,30 @@ def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_e
     with pytest.raises(tx.StateError, match=r"state 's'.*custom_jvp\[jvp rule\]"):
         jax.grad(lambda x: h.call_and_reap(pure, tag="t")(s0, x)[0][0])(f32(1.0))
     jax_still_works()
+
+
+def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_program_matches_eager():
+    """uncurry looks into custom_vjp fwd rules for state; a fwd that vmap
+    lifted (its function holds an array constant) refuses to be traced as if
+    differentiated w.r.t. that constant (found by the fuzzer)."""
+    def with_const(x, v):
+        return x, jnp.array([0.5, 1.5, -1.0], f32) + 0.0 * v
+
+    cv = jax.custom_vjp(with_const)
+    cv.defvjp(lambda *p: (with_const(*p), p), lambda p, ct: jax.vjp(with_const, *p)[1](ct))
+
+    def fn(S, xs, v):
+        def one(x):
+            def step(carry, _):
+                x, v = cv(*carry)
+                return (x, v), x
+            return S.scan(step, (x, v), None, length=2)[0][1].sum()
+        S.set("n", S.get("n", f32(0.0)) + 1.0)
+        return jax.vmap(one)(xs)
+
+    xs, v = jnp.array([1.0, 2.0], f32), jnp.ones(3, f32)
+    pure, s0 = tx.uncurry(functools.partial(fn, TX), xs, v)
+    out, s1 = pure(s0, xs, v)
+    ref = Eager(s0)
+    assert_close(out, fn(ref, xs, v))
+    assert_states(s1, ref.state)
