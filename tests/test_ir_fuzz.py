@@ -11,7 +11,8 @@ constant subexpressions and repeated work (so every pass has work);
 specialised to state/harvest programs over values in [-2, 2], so it is not
 reused here.)
 
-For every pass and the pipeline: ``check_jaxpr`` passes, the outputs are
+For every pass, the pipeline and Python code generation (the generated
+function traced again): ``check_jaxpr`` passes, the outputs are
 bitwise equal to the original's (any NaN equals any NaN), the number of
 callback calls at run time and the tags are unchanged.
 
@@ -34,7 +35,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import taxpr as tx
-from taxpr import _traverse, ir
+from taxpr import _compat, _traverse, ir
 
 from ir_helpers import assert_bitwise, check, run
 
@@ -246,7 +247,17 @@ VARIANTS = {
     "common_subexpression_elimination": ir.common_subexpression_elimination,
     "dead_code_elimination": ir.dead_code_elimination,
     "optimize_jaxpr": ir.optimize_jaxpr,
+    "jaxpr_to_python_code": lambda j: regenerate(j),
 }
+
+
+def regenerate(j):
+    """The jaxpr of the Python code generated from ``j`` (its function traced
+    at ``j``'s input types): codegen is checked like a pass."""
+    code = ir.jaxpr_to_python_code(j)
+    avals = [v.aval for v in _compat.jaxpr_parts(j).invars]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    return jax.make_jaxpr(code.load())(*specs)
 
 
 def _tags(j):

@@ -57,6 +57,8 @@ _RESERVED = (frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 DEFAULT_MAX_INLINE_ELEMENTS = 10_000
 # Elementwise primitives whose ``lax`` function only binds the primitive
 # (written ``lax.add(a, b)`` when all their params are None).
+_LAX_FUNCTION = {"and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+                 "not": "bitwise_not"}
 _READABLE = frozenset({
     "add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "not", "neg",
     "eq", "ne", "lt", "le", "gt", "ge", "sign", "floor", "ceil", "abs", "select_n",
@@ -290,7 +292,8 @@ class _Gen:
         return self.import_module(where)[0]
 
     # -- functions --
-    def function(self, j: Any, hint: str, returns: str, n_carry: int = 0) -> str:
+    def function(self, j: Any, hint: str, returns: str, n_carry: int = 0,
+                 py_name: str | None = None) -> str:
         """The name of a module-level function computing jaxpr ``j``
         (inputs: its invars; closed-over consts are module constants).
         ``returns``: "tuple", "value" (one output), "top" (one output as
@@ -301,7 +304,10 @@ class _Gen:
             return hit[1]
         name = self.fn_name(hint)
         self.fn_memo[key] = (j, name)
-        self.functions.append(self._function_src(j, name, returns, n_carry))
+        src = self._function_src(j, name, returns, n_carry)
+        if py_name is not None and py_name != name:  # the name jax.jit records
+            src += f"\n\n\n{name}.__name__ = {py_name!r}"
+        self.functions.append(src)
         return name
 
     def _function_src(self, j: Any, name: str, returns: str, n_carry: int,
@@ -360,9 +366,11 @@ class _Gen:
                 return [_assign(outs, src, multiple=True)]
         if (prim.name in _READABLE and all(v is None for k, v in p.items() if k != "y")
                 and (prim.name == "integer_pow") == ("y" in p)
-                and getattr(lax, f"{prim.name}_p", None) is prim and not prim.multiple_results):
+                and getattr(lax, f"{prim.name}_p", None) is prim and not prim.multiple_results
+                and hasattr(lax, _LAX_FUNCTION.get(prim.name, prim.name))):
             extra = [repr(p["y"])] if "y" in p else []
-            return [_assign(outs, f"lax.{prim.name}({', '.join(args + extra)})", False)]
+            fn = _LAX_FUNCTION.get(prim.name, prim.name)
+            return [_assign(outs, f"lax.{fn}({', '.join(args + extra)})", False)]
         if (prim.name == "convert_element_type" and not p.get("weak_type")
                 and p.get("sharding") is None):
             return [_assign(outs, f"lax.convert_element_type({args[0]}, "
@@ -414,7 +422,8 @@ def _jit_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     p = eqn.params
     if not _compat.jit_inlining_loses_nothing(p):
         return None  # shardings, donation, ...: bind with the params as they are
-    fn = g.function(p["jaxpr"], str(p.get("name", "jit")), "tuple")
+    fn = g.function(p["jaxpr"], str(p.get("name", "jit")), "tuple",
+                    py_name=str(p.get("name", "jit")))
     opts = [f"keep_unused={bool(p.get('keep_unused', False))!r}"]
     if p.get("inline") is True:  # (0.12's Inline enum defaults: left to jax.jit)
         opts.append("inline=True")
@@ -551,7 +560,7 @@ def _scalar_src(a: np.ndarray) -> str:
     v = a.item() if a.dtype.kind in "biufc" else float(a)
     if a.dtype.kind == "f" or a.dtype.kind == "V" or a.dtype.name in ("bfloat16",) \
             or a.dtype.kind not in "biuc":
-        inner = f"'{v}'" if math.isnan(v) or math.isinf(v) else repr(float(v))
+        inner = _float_src(float(v))
         if math.isnan(v) and not _is_default_nan(a):
             return f"np.frombuffer(bytes.fromhex({a.tobytes().hex()!r}), " \
                    f"dtype={_dtype_src(a.dtype)})[0]"
