@@ -19,7 +19,10 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # test_matches_eager) and every `long` test. Marked here, in one place,
 # rather than in each module.
 SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py"})
-SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager")})
+SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager"),
+                        ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
+                        ("test_ir_codegen.py",
+                         "test_generated_code_reproduces_a_20_000_equation_fuzz_program")})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

@@ -322,3 +322,31 @@ def test_unusable_function_names_are_refused(bad):
     j = jax.make_jaxpr(jnp.sin)(1.0)
     with pytest.raises(ValueError, match="fn_name"):
         ir.jaxpr_to_python_code(j, fn_name=bad)
+
+
+def test_variable_names_are_distinct_and_never_reserved_at_any_size():
+    from taxpr.ir._codegen import _RESERVED, _Names
+    names = _Names()
+    got = [names.fresh() for _ in range(200_000)]
+    assert len(set(got)) == len(got)
+    assert not set(got) & _RESERVED
+    assert {"jax", "np", "lax", "jnp", "if", "as", "id"} <= _RESERVED
+
+
+def test_generated_code_reproduces_a_20_000_equation_fuzz_program():
+    import test_ir_fuzz as fuzz
+    from ir_helpers import total
+
+    stmts: tuple = ()
+    seed = 0
+    while len(stmts) < 6200:
+        stmts += fuzz.program(seed)
+        seed += 1
+    args = fuzz.arguments(0)
+    j = jax.make_jaxpr(fuzz.make_fn(stmts))(*args)
+    assert total(j) >= 20_000
+    want, want_calls = fuzz._calls(j, args)
+    regen = fuzz.regenerate(j)
+    got, got_calls = fuzz._calls(regen, args)
+    assert_bitwise(got, want)
+    assert got_calls == want_calls and want_calls["io"] > 0 and want_calls["debug"] > 0
