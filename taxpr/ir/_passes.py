@@ -569,7 +569,9 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
                    max_iterations: int = 3, validate: bool = False) -> Any:
     """Run ``passes`` (names or functions; default: constant folding,
     algebraic simplification, copy propagation, CSE, DCE) in order, repeated
-    until an iteration changes nothing or ``max_iterations`` is reached.
+    until an iteration changes nothing or ``max_iterations`` is reached. The
+    default does the middle three in one walk per jaxpr; a built-in pass is
+    never rerun on a jaxpr it returned (they are idempotent).
 
     Arguments:
       jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
