@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax._src import core
 from jax.experimental import io_callback
 
 import taxpr as tx
@@ -369,3 +370,22 @@ def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks
         check(o)
         (cond,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "cond"]
         assert cond.effects, p
+
+
+def test_constant_fold_never_folds_or_materializes_an_integer_divisor():
+    # XLA (JAX 0.10) traps with SIGFPE when it compiles an integer division
+    # by a literal 0: the folded program keeps every integer division by a
+    # computed constant as a division by a variable (a literal divisor is
+    # only kept when the program had it).
+    def f(x):
+        z = lax.sub(np.int32(3), np.int32(3))            # a constant 0
+        return lax.div(np.int32(7), z), lax.rem(x, z), lax.div(x, lax.add(z, np.int32(2)))
+
+    j = jax.make_jaxpr(f)(np.int32(5))
+    o = ir.constant_fold(j)
+    check(o)
+    divs = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name in ("div", "rem")]
+    assert len(divs) == 3
+    assert not any(isinstance(e.invars[1], core.Literal) for e in divs)
+    # Evaluated op by op (no XLA constant folding across ops): x / 0 is defined.
+    assert_bitwise(run(o, np.int32(5), jit=False), run(j, np.int32(5), jit=False))

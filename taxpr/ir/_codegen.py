@@ -42,6 +42,7 @@ import jax
 import numpy as np
 from jax import lax
 from jax._src import core
+from jax.sharding import PartitionSpec
 
 from .. import _compat, _traverse
 from ..primitives import _tag
@@ -164,6 +165,7 @@ class _Gen:
         self.consts: list[str] = []
         self.functions: list[str] = []
         self.objects: dict = {}
+        self.object_keys: dict[int, str] = {}
         self.n_fn = 0
         self.fn_memo: dict = {}
         self.namespace: dict = {"jax": jax, "np": np, "lax": lax, "jnp": jax.numpy}
@@ -195,8 +197,13 @@ class _Gen:
             self.imports.append(line)
 
     def obj(self, value: Any, hint: str) -> str:
+        """An ``OBJECTS`` entry holding ``value`` (one per object)."""
+        hit = self.object_keys.get(id(value))
+        if hit is not None and self.objects[hit] is value:
+            return f"OBJECTS[{hit!r}]"
         key = f"{_identifier(hint)}_{len(self.objects)}"
         self.objects[key] = value
+        self.object_keys[id(value)] = key
         return f"OBJECTS[{key!r}]"
 
     def fn_name(self, hint: str) -> str:
@@ -243,6 +250,13 @@ class _Gen:
             return f"[{', '.join(items)}]"
         if isinstance(value, np.dtype):
             return f"np.dtype({str(value)!r})"
+        if type(value) in (frozenset, set):
+            items = sorted((self.param(v, hint) for v in value))
+            inner = "{" + ", ".join(items) + "}" if items else ""
+            return f"{type(value).__name__}({inner})"
+        if type(value) is PartitionSpec:
+            src = f"jax.sharding.PartitionSpec({', '.join(self.param(v, hint) for v in value)})"
+            return src if _eval_roundtrips(src, value, self.namespace) else self.obj(value, hint)
         if isinstance(value, np.ndarray) or isinstance(value, np.generic):
             return _array_src(value) if np.ndim(value) else _scalar_src(np.asarray(value))
         if _compat.is_jaxpr(value) or callable(value) and not isinstance(value, type):
@@ -255,8 +269,12 @@ class _Gen:
         if hit is not None:
             return hit
         lines: list = []
+        before = dict(self.objects)
         src = self._structured(value, hint, lines)
-        if src is None or not _eval_roundtrips(src, value, self.namespace):
+        if src is None or "OBJECTS[" in src or not _eval_roundtrips(src, value, self.namespace):
+            # Whole, rather than in parts (drop the parts' entries).
+            for k in set(self.objects) - set(before):
+                self.object_keys.pop(id(self.objects.pop(k)), None)
             return self.obj(value, hint)
         for line in lines:
             self.add_import(line)
@@ -438,6 +456,23 @@ def _remat_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
             f"policy={policy})({', '.join(args)})")
 
 
+def _shard_map_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    known = {"mesh", "in_specs", "out_specs", "jaxpr", "check_vma", "check_rep",
+             "newly_manual_axes", "manual_axes"}
+    if not set(p) <= known:
+        return None
+    fn = g.function(p["jaxpr"], "shard_map_body", "tuple")
+    axes = p.get("newly_manual_axes", p.get("manual_axes"))
+    opts = [f"mesh={g.param(p['mesh'], 'mesh')}",
+            f"in_specs={g.param(tuple(p['in_specs']), 'in_specs')}",
+            f"out_specs={g.param(tuple(p['out_specs']), 'out_specs')}",
+            f"check_vma={_compat.shard_map_checks_vma(p)!r}"]
+    if axes is not None:
+        opts.append(f"axis_names={g.param(frozenset(axes), 'axis_names')}")
+    return f"jax.shard_map({fn}, {', '.join(opts)})({', '.join(args)})"
+
+
 def _call_rule(hint: str) -> Callable:
     def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
         subs = _traverse.subjaxprs(eqn)
@@ -474,6 +509,7 @@ _RULES: dict = {
     _compat.remat_p: _remat_rule,
     _compat.custom_jvp_call_p: _call_rule("custom_jvp_primal"),
     _compat.custom_vjp_call_p: _call_rule("custom_vjp_primal"),
+    _compat.shard_map_p: _shard_map_rule,
     _tag.tag_p: _tag_rule,
     **{p: _call_rule("closed_call") for p in _compat.CLOSED_CALL_PRIMITIVES},
 }
