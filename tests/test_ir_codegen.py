@@ -36,9 +36,10 @@ def _generated(f, *args):
     return code, code.load()
 
 
-def assert_reproduces(f, *args, jit: bool = True):
-    """The generated code of ``f`` computes ``f``'s eager outputs, bitwise;
-    returns the code."""
+def assert_reproduces(f, *args, jit: bool = False):
+    """The generated code of ``f`` computes ``f``'s eager outputs, bitwise
+    (run eagerly too, so that both group operations into the same compiled
+    computations, on every backend); returns the code."""
     want = _flat(f(*jax.tree_util.tree_map(jnp.asarray, args)))  # eager, JAX semantics
     code, g = _generated(f, *args)
     flat_args = jax.tree_util.tree_leaves(args)
@@ -350,3 +351,30 @@ def test_generated_code_reproduces_a_20_000_equation_fuzz_program():
     got, got_calls = fuzz._calls(regen, args)
     assert_bitwise(got, want)
     assert got_calls == want_calls and want_calls["io"] > 0 and want_calls["debug"] > 0
+
+
+def test_shard_map_becomes_jax_shard_map_with_its_mesh_and_specs():
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    mesh = cpu_mesh("i")
+
+    def f(x):
+        return shard_map()(lambda v: lax.psum(jnp.sin(v) * 2.0, "i"), mesh=mesh,
+                           in_specs=P("i"), out_specs=P())(x)
+
+    code = assert_reproduces(f, np.linspace(-1, 1, 8, dtype=np.float32))
+    assert "jax.shard_map(" in code and "jax.sharding.PartitionSpec('i')" in code
+    assert list(code.objects.values()) == [mesh]
+
+
+def test_linear_solve_and_prng_keys_use_objects_for_what_has_no_source():
+    key = jax.random.key(3)
+
+    def f(x):
+        a = jnp.eye(3, dtype=np.float32) * 2.0 + x[:, None]
+        return jnp.linalg.solve(a, x), jax.random.normal(key, (2,)) + x[0]
+
+    code = assert_reproduces(f, np.array([0.5, -1.0, 2.0], np.float32))
+    assert len(code.objects) == 2, code.objects  # the solve's jaxprs, the key

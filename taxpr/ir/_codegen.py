@@ -213,9 +213,12 @@ class _Gen:
     # -- values --
     def array(self, value: Any, dtype: Any, hint: str = "const") -> str:
         """A module-level constant holding ``value`` exactly."""
-        a = np.asarray(value, dtype=dtype)
         name = f"_{hint}_{len(self.consts)}"
-        if a.size > self.max_inline:
+        try:
+            a = np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError):  # e.g. PRNG keys (an extended dtype)
+            a = None
+        if a is None or a.size > self.max_inline:
             self.consts.append(f"{name} = {self.obj(value, hint)}")
             return name
         self.consts.append(f"{name} = {_array_src(a)}")
@@ -328,13 +331,13 @@ class _Gen:
         self.functions.append(src)
         return name
 
-    def _function_src(self, j: Any, name: str, returns: str, n_carry: int,
-                      params_first: list | None = None) -> str:
+    def _function_src(self, j: Any, name: str, returns: str, n_carry: int) -> str:
         constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(j)
         names = _Names()
         env: dict = {}
         args = []
-        if consts is None:  # an open jaxpr's constvars are leading inputs
+        if consts is None or len(consts) != len(constvars):
+            # An open jaxpr's constvars (no values) are leading inputs.
             invars = [*constvars, *invars]
         else:
             for v, c in zip(constvars, consts):
