@@ -378,3 +378,23 @@ def test_linear_solve_and_prng_keys_use_objects_for_what_has_no_source():
 
     code = assert_reproduces(f, np.array([0.5, -1.0, 2.0], np.float32))
     assert len(code.objects) == 2, code.objects  # the solve's jaxprs, the key
+
+
+def test_code_without_objects_runs_in_a_fresh_process(tmp_path):
+    import subprocess
+
+    def f(a):
+        p, l, u = jax.scipy.linalg.lu(a)
+        return jnp.sort(l @ u, axis=0)
+
+    a = np.array([[2.0, 1.0], [4.0, -3.0]], np.float32)
+    code = ir.fn_to_python_code(f, a)
+    assert not code.objects and "\nimport jax._src.lax.linalg\n" in code  # lu_p
+    script = tmp_path / "generated.py"
+    script.write_text(str(code) + "\nimport sys, numpy\n"
+                      "a = numpy.array([[2.0, 1.0], [4.0, -3.0]], numpy.float32)\n"
+                      "sys.stdout.write(numpy.asarray(f(a)).tobytes().hex())\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == np.asarray(f(jnp.asarray(a))).tobytes().hex()

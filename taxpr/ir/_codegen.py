@@ -179,11 +179,11 @@ class _Gen:
         underscore (never a variable name)."""
         module, attr = dotted.rsplit(".", 1)
         top = module.split(".")[0]
-        if top in ("jax", "np", "lax", "jnp"):
+        if top in ("np", "lax", "jnp") or module in ("jax", "jax.lax"):
             return dotted, None
-        if top == "taxpr":
+        if top in ("jax", "taxpr"):  # (so that a fresh process imports it too)
             line, ref = f"import {module}", dotted
-            self.namespace.setdefault("taxpr", sys.modules["taxpr"])
+            self.namespace.setdefault(top, sys.modules[top])
         else:
             alias = "_m_" + _identifier(module)
             line, ref = f"import {module} as {alias}", f"{alias}.{attr}"
