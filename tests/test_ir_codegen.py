@@ -286,7 +286,7 @@ def test_any_other_primitive_is_bound_where_its_module_defines_it():
 
     code = assert_reproduces(f, np.float32(2.0))
     here = __name__
-    assert f"import {here} as _m_" in code and "scaled_p.bind(" in code
+    assert f"import {here} as _M_" in code and "scaled_p.bind(" in code
     assert list(code.objects.values()) == [Scale(3.0)]  # the param with no source
     assert sys.modules[here].scaled_p is scaled_p
 
@@ -398,3 +398,23 @@ def test_code_without_objects_runs_in_a_fresh_process(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == np.asarray(f(jnp.asarray(a))).tobytes().hex()
+
+
+def test_module_level_names_never_clash_whatever_the_functions_are_called():
+    k1, k2 = np.arange(3, dtype=np.float32), np.ones(3, np.float32) * 2
+
+    def const(x):  # a jitted function named like the generated constants
+        return x * jnp.asarray(k1)
+
+    def f(x):
+        return jax.jit(const)(x) + jnp.asarray(k2), jax.jit(const)(-x)
+
+    j = jax.make_jaxpr(f)(np.ones(3, np.float32))
+    code = ir.jaxpr_to_python_code(j)
+    tree = ast.parse(str(code))
+    top = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    top += [t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+            if isinstance(t, ast.Name)]
+    assert len(top) == len(set(top)) and any(n.startswith("_const_") for n in top)
+    assert_bitwise(_flat(code.load()(np.ones(3, np.float32))),
+                   _flat(f(jnp.ones(3, np.float32))))

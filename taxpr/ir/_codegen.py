@@ -18,8 +18,9 @@ Running it computes the jaxpr's outputs bit for bit:
   integer ``div`` / ``rem`` stay integer operations;
 * variables are named ``a``, ``b``, ..., ``ba``, ... per function; names that
   are keywords, builtins or imported modules are skipped, and every other
-  generated name (functions, constants) contains an underscore, so no name
-  clashes at any size.
+  generated name starts with an underscore: functions and constants
+  ``_<lower-case hint>_<unique number>``, module aliases ``_M_<module>``,
+  so no name clashes at any size.
 
 Python objects that have no source form (callback functions, shardings, a
 jaxpr passed to a primitive the generator has no rule for, constants over
@@ -185,7 +186,7 @@ class _Gen:
             line, ref = f"import {module}", dotted
             self.namespace.setdefault(top, sys.modules[top])
         else:
-            alias = "_m_" + _identifier(module)
+            alias = "_M_" + _identifier(module)
             line, ref = f"import {module} as {alias}", f"{alias}.{attr}"
             self.namespace.setdefault(alias, sys.modules.get(module))
         if add:
@@ -207,13 +208,15 @@ class _Gen:
         return f"OBJECTS[{key!r}]"
 
     def fn_name(self, hint: str) -> str:
+        """``_<hint>_<n>``: lower case (aliases are ``_M_...``), and ``n`` is
+        unique among functions and constants, so no two names clash."""
         self.n_fn += 1
-        return f"_{_identifier(hint)}_{self.n_fn}"
+        return f"_{_identifier(hint).lower()}_{self.n_fn}"
 
     # -- values --
     def array(self, value: Any, dtype: Any, hint: str = "const") -> str:
         """A module-level constant holding ``value`` exactly."""
-        name = f"_{hint}_{len(self.consts)}"
+        name = self.fn_name(hint)
         try:
             a = np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):  # e.g. PRNG keys (an extended dtype)
