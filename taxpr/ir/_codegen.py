@@ -383,6 +383,8 @@ class _Gen:
         rule = _RULES.get(prim)
         if rule is not None:
             src = rule(self, eqn, args)
+            if isinstance(src, _Single):  # the expression of the one output
+                return [_assign(outs, src.src, False)]
             if isinstance(src, tuple):  # (expression, number of outputs in a first group)
                 src, n_first = src
                 return [f"{_tuple(outs[:n_first])}, {_tuple(outs[n_first:])} = {src}"]
@@ -498,12 +500,13 @@ def _tag_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
         value = _tree_src(jax.tree_util.tree_unflatten(tree, [_Src(a) for a in args]))
     except _NoSource:
         return None
-    kw = ", ".join(f"{k}={g.param(v, 'tag_' + k)}" for k, v in p.items()
-                   if k.isidentifier() and not keyword.iskeyword(k))
-    if len(kw.split(", ")) != len(p) and p:
+    if not all(k.isidentifier() and not keyword.iskeyword(k) for k in p):
         return None
+    kw = ", ".join(f"{k}={g.param(v, 'tag_' + k)}" for k, v in p.items())
     g.import_module("taxpr.tag")  # import taxpr
     call = f"taxpr.tag({value}{', ' + kw if kw else ''})"
+    if tree.num_leaves == 1 and tree.num_nodes == 1:  # a single array
+        return _Single(call)
     return f"jax.tree_util.tree_leaves({call})"
 
 
@@ -519,6 +522,13 @@ _RULES: dict = {
     _tag.tag_p: _tag_rule,
     **{p: _call_rule("closed_call") for p in _compat.CLOSED_CALL_PRIMITIVES},
 }
+
+
+class _Single:
+    """A rule's expression whose value is the equation's one output."""
+
+    def __init__(self, src: str):
+        self.src = src
 
 
 class _Src:
