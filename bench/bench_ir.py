@@ -14,7 +14,7 @@ CPU time, best of several runs, all in one process:
 Quick: 1,000 and 2,000 equations, fewer runs.
 
 Run: ``PYTHONPATH=. python bench/bench_ir.py [--quick]`` (from the checkout, so
-that its taxpr is imported); ``bench/results_ir.json`` is its last full run.
+that its taxpr is imported); ``bench/results_ir.json`` holds its last full run per JAX version.
 """
 
 from __future__ import annotations
