@@ -347,6 +347,14 @@ def test_bf16_chains_are_compared_without_xla_excess_precision():
     check_program(576)
 
 
+@pytest.mark.parametrize("seed", [324, 493, 617, 663])
+def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
+    # Found by the long profile: JAX's DCE rules drop an unused cond / scan /
+    # while whose body holds only (effect-free) tags, and JAX's cache of DCE
+    # results (filled while jitting the original) bypassed taxpr's rules.
+    check_program(seed)
+
+
 @pytest.mark.long
 def test_passes_preserve_outputs_effects_and_tags_long():
     for seed in range(LONG_SEED, LONG_SEED + LONG_COUNT):

@@ -389,3 +389,16 @@ def test_constant_fold_never_folds_or_materializes_an_integer_divisor():
     assert not any(isinstance(e.invars[1], core.Literal) for e in divs)
     # Evaluated op by op (no XLA constant folding across ops): x / 0 is defined.
     assert_bitwise(run(o, np.int32(5), jit=False), run(j, np.int32(5), jit=False))
+
+
+def test_dce_keeps_an_unused_cond_whose_branches_hold_tags_even_after_jitting():
+    def f(x, i):
+        lax.cond(i > 0, lambda v: tx.tag(v, op="a"), lambda v: tx.tag(v * 2.0, op="b"), x)
+        return x + 1.0
+
+    j = jax.make_jaxpr(f)(1.0, 1)
+    run(j, 1.0, 1)  # fills JAX's DCE cache with its own rules' result
+    o = ir.dead_code_elimination(j)
+    check(o)
+    assert sorted(s.params["op"] for s in tx.find_tags(o)) == ["a", "b"]
+    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("cond") == 1

@@ -401,7 +401,24 @@ def dead_code_elimination(jaxpr: Any) -> Any:
     Returns:
       The same kind of jaxpr.
     """
-    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)):
+    # An unused call of a jaxpr holding a tag (a cond with tags in its
+    # branches, ...) is kept whole: JAX's rules would drop it, tags and all.
+    purity = _Purity()
+    callers: set = set()
+    seen: set = set()
+
+    def collect(j):  # primitives that call a jaxpr (each callee walked once)
+        for e in _compat.jaxpr_parts(j).eqns:
+            for _, sj in _traverse.subjaxprs(e):
+                callers.add(e.primitive)
+                if id(sj) not in seen:
+                    seen.add(id(sj))
+                    collect(sj)
+
+    collect(jaxpr)
+    callers -= TAG_PRIMITIVES
+    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
+            _compat.keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
         return _apply(jaxpr, _dce_level)
 
 
