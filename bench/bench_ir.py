@@ -13,7 +13,8 @@ CPU time, best of several runs, all in one process:
 
 Quick: 1,000 and 2,000 equations, fewer runs.
 
-Run: ``python bench/bench_ir.py [--quick]``.
+Run: ``PYTHONPATH=. python bench/bench_ir.py [--quick]`` (from the checkout, so
+that its taxpr is imported); ``bench/results_ir.json`` holds its last full run per JAX version.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def run(quick: bool = False) -> dict:
         {"name": f"to_dot/make_jaxpr at {sizes[0]} eqns", "value": float(base["to_dot_ratio"]),
          "target": f"<= {DOT_TARGET}", "pass": bool(base["to_dot_ratio"] <= DOT_TARGET)},
     ]
-    return {"cases": cases, "doublings": doublings, "figures": figures}
+    return {"jax": jax.__version__, "cases": cases, "doublings": doublings,
+            "figures": figures}
 
 
 if __name__ == "__main__":

@@ -501,6 +501,48 @@ def keep_in_dce(prims: Sequence[core.Primitive]):
     return ctx()
 
 
+def clear_dce_caches() -> None:
+    """Empty JAX's caches of DCE results (``_dce_jaxpr`` and, where it
+    exists, the closed-call DCE cache)."""
+    for name in ("_dce_jaxpr", "_cached_closed_call_dce"):
+        clear = getattr(getattr(pe, name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def keep_unused_in_dce(prims, keep: Callable[[core.JaxprEqn], bool]):
+    """A context in which ``pe.dce_jaxpr`` keeps, whole, an equation of
+    ``prims`` whose outputs are all unused when ``keep(eqn)`` (e.g. a cond
+    holding tags, which JAX's rule would drop since tags have no effect)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        saved = {p: pe.dce_rules.get(p) for p in prims}
+        # JAX caches DCE results per jaxpr: results made with other rules
+        # (e.g. while jitting) must not be reused here, nor ours later.
+        clear_dce_caches()
+        for p, old in saved.items():
+            base = old or pe._default_dce_rule
+
+            def rule(*args, base=base):
+                used_outs, eqn = args[0], args[-1]
+                if not any(used_outs) and keep(eqn):
+                    return [True] * len(eqn.invars), eqn
+                return base(*args)
+            pe.dce_rules[p] = rule
+        try:
+            yield
+        finally:
+            clear_dce_caches()
+            for p, rule in saved.items():
+                if rule is None:
+                    pe.dce_rules.pop(p, None)
+                else:
+                    pe.dce_rules[p] = rule
+    return ctx()
+
+
 def dce_level(constvars, invars, eqns, outvars, effects, dbg):
     """JAX's DCE of one jaxpr keeping every input (nested equations are
     pruned by ``pe.dce_rules``): ``(used_constvars, eqns, effects)``."""

@@ -62,14 +62,19 @@ def subjaxprs(eqn: core.JaxprEqn) -> list[tuple[Sub, Any]]:
     out = []
     jaxpr_types = _compat.JAXPR_TYPES
     for key, value in eqn.params.items():
-        if isinstance(value, jaxpr_types):
-            out.append((Sub(key, None, _label(eqn, key, None)), value))
-        elif (type(value) in (tuple, list) or isinstance(value, (tuple, list))) and any(
-                isinstance(v, jaxpr_types) for v in value):
+        t = type(value)
+        if t is tuple or t is list or (t not in _PLAIN_PARAM_TYPES
+                                       and isinstance(value, (tuple, list))):
             for i, v in enumerate(value):
-                if _compat.is_jaxpr(v):
+                if type(v) not in _PLAIN_PARAM_TYPES and isinstance(v, jaxpr_types):
                     out.append((Sub(key, i, _label(eqn, key, i)), v))
+        elif t not in _PLAIN_PARAM_TYPES and isinstance(value, jaxpr_types):
+            out.append((Sub(key, None, _label(eqn, key, None)), value))
     return out
+
+
+# Param value types that are never (and never hold) a jaxpr: skipped fast.
+_PLAIN_PARAM_TYPES = frozenset({type(None), bool, int, float, str, tuple, list})
 
 
 def effects_of(jaxprs) -> set:

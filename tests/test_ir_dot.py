@@ -66,3 +66,22 @@ def test_render_writes_an_svg_with_graphviz(tmp_path):
     j = jax.make_jaxpr(program)(jnp.float32(1.0))
     out = ir.render(j, tmp_path / "g.svg")
     assert "<svg" in open(out).read()
+
+
+def test_edges_come_after_every_cluster_so_nodes_stay_in_their_own_cluster():
+    # An edge written inside a cluster would pull the outer node into it.
+    j = jax.make_jaxpr(lambda x: lax.scan(
+        lambda c, _: (lax.cond(c > 0, jnp.sin, jnp.cos, c), None), x, None, length=2)[0])(1.0)
+    lines = ir.to_dot(j).splitlines()
+    last_cluster_end = max(i for i, line in enumerate(lines) if line == "}" and i < len(lines) - 1)
+    edges = [i for i, line in enumerate(lines) if "->" in line]
+    assert edges and min(edges) > last_cluster_end
+
+
+def test_the_rendered_graph_in_the_docs_is_committed_and_shown():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    svg = root / "docs" / "images" / "ir_graph.svg"
+    assert svg.read_text().lstrip().startswith("<?xml") and "scan[length=4]" in svg.read_text()
+    assert "images/ir_graph.svg" in (root / "docs" / "ir.md").read_text()
+    assert "docs/images/ir_graph.svg" in (root / "README.md").read_text()

@@ -11,7 +11,8 @@ constant subexpressions and repeated work (so every pass has work);
 specialised to state/harvest programs over values in [-2, 2], so it is not
 reused here.)
 
-For every pass and the pipeline: ``check_jaxpr`` passes, the outputs are
+For every pass, the pipeline and Python code generation (the generated
+function traced again): ``check_jaxpr`` passes, the outputs are
 bitwise equal to the original's (any NaN equals any NaN), the number of
 callback calls at run time and the tags are unchanged.
 
@@ -34,7 +35,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import taxpr as tx
-from taxpr import _traverse, ir
+from taxpr import _compat, _traverse, ir
 
 from ir_helpers import assert_bitwise, check, run
 
@@ -190,9 +191,16 @@ def exec_stmt(s, env):
     elif k == "ibin":
         _, dst, op, a, b = s
         xa = jnp.int32(a[1]) if isinstance(a, tuple) else env[a]
-        # A literal 0 divisor would make JAX 0.10's XLA trap (SIGFPE) while
-        # compiling even the original program; a variable 0 is fine.
+        # JAX 0.10's XLA traps (SIGFPE) when it evaluates at compile time an
+        # integer division by a zero it can prove, in the original program
+        # already: a literal 0, or e.g. ``i0 = i0 - i0; i1 = rem(1, i0);
+        # i0 = i1 + i1`` (seed 5033; an optimization barrier does not help on
+        # CPU, XLA expands it first). So literal divisors are nonzero and a
+        # variable divisor is offset by the argument ``zero`` (0 at run time,
+        # unknown to XLA and to taxpr); at run time x / 0 is defined.
         xb = jnp.int32(b[1] or 3) if isinstance(b, tuple) else env[b]
+        if op in ("div", "rem") and not isinstance(b, tuple):
+            xb = xb + env["zero"]
         env[dst] = _fbin(op, xa, xb)
     elif k == "scan":
         _, length, body = s
@@ -222,8 +230,8 @@ def exec_stmt(s, env):
 
 
 def make_fn(stmts):
-    def f(f0, f1, f2, v0, v1, b0, i0, i1):
-        env = dict(f0=f0, f1=f1, f2=f2, v0=v0, v1=v1, b0=b0, i0=i0, i1=i1)
+    def f(f0, f1, f2, v0, v1, b0, i0, i1, zero):
+        env = dict(f0=f0, f1=f1, f2=f2, v0=v0, v1=v1, b0=b0, i0=i0, i1=i1, zero=zero)
         env = exec_block(stmts, env)
         return [env[n] for n in SLOTS]
     return f
@@ -236,7 +244,7 @@ def arguments(seed: int):
     v = [r.choice(pal, 4).astype(np.float32) for _ in range(2)]
     b = r.choice(pal, 4).astype(jnp.bfloat16)
     i = [np.int32(r.choice([0, 1, -1, 5, -7, 2**31 - 1, -2**31])) for _ in range(2)]
-    return (*f, *v, b, *i)
+    return (*f, *v, b, *i, np.int32(0))  # the last: ``zero``
 
 
 VARIANTS = {
@@ -246,7 +254,17 @@ VARIANTS = {
     "common_subexpression_elimination": ir.common_subexpression_elimination,
     "dead_code_elimination": ir.dead_code_elimination,
     "optimize_jaxpr": ir.optimize_jaxpr,
+    "jaxpr_to_python_code": lambda j: regenerate(j),
 }
+
+
+def regenerate(j):
+    """The jaxpr of the Python code generated from ``j`` (its function traced
+    at ``j``'s input types): codegen is checked like a pass."""
+    code = ir.jaxpr_to_python_code(j)
+    avals = [v.aval for v in _compat.jaxpr_parts(j).invars]
+    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    return jax.make_jaxpr(code.load())(*specs)
 
 
 def _tags(j):
@@ -300,6 +318,40 @@ def test_generator_covers_every_feature():
 
 @pytest.mark.parametrize("seed", range(CI_COUNT))
 def test_passes_preserve_outputs_effects_and_tags(seed):
+    check_program(seed)
+
+
+def test_integer_division_by_a_zero_xla_can_prove_does_not_crash_the_fuzzer():
+    # Seed 5033 computes rem(1, i0 - i0): JAX 0.10's XLA folded it at compile
+    # time and the process died of SIGFPE (the original program, before any
+    # taxpr pass). Run in a subprocess, so a regression fails this test only.
+    import subprocess
+    import sys
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import jax; "
+            "jax.config.update('jax_enable_checks', True); import test_ir_fuzz; "
+            "test_ir_fuzz.check_program(5033)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert ("ibin", "i0", "sub", "i0", "i0") in program(5033)
+    assert ("ibin", "i1", "rem", ("lit", 1), "i0") in program(5033)
+
+
+def test_bf16_chains_are_compared_without_xla_excess_precision():
+    # Seed 576: folding a cond index let XLA fuse a bfloat16 chain
+    # differently, and with excess precision allowed it skipped a bf16
+    # rounding in one program only (1.1992188 vs 1.203125). tests/conftest.py
+    # turns excess precision off, so both programs round every bf16 op.
+    assert "--xla_allow_excess_precision=false" in os.environ["XLA_FLAGS"]
+    check_program(576)
+
+
+@pytest.mark.parametrize("seed", [324, 493, 617, 663])
+def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
+    # Found by the long profile: JAX's DCE rules drop an unused cond / scan /
+    # while whose body holds only (effect-free) tags, and JAX's cache of DCE
+    # results (filled while jitting the original) bypassed taxpr's rules.
     check_program(seed)
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax._src import core
 from jax.experimental import io_callback
 
 import taxpr as tx
@@ -369,3 +370,35 @@ def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks
         check(o)
         (cond,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "cond"]
         assert cond.effects, p
+
+
+def test_constant_fold_never_folds_or_materializes_an_integer_divisor():
+    # XLA (JAX 0.10) traps with SIGFPE when it compiles an integer division
+    # by a literal 0: the folded program keeps every integer division by a
+    # computed constant as a division by a variable (a literal divisor is
+    # only kept when the program had it).
+    def f(x):
+        z = lax.sub(np.int32(3), np.int32(3))            # a constant 0
+        return lax.div(np.int32(7), z), lax.rem(x, z), lax.div(x, lax.add(z, np.int32(2)))
+
+    j = jax.make_jaxpr(f)(np.int32(5))
+    o = ir.constant_fold(j)
+    check(o)
+    divs = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name in ("div", "rem")]
+    assert len(divs) == 3
+    assert not any(isinstance(e.invars[1], core.Literal) for e in divs)
+    # Evaluated op by op (no XLA constant folding across ops): x / 0 is defined.
+    assert_bitwise(run(o, np.int32(5), jit=False), run(j, np.int32(5), jit=False))
+
+
+def test_dce_keeps_an_unused_cond_whose_branches_hold_tags_even_after_jitting():
+    def f(x, i):
+        lax.cond(i > 0, lambda v: tx.tag(v, op="a"), lambda v: tx.tag(v * 2.0, op="b"), x)
+        return x + 1.0
+
+    j = jax.make_jaxpr(f)(1.0, 1)
+    run(j, 1.0, 1)  # fills JAX's DCE cache with its own rules' result
+    o = ir.dead_code_elimination(j)
+    check(o)
+    assert sorted(s.params["op"] for s in tx.find_tags(o)) == ["a", "b"]
+    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("cond") == 1

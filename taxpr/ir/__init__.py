@@ -7,6 +7,11 @@ from ._build import (
     eqns_to_jaxpr as eqns_to_jaxpr,
     inline_jit as inline_jit,
 )
+from ._codegen import (
+    PythonCode as PythonCode,
+    fn_to_python_code as fn_to_python_code,
+    jaxpr_to_python_code as jaxpr_to_python_code,
+)
 from ._dot import render as render, to_dot as to_dot
 from ._passes import (
     algebraic_simplification as algebraic_simplification,
@@ -19,6 +24,7 @@ from ._passes import (
 
 __all__ = [
     "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
-    "eqns_to_closed_jaxpr", "eqns_to_jaxpr", "inline_jit",
+    "eqns_to_closed_jaxpr", "eqns_to_jaxpr", "fn_to_python_code", "inline_jit",
+    "jaxpr_to_python_code", "PythonCode",
     "copy_propagation", "dead_code_elimination", "optimize_jaxpr", "render", "to_dot",
 ]

@@ -31,6 +31,9 @@ class _Dot:
     def __init__(self):
         self.ctx = core.JaxprPpContext()
         self.lines: list[str] = []
+        # Edges go after every cluster: an edge written inside a cluster
+        # would pull both of its nodes into that cluster.
+        self.edges: list[str] = []
         self.n = 0
 
     def name(self, v: Any) -> str:
@@ -58,7 +61,7 @@ class _Dot:
         for i, v in enumerate(invars):
             producer[v] = self.node(self.typed(v), "ellipse")
             if inputs is not None and i < len(inputs) and inputs[i] is not None:
-                self.lines.append(f"{inputs[i]} -> {producer[v]} [style=dashed];")
+                self.edges.append(f"{inputs[i]} -> {producer[v]} [style=dashed];")
         for eqn in eqns:
             outs = [self.typed(v) if not isinstance(v, core.DropVar) else "_"
                     for v in eqn.outvars]
@@ -67,7 +70,7 @@ class _Dot:
             nid = self.node(label, extra=' style="bold"' if eqn.effects else "")
             for a in eqn.invars:
                 if not isinstance(a, core.Literal) and a in producer:
-                    self.lines.append(f"{producer[a]} -> {nid} [label={_quote(self.name(a))}];")
+                    self.edges.append(f"{producer[a]} -> {nid} [label={_quote(self.name(a))}];")
             for sub, sj in _traverse.subjaxprs(eqn):
                 self.n += 1
                 self.lines.append(f"subgraph cluster_{self.n} {{ label={_quote(sub.label)}; "
@@ -79,7 +82,7 @@ class _Dot:
                                       else None, indent + "  ")
                 self.lines.append("}")
                 for o in sub_outs:
-                    self.lines.append(f"{o} -> {nid} [style=dashed];")
+                    self.edges.append(f"{o} -> {nid} [style=dashed];")
             for v in eqn.outvars:
                 producer[v] = nid
         out_nodes = []
@@ -112,7 +115,8 @@ def to_dot(jaxpr: Any, name: str = "jaxpr") -> str:
     outs = d.jaxpr(jaxpr, None, "")
     sink = d.node("outputs", "doublecircle")
     for o in outs:
-        d.lines.append(f"{o} -> {sink};")
+        d.edges.append(f"{o} -> {sink};")
+    d.lines.extend(d.edges)
     d.lines.append("}")
     return "\n".join(d.lines) + "\n"
 

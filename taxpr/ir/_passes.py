@@ -84,8 +84,11 @@ def _subst(env: dict, atoms: Sequence[Any]) -> list:
 
 
 def _subst_eqn(env: dict, eqn: core.JaxprEqn) -> core.JaxprEqn:
-    if env and any(not isinstance(a, core.Literal) and a in env for a in eqn.invars):
-        return eqn.replace(invars=_subst(env, eqn.invars))
+    if env:
+        literal = core.Literal
+        for a in eqn.invars:
+            if not isinstance(a, literal) and a in env:
+                return eqn.replace(invars=_subst(env, eqn.invars))
     return eqn
 
 
@@ -99,15 +102,15 @@ def _literal_key(lit: core.Literal) -> tuple:
     """Literals compare by value, bit for bit (so -0.0 differs from 0.0 and
     NaN equals the same NaN), and by dtype, weak type and shape."""
     v = lit.val
+    aval = lit.aval
+    weak = bool(getattr(aval, "weak_type", False))
     if type(v) is float:  # hex is exact and tells -0.0 from 0.0
-        return ("float", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
-                v.hex())
+        return ("float", aval.dtype, weak, v.hex())
     if type(v) in (int, bool):
-        return ("int", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)), v)
-    if not (type(v) is np.ndarray and v.dtype == lit.aval.dtype):
+        return ("int", aval.dtype, weak, v)
+    if not (type(v) is np.ndarray and v.dtype == aval.dtype):
         v = _literal_value(lit)
-    return ("literal", str(lit.aval.dtype), bool(getattr(lit.aval, "weak_type", False)),
-            v.shape, v.tobytes())
+    return ("literal", aval.dtype, weak, v.shape, v.tobytes())
 
 
 def _finish(level: Level, eqns: list, outvars: list, *, constvars=None,
@@ -160,15 +163,52 @@ def _is_copy(eqn: core.JaxprEqn) -> bool:
     return False
 
 
-def _copy_level(purity: _Purity):
+def _forward_level(purity: _Purity, copies: bool = False, algebra: bool = False,
+                   cse: bool = False):
+    """One forward walk over a level doing any of copy propagation,
+    algebraic simplification and CSE (the default pipeline does all three in
+    one walk; each is a legal rewrite on its own, so their interleaving is
+    too). A removed output is replaced, through ``env``, by an atom that is
+    already resolved, so each use is substituted once (linear time)."""
     def rewrite(level: Level, path, is_top) -> Level | None:
-        env: dict = {}  # removed output -> the atom it copies (already resolved)
+        env: dict = {}  # removed output -> the atom it equals
+        splats: dict = {}  # var -> value, for broadcast literals
+        producers: dict = {}  # var -> its (pure, single-output) equation
+        seen: dict = {}  # CSE key -> first equation
         eqns = []
         for eqn in level.eqns:
             eqn = _subst_eqn(env, eqn)
-            if _is_copy(eqn) and not purity.impure(eqn):
+            if not eqn.outvars or purity.impure(eqn):
+                eqns.append(eqn)
+                continue
+            single = len(eqn.outvars) == 1 and not eqn.primitive.multiple_results
+            if copies and _is_copy(eqn):
                 env[eqn.outvars[0]] = eqn.invars[0]
                 continue
+            if algebra and single:
+                repl = _simplify(eqn, splats, producers)
+                if repl is not None:
+                    env[eqn.outvars[0]] = repl
+                    continue
+                producers[eqn.outvars[0]] = eqn
+                if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
+                        and isinstance(eqn.invars[0], core.Literal)):
+                    splats[eqn.outvars[0]] = _scalar(eqn.invars[0], splats)
+            if (cse and eqn.primitive.name not in _NEVER_CSE
+                    and not eqn.params.get("prevent_cse", False)):
+                key = _cse_key(eqn)
+                if key is not None:
+                    try:
+                        first = seen.get(key)
+                    except Exception:  # a param whose == is not a bool (arrays)
+                        first = key = None
+                    if first is not None and all(
+                            a.aval == b.aval for a, b in zip(first.outvars, eqn.outvars)):
+                        for old, new in zip(eqn.outvars, first.outvars):
+                            env[old] = new
+                        continue
+                    if key is not None:
+                        seen[key] = eqn
             eqns.append(eqn)
         if not env:
             return None
@@ -188,7 +228,7 @@ def copy_propagation(jaxpr: Any) -> Any:
       The same kind of jaxpr (the same object when nothing changed). Linear
       time: replaced variables are resolved once, through one map.
     """
-    return _apply(jaxpr, _copy_level(_Purity()))
+    return _apply(jaxpr, _forward_level(_Purity(), copies=True))
 
 
 # ---- algebraic simplification ------------------------------------------------------
@@ -221,9 +261,15 @@ def _is_neg_zero(v) -> bool:  # -0.0 (or integer 0)
     return v is not None and v == 0 and (type(v) is int or math.copysign(1.0, v) < 0)
 
 
+_ALGEBRA_PRIMITIVES = frozenset({"add", "sub", "mul", "div", "max", "min", "and", "or",
+                                 "integer_pow", "neg", "not", "select_n"})
+
+
 def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
     """The atom equal to ``eqn``'s single output, or None."""
     name = eqn.primitive.name
+    if name not in _ALGEBRA_PRIMITIVES:
+        return None
     out = eqn.outvars[0].aval
     inv = eqn.invars
 
@@ -265,31 +311,6 @@ def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
     return None
 
 
-def _algebra_level(purity: _Purity):
-    def rewrite(level: Level, path, is_top) -> Level | None:
-        env: dict = {}
-        splats: dict = {}  # var -> value, for broadcast literals
-        producers: dict = {}  # var -> its (pure, single-output) equation
-        eqns = []
-        for eqn in level.eqns:
-            eqn = _subst_eqn(env, eqn)
-            if len(eqn.outvars) == 1 and not eqn.primitive.multiple_results \
-                    and not purity.impure(eqn):
-                repl = _simplify(eqn, splats, producers)
-                if repl is not None:
-                    env[eqn.outvars[0]] = repl
-                    continue
-                producers[eqn.outvars[0]] = eqn
-                if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
-                        and isinstance(eqn.invars[0], core.Literal)):
-                    splats[eqn.outvars[0]] = _scalar(eqn.invars[0], splats)
-            eqns.append(eqn)
-        if not env:
-            return None
-        return _finish(level, eqns, _subst(env, level.outvars))
-    return rewrite
-
-
 def algebraic_simplification(jaxpr: Any) -> Any:
     """Apply the algebraic identities that hold bit for bit under IEEE rules
     and keep the exact type: ``x * 1``, ``x / 1``, ``x - 0.0``,
@@ -306,49 +327,20 @@ def algebraic_simplification(jaxpr: Any) -> Any:
     Returns:
       The same kind of jaxpr.
     """
-    return _apply(jaxpr, _algebra_level(_Purity()))
+    return _apply(jaxpr, _forward_level(_Purity(), algebra=True))
 
 
 # ---- common subexpression elimination ----------------------------------------------
 
 def _cse_key(eqn: core.JaxprEqn) -> tuple | None:
-    ins = tuple(_literal_key(a) if isinstance(a, core.Literal) else a for a in eqn.invars)
+    literal = core.Literal
+    ins = tuple([_literal_key(a) if isinstance(a, literal) else a for a in eqn.invars])
     try:
         params = tuple(eqn.params.items())
         hash(params)
     except TypeError:
         return None
     return (eqn.primitive, params, ins)
-
-
-def _cse_level(purity: _Purity):
-    def rewrite(level: Level, path, is_top) -> Level | None:
-        env: dict = {}
-        seen: dict = {}
-        eqns = []
-        for eqn in level.eqns:
-            eqn = _subst_eqn(env, eqn)
-            if (eqn.outvars and eqn.primitive.name not in _NEVER_CSE
-                    and not eqn.params.get("prevent_cse", False)
-                    and not purity.impure(eqn)):
-                key = _cse_key(eqn)
-                if key is not None:
-                    try:
-                        first = seen.get(key)
-                    except Exception:  # a param whose == is not a bool (arrays)
-                        first = key = None
-                    if first is not None and all(
-                            a.aval == b.aval for a, b in zip(first.outvars, eqn.outvars)):
-                        for old, new in zip(eqn.outvars, first.outvars):
-                            env[old] = new
-                        continue
-                    if key is not None:
-                        seen[key] = eqn
-            eqns.append(eqn)
-        if not env:
-            return None
-        return _finish(level, eqns, _subst(env, level.outvars))
-    return rewrite
 
 
 def common_subexpression_elimination(jaxpr: Any) -> Any:
@@ -363,7 +355,7 @@ def common_subexpression_elimination(jaxpr: Any) -> Any:
     Returns:
       The same kind of jaxpr.
     """
-    return _apply(jaxpr, _cse_level(_Purity()))
+    return _apply(jaxpr, _forward_level(_Purity(), cse=True))
 
 
 # ---- dead code elimination -----------------------------------------------------------
@@ -384,8 +376,9 @@ def _dce_level(level: Level, path, is_top) -> Level | None:
         [*level.constvars, *level.invars] if free_constvars else level.invars,
         level.eqns, level.outvars, level.effects, level.debug_info)
     dropped_consts = not free_constvars and not all(used_consts)
-    if (not dropped_consts and len(eqns) == len(level.eqns)
-            and _eqn_count(eqns) == _eqn_count(level.eqns)):
+    if not dropped_consts and len(eqns) == len(level.eqns) and (
+            all(a is b for a, b in zip(eqns, level.eqns))
+            or _eqn_count(eqns) == _eqn_count(level.eqns)):
         return None
     constvars, consts = level.constvars, level.consts
     if dropped_consts:
@@ -408,7 +401,24 @@ def dead_code_elimination(jaxpr: Any) -> Any:
     Returns:
       The same kind of jaxpr.
     """
-    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)):
+    # An unused call of a jaxpr holding a tag (a cond with tags in its
+    # branches, ...) is kept whole: JAX's rules would drop it, tags and all.
+    purity = _Purity()
+    callers: set = set()
+    seen: set = set()
+
+    def collect(j):  # primitives that call a jaxpr (each callee walked once)
+        for e in _compat.jaxpr_parts(j).eqns:
+            for _, sj in _traverse.subjaxprs(e):
+                callers.add(e.primitive)
+                if id(sj) not in seen:
+                    seen.add(id(sj))
+                    collect(sj)
+
+    collect(jaxpr)
+    callers -= TAG_PRIMITIVES
+    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
+            _compat.keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
         return _apply(jaxpr, _dce_level)
 
 
@@ -515,7 +525,7 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
     # iteration of an unrolled loop) are evaluated once.
     level = Level(used_known, list(known.get(v) for v in used_known), [], list(eqns),
                   list(outs), effects, _compat.debug_info("constant_fold"))
-    level = _cse_level(_Purity())(level, (), False) or level
+    level = _forward_level(_Purity(), cse=True)(level, (), False) or level
     jaxpr = core.Jaxpr(used_known, [], level.outvars, level.eqns, effects,
                        _compat.debug_info("constant_fold"))
     jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
@@ -524,7 +534,14 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
         values = core.eval_jaxpr(jaxpr, consts)
     else:
         values = jax.jit(lambda *c: core.eval_jaxpr(jaxpr, list(c)))(*consts)
-    return [np.asarray(jax.device_get(v)) for v in values]
+    fetched: dict = {}  # identical values (CSE'd equations) are fetched once
+    out = []
+    for v in values:
+        hit = fetched.get(id(v))
+        if hit is None:
+            hit = fetched[id(v)] = (v, np.asarray(jax.device_get(v)))
+        out.append(hit[1])
+    return out
 
 
 def constant_fold(jaxpr: Any, max_elements: int = DEFAULT_MAX_CONSTANT_ELEMENTS) -> Any:
@@ -550,6 +567,10 @@ def constant_fold(jaxpr: Any, max_elements: int = DEFAULT_MAX_CONSTANT_ELEMENTS)
 
 # ---- pipeline ---------------------------------------------------------------------------
 
+def _simplify_copies_and_cse(jaxpr: Any) -> Any:
+    return _apply(jaxpr, _forward_level(_Purity(), copies=True, algebra=True, cse=True))
+
+
 PASSES: dict[str, Callable[[Any], Any]] = {
     "constant_fold": constant_fold,
     "algebraic_simplification": algebraic_simplification,
@@ -558,13 +579,16 @@ PASSES: dict[str, Callable[[Any], Any]] = {
     "dead_code_elimination": dead_code_elimination,
 }
 DEFAULT_PASSES = tuple(PASSES)
+_IDEMPOTENT = frozenset({*PASSES.values(), _simplify_copies_and_cse})
 
 
 def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
                    max_iterations: int = 3, validate: bool = False) -> Any:
     """Run ``passes`` (names or functions; default: constant folding,
     algebraic simplification, copy propagation, CSE, DCE) in order, repeated
-    until an iteration changes nothing or ``max_iterations`` is reached.
+    until an iteration changes nothing or ``max_iterations`` is reached. The
+    default does the middle three in one walk per jaxpr; a built-in pass is
+    never rerun on a jaxpr it returned (they are idempotent).
 
     Arguments:
       jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
@@ -579,15 +603,33 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
     unknown = [p for p in (passes or ()) if isinstance(p, str) and p not in PASSES]
     if unknown:
         raise ValueError(f"optimize_jaxpr: unknown passes {unknown}; known: {sorted(PASSES)}")
-    fns = [PASSES[p] if isinstance(p, str) else p
-           for p in (DEFAULT_PASSES if passes is None else passes)]
+    if passes is None:
+        # The default passes, with algebraic simplification, copy
+        # propagation and CSE done in one walk per jaxpr.
+        fns = [constant_fold, _simplify_copies_and_cse, dead_code_elimination]
+    else:
+        fns = [PASSES[p] if isinstance(p, str) else p for p in passes]
+    # A built-in pass is idempotent: it is not run again on a jaxpr it
+    # produced (or left unchanged), e.g. DCE after a round whose other passes
+    # changed nothing.
+    fixed: dict[int, Any] = {}  # pass index -> the jaxpr it last returned
+    size = None
     for _ in range(max_iterations):
         before = jaxpr
-        size = _eqn_count(_compat.jaxpr_parts(jaxpr).eqns)
-        for fn in fns:
+        for i, fn in enumerate(fns):
+            if fixed.get(i) is jaxpr:
+                continue
             jaxpr = fn(jaxpr)
-        if jaxpr is before or _eqn_count(_compat.jaxpr_parts(jaxpr).eqns) == size:
+            if fn in _IDEMPOTENT:
+                fixed[i] = jaxpr
+        if jaxpr is before:
             break
+        if size is None:
+            size = _eqn_count(_compat.jaxpr_parts(before).eqns)
+        new_size = _eqn_count(_compat.jaxpr_parts(jaxpr).eqns)
+        if new_size == size:
+            break
+        size = new_size
     if validate:
         _compat.check_jaxpr(jaxpr)
     return jaxpr

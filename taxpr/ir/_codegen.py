@@ -1,0 +1,700 @@
+"""Python source code from a jaxpr.
+
+``jaxpr_to_python_code`` writes a module: its imports, constants, one
+function per nested jaxpr (a scan body, a while cond/body, a cond branch, a
+jitted or checkpointed function) and the function ``fn_name`` itself.
+Running it computes the jaxpr's outputs bit for bit:
+
+* every equation becomes one statement: ``lax.<op>(...)`` for plain
+  elementwise primitives, ``lax.scan`` / ``lax.while_loop`` / ``lax.switch``
+  / ``jax.jit`` / ``jax.checkpoint`` for the control-flow primitives,
+  ``taxpr.tag(...)`` for tags and, for any other primitive,
+  ``<primitive>.bind(*args, **params)`` with the primitive named where JAX
+  defines it (``lax.gather_p`` when ``jax.lax`` exports it);
+* a ``custom_jvp`` / ``custom_vjp`` call becomes a call of its primal
+  function (its derivative rules have no source form);
+* literals keep their exact dtype and bits (``np.int32(3)``,
+  ``np.float32(-0.0)``, ``float('nan')`` for a weakly typed float), so
+  integer ``div`` / ``rem`` stay integer operations;
+* variables are named ``a``, ``b``, ..., ``ba``, ... per function; names that
+  are keywords, builtins or imported modules are skipped, and every other
+  generated name starts with an underscore: functions and constants
+  ``_<lower-case hint>_<unique number>``, module aliases ``_M_<module>``,
+  so no name clashes at any size.
+
+Python objects that have no source form (callback functions, shardings, a
+jaxpr passed to a primitive the generator has no rule for, constants over
+``max_inline_elements``) are read from a module-level dict ``OBJECTS``;
+``PythonCode.objects`` holds them and ``PythonCode.load()`` runs the code
+with them. Code without such objects is self-contained.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import enum
+import keyword
+import math
+import sys
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import core
+from jax.sharding import PartitionSpec
+
+from .. import _compat, _traverse
+from ..primitives import _tag
+
+__all__ = ["PythonCode", "fn_to_python_code", "jaxpr_to_python_code"]
+
+# Module aliases the generated code imports (never used as variable names).
+_IMPORT_LINES = ("import jax", "import jax.numpy as jnp", "import numpy as np",
+                 "from jax import lax")
+_IMPORT_NAMES = frozenset({"jax", "jnp", "np", "lax", "taxpr", "OBJECTS"})
+_RESERVED = (frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
+             | frozenset(dir(builtins)) | _IMPORT_NAMES)
+DEFAULT_MAX_INLINE_ELEMENTS = 10_000
+# Elementwise primitives whose ``lax`` function only binds the primitive
+# (written ``lax.add(a, b)`` when all their params are None).
+_LAX_FUNCTION = {"and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+                 "not": "bitwise_not"}
+_READABLE = frozenset({
+    "add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor", "not", "neg",
+    "eq", "ne", "lt", "le", "gt", "ge", "sign", "floor", "ceil", "abs", "select_n",
+    "sin", "cos", "tan", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic",
+    "sqrt", "rsqrt", "cbrt", "atan2", "pow", "nextafter", "is_finite", "asin", "acos",
+    "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "square", "integer_pow",
+    "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
+    "clz", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+})
+
+
+class PythonCode(str):
+    """Generated source code (a ``str``) and the objects it reads from
+    ``OBJECTS`` (empty when the code is self-contained)."""
+
+    objects: dict
+    fn_name: str
+
+    def __new__(cls, source: str, objects: dict, fn_name: str):
+        self = super().__new__(cls, source)
+        self.objects = objects
+        self.fn_name = fn_name
+        return self
+
+    def load(self) -> Callable:
+        """Execute the code (with ``OBJECTS``) and return its function."""
+        namespace: dict = {"OBJECTS": self.objects, "__name__": "taxpr_generated"}
+        exec(compile(str(self), f"<taxpr.ir generated {self.fn_name}>", "exec"), namespace)
+        return namespace[self.fn_name]
+
+
+# ---- where primitives and classes live ----------------------------------------------------
+
+_PUBLIC_MODULES = (("lax", lax), ("jax", jax))
+_locations: dict[int, tuple[Any, str]] = {}
+_scanned_modules: set[str] = set()
+
+
+def _index_module(prefix: str, module: Any) -> None:
+    for attr, value in list(vars(module).items()):
+        if isinstance(value, (core.Primitive, type)) and id(value) not in _locations:
+            _locations[id(value)] = (value, f"{prefix}.{attr}")
+
+
+def _location(obj: Any) -> str | None:
+    """A dotted expression naming ``obj`` (a primitive or a class) from a
+    module: ``jax.lax`` first, then any imported module defining it."""
+    if not _locations:
+        for prefix, module in _PUBLIC_MODULES:
+            _index_module(prefix, module)
+    hit = _locations.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    for name, module in list(sys.modules.items()):
+        if name in _scanned_modules or module is None or name == "__main__":
+            continue
+        _scanned_modules.add(name)
+        try:
+            _index_module(name, module)
+        except Exception:  # a module whose attributes cannot be read
+            continue
+    hit = _locations.get(id(obj))
+    return hit[1] if hit is not None and hit[0] is obj else None
+
+
+def _eval_roundtrips(src: str, value: Any, namespace: dict) -> bool:
+    try:
+        back = eval(src, namespace)  # noqa: S307 - our own generated expression
+        same = back == value
+        if isinstance(same, np.ndarray):
+            same = bool(same.all())
+        return bool(same) and type(back) is type(value)
+    except Exception:
+        return False
+
+
+# ---- the generator --------------------------------------------------------------------
+
+class _Names:
+    """Variable names of one function: a, b, ..., z, ba, bb, ... (the
+    pretty-printer's scheme) minus reserved words."""
+
+    def __init__(self):
+        self.n = 0
+
+    def fresh(self) -> str:
+        while True:
+            i, s = self.n, ""
+            self.n += 1
+            while True:
+                s = chr(ord("a") + i % 26) + s
+                i //= 26
+                if i == 0:
+                    break
+            if s not in _RESERVED:
+                return s
+
+
+class _Gen:
+    def __init__(self, max_inline_elements: int):
+        self.max_inline = max_inline_elements
+        self.imports: list[str] = list(_IMPORT_LINES)
+        self.consts: list[str] = []
+        self.functions: list[str] = []
+        self.objects: dict = {}
+        self.object_keys: dict[int, str] = {}
+        self.n_fn = 0
+        self.fn_memo: dict = {}
+        self.namespace: dict = {"jax": jax, "np": np, "lax": lax, "jnp": jax.numpy}
+        self.repr_memo: dict = {}
+
+    # -- module-level things --
+    def import_module(self, dotted: str, add: bool = True) -> tuple[str, str | None]:
+        """The expression naming ``dotted`` (``module.attr``) in the
+        generated code and the import line it needs (added unless ``add`` is
+        false). Modules outside jax and taxpr get an alias with an
+        underscore (never a variable name)."""
+        module, attr = dotted.rsplit(".", 1)
+        top = module.split(".")[0]
+        if top in ("np", "lax", "jnp") or module in ("jax", "jax.lax"):
+            return dotted, None
+        if top in ("jax", "taxpr"):  # (so that a fresh process imports it too)
+            line, ref = f"import {module}", dotted
+            self.namespace.setdefault(top, sys.modules[top])
+        else:
+            alias = "_M_" + _identifier(module)
+            line, ref = f"import {module} as {alias}", f"{alias}.{attr}"
+            self.namespace.setdefault(alias, sys.modules.get(module))
+        if add:
+            self.add_import(line)
+        return ref, line
+
+    def add_import(self, line: str | None) -> None:
+        if line is not None and line not in self.imports:
+            self.imports.append(line)
+
+    def obj(self, value: Any, hint: str) -> str:
+        """An ``OBJECTS`` entry holding ``value`` (one per object)."""
+        hit = self.object_keys.get(id(value))
+        if hit is not None and self.objects[hit] is value:
+            return f"OBJECTS[{hit!r}]"
+        key = f"{_identifier(hint)}_{len(self.objects)}"
+        self.objects[key] = value
+        self.object_keys[id(value)] = key
+        return f"OBJECTS[{key!r}]"
+
+    def fn_name(self, hint: str) -> str:
+        """``_<hint>_<n>``: lower case (aliases are ``_M_...``), and ``n`` is
+        unique among functions and constants, so no two names clash."""
+        self.n_fn += 1
+        return f"_{_identifier(hint).lower()}_{self.n_fn}"
+
+    # -- values --
+    def array(self, value: Any, dtype: Any, hint: str = "const") -> str:
+        """A module-level constant holding ``value`` exactly."""
+        name = self.fn_name(hint)
+        try:
+            a = np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError):  # e.g. PRNG keys (an extended dtype)
+            a = None
+        if a is None or a.size > self.max_inline:
+            self.consts.append(f"{name} = {self.obj(value, hint)}")
+            return name
+        self.consts.append(f"{name} = {_array_src(a)}")
+        return name
+
+    def literal(self, lit: core.Literal) -> str:
+        aval = lit.aval
+        dtype = np.dtype(aval.dtype)
+        a = np.asarray(lit.val, dtype=dtype)
+        if a.shape != ():
+            return _array_src(a) if a.size <= 64 else self.array(a, dtype)
+        weak = bool(getattr(aval, "weak_type", False))
+        if weak and dtype == _default_dtype(dtype):
+            return _python_scalar(a)
+        src = _scalar_src(a)
+        if weak:  # a weakly typed value of a non-default dtype
+            return f"jax._src.lax.lax._convert_element_type({src}, weak_type=True)"
+        return src
+
+    def param(self, value: Any, hint: str) -> str:
+        """Source of a param value, or an ``OBJECTS`` entry when it has none."""
+        if value is None or isinstance(value, (bool, str)):
+            return repr(value)
+        if isinstance(value, int) and type(value) is int:
+            return repr(value)
+        if type(value) is float:
+            return _float_src(value)
+        if type(value) in (tuple, list):
+            items = [self.param(v, hint) for v in value]
+            if type(value) is tuple:
+                return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+            return f"[{', '.join(items)}]"
+        if isinstance(value, np.dtype):
+            return f"np.dtype({str(value)!r})"
+        if type(value) in (frozenset, set):
+            items = sorted((self.param(v, hint) for v in value))
+            inner = "{" + ", ".join(items) + "}" if items else ""
+            return f"{type(value).__name__}({inner})"
+        if type(value) is PartitionSpec:
+            src = f"jax.sharding.PartitionSpec({', '.join(self.param(v, hint) for v in value)})"
+            return src if _eval_roundtrips(src, value, self.namespace) else self.obj(value, hint)
+        if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+            return _array_src(value) if np.ndim(value) else _scalar_src(np.asarray(value))
+        if _compat.is_jaxpr(value) or callable(value) and not isinstance(value, type):
+            return self.obj(value, hint)
+        key = (type(value), repr(value))
+        try:
+            hit = self.repr_memo.get(key)
+        except TypeError:
+            hit = None
+        if hit is not None:
+            return hit
+        lines: list = []
+        before = dict(self.objects)
+        src = self._structured(value, hint, lines)
+        if src is None or "OBJECTS[" in src or not _eval_roundtrips(src, value, self.namespace):
+            # Whole, rather than in parts (drop the parts' entries).
+            for k in set(self.objects) - set(before):
+                self.object_keys.pop(id(self.objects.pop(k)), None)
+            return self.obj(value, hint)
+        for line in lines:
+            self.add_import(line)
+        try:
+            self.repr_memo[key] = src
+        except TypeError:
+            pass
+        return src
+
+    def _structured(self, value: Any, hint: str, lines: list) -> str | None:
+        cls = type(value)
+        where = _location(cls)
+        if where is None:
+            return None
+        where, line = self.import_module(where, add=False)
+        lines.append(line)
+        if isinstance(value, enum.Enum):
+            return f"{where}.{value.name}"
+        if hasattr(value, "_fields"):  # a NamedTuple (GatherDimensionNumbers, ...)
+            args = ", ".join(f"{f}={self.param(getattr(value, f), hint)}"
+                             for f in value._fields)
+            return f"{where}({args})"
+        if dataclasses.is_dataclass(value):
+            args = ", ".join(f"{f.name}={self.param(getattr(value, f.name), hint)}"
+                             for f in dataclasses.fields(value) if f.init)
+            return f"{where}({args})"
+        return None
+
+    def primitive(self, prim: core.Primitive) -> str:
+        where = _location(prim)
+        if where is None:
+            return self.obj(prim, f"{prim.name}_p")
+        return self.import_module(where)[0]
+
+    # -- functions --
+    def function(self, j: Any, hint: str, returns: str, n_carry: int = 0,
+                 py_name: str | None = None) -> str:
+        """The name of a module-level function computing jaxpr ``j``
+        (inputs: its invars; closed-over consts are module constants).
+        ``returns``: "tuple", "value" (one output), "top" (one output as
+        itself, else a tuple) or "scan" ((carry, ys))."""
+        key = (id(j), returns, n_carry)
+        hit = self.fn_memo.get(key)
+        if hit is not None and hit[0] is j:
+            return hit[1]
+        name = self.fn_name(hint)
+        self.fn_memo[key] = (j, name)
+        src = self._function_src(j, name, returns, n_carry)
+        if py_name is not None and py_name != name:  # the name jax.jit records
+            src += f"\n\n\n{name}.__name__ = {py_name!r}"
+        self.functions.append(src)
+        return name
+
+    def _function_src(self, j: Any, name: str, returns: str, n_carry: int) -> str:
+        constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(j)
+        names = _Names()
+        env: dict = {}
+        args = []
+        if consts is None or len(consts) != len(constvars):
+            # An open jaxpr's constvars (no values) are leading inputs.
+            invars = [*constvars, *invars]
+        else:
+            for v, c in zip(constvars, consts):
+                env[v] = self.array(c, v.aval.dtype) if hasattr(v.aval, "dtype") \
+                    else self.obj(c, "const")
+        for v in invars:
+            env[v] = names.fresh()
+            args.append(env[v])
+        lines = [f"def {name}({', '.join(args)}):"]
+        body: list[str] = []
+        for eqn in eqns:
+            body.extend(self.eqn(eqn, env, names))
+        outs = [self.atom(env, v) for v in outvars]
+        if returns == "value":
+            body.append(f"return {outs[0]}")
+        elif returns == "top" and len(outs) == 1:
+            body.append(f"return {outs[0]}")
+        elif returns == "scan":
+            body.append(f"return {_tuple(outs[:n_carry])}, {_tuple(outs[n_carry:])}")
+        else:
+            body.append(f"return {_tuple(outs)}")
+        lines.extend("    " + b for b in body)
+        return "\n".join(lines)
+
+    def atom(self, env: dict, a: Any) -> str:
+        if isinstance(a, core.Literal):
+            return self.literal(a)
+        return env[a]
+
+    def eqn(self, eqn: core.JaxprEqn, env: dict, names: _Names) -> list[str]:
+        args = [self.atom(env, a) for a in eqn.invars]
+        outs = []
+        for v in eqn.outvars:
+            if isinstance(v, core.DropVar):
+                outs.append("_")
+            else:
+                env[v] = names.fresh()
+                outs.append(env[v])
+        prim, p = eqn.primitive, eqn.params
+        rule = _RULES.get(prim)
+        if rule is not None:
+            src = rule(self, eqn, args)
+            if isinstance(src, _Single):  # the expression of the one output
+                return [_assign(outs, src.src, False)]
+            if isinstance(src, tuple):  # (expression, number of outputs in a first group)
+                src, n_first = src
+                return [f"{_tuple(outs[:n_first])}, {_tuple(outs[n_first:])} = {src}"]
+            if src is not None:
+                return [_assign(outs, src, multiple=True)]
+        if (prim.name in _READABLE and all(v is None for k, v in p.items() if k != "y")
+                and (prim.name == "integer_pow") == ("y" in p)
+                and getattr(lax, f"{prim.name}_p", None) is prim and not prim.multiple_results
+                and hasattr(lax, _LAX_FUNCTION.get(prim.name, prim.name))):
+            extra = [repr(p["y"])] if "y" in p else []
+            fn = _LAX_FUNCTION.get(prim.name, prim.name)
+            return [_assign(outs, f"lax.{fn}({', '.join(args + extra)})", False)]
+        if (prim.name == "convert_element_type" and not p.get("weak_type")
+                and p.get("sharding") is None):
+            return [_assign(outs, f"lax.convert_element_type({args[0]}, "
+                                  f"{self.param(p['new_dtype'], 'dtype')})", False)]
+        return [_assign(outs, self.bind(eqn, args), prim.multiple_results)]
+
+    def bind(self, eqn: core.JaxprEqn, args: list[str]) -> str:
+        kw = []
+        for k, v in eqn.params.items():
+            src = self.param(v, f"{eqn.primitive.name}_{k}")
+            kw.append(f"{k}={src}" if k.isidentifier() and not keyword.iskeyword(k)
+                      else f"**{{{k!r}: {src}}}")
+        return f"{self.primitive(eqn.primitive)}.bind({', '.join(args + kw)})"
+
+
+# ---- rules for higher-order primitives and tags ---------------------------------------------
+# Each returns the expression whose value is the tuple of the equation's
+# outputs, or None to bind the primitive generically.
+
+def _scan_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    n_consts, n_carry = _compat.scan_counts(p)
+    body = g.function(p["jaxpr"], "scan_body", "scan", n_carry)
+    consts, carry, xs = args[:n_consts], args[n_consts:n_consts + n_carry], \
+        args[n_consts + n_carry:]
+    call = f"lambda carry, xs: {body}({', '.join([*consts, '*carry', '*xs'])})"
+    opts = f"length={p['length']!r}, reverse={p['reverse']!r}, unroll={p['unroll']!r}"
+    if p.get("_split_transpose"):
+        opts += ", _split_transpose=True"
+    return f"lax.scan({call}, {_tuple(carry)}, {_tuple(xs)}, {opts})", n_carry
+
+
+def _while_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cond = g.function(p["cond_jaxpr"], "while_cond", "value")
+    body = g.function(p["body_jaxpr"], "while_body", "tuple")
+    cc, bc, init = args[:nc], args[nc:nc + nb], args[nc + nb:]
+    return (f"lax.while_loop(lambda carry: {cond}({', '.join([*cc, '*carry'])}), "
+            f"lambda carry: {body}({', '.join([*bc, '*carry'])}), {_tuple(init)})")
+
+
+def _cond_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    branches = [g.function(b, "branch", "tuple") for b in eqn.params["branches"]]
+    return f"lax.switch({', '.join([args[0], _tuple(branches), *args[1:]])})"
+
+
+def _jit_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    if not _compat.jit_inlining_loses_nothing(p):
+        return None  # shardings, donation, ...: bind with the params as they are
+    fn = g.function(p["jaxpr"], str(p.get("name", "jit")), "tuple",
+                    py_name=str(p.get("name", "jit")))
+    opts = [f"keep_unused={bool(p.get('keep_unused', False))!r}"]
+    if p.get("inline") is True:  # (0.12's Inline enum defaults: left to jax.jit)
+        opts.append("inline=True")
+    return f"jax.jit({fn}, {', '.join(opts)})({', '.join(args)})"
+
+
+def _remat_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    fn = g.function(p["jaxpr"], "checkpointed", "tuple")
+    policy = g.param(p.get("policy"), "policy")
+    return (f"jax.checkpoint({fn}, prevent_cse={bool(p.get('prevent_cse', True))!r}, "
+            f"policy={policy})({', '.join(args)})")
+
+
+def _shard_map_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    known = {"mesh", "in_specs", "out_specs", "jaxpr", "check_vma", "check_rep",
+             "newly_manual_axes", "manual_axes"}
+    if not set(p) <= known:
+        return None
+    fn = g.function(p["jaxpr"], "shard_map_body", "tuple")
+    axes = p.get("newly_manual_axes", p.get("manual_axes"))
+    opts = [f"mesh={g.param(p['mesh'], 'mesh')}",
+            f"in_specs={g.param(tuple(p['in_specs']), 'in_specs')}",
+            f"out_specs={g.param(tuple(p['out_specs']), 'out_specs')}",
+            f"check_vma={_compat.shard_map_checks_vma(p)!r}"]
+    if axes is not None:
+        opts.append(f"axis_names={g.param(frozenset(axes), 'axis_names')}")
+    return f"jax.shard_map({fn}, {', '.join(opts)})({', '.join(args)})"
+
+
+def _call_rule(hint: str) -> Callable:
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        subs = _traverse.subjaxprs(eqn)
+        if len(subs) != 1:
+            return None
+        fn = g.function(subs[0][1], hint, "tuple")
+        return f"{fn}({', '.join(args)})"
+    return rule
+
+
+def _tag_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = dict(eqn.params)
+    tree = p.pop(_tag.TREE, None)
+    if tree is None or any(k.startswith("_taxpr") for k in p):
+        return None  # kept / batched / guarded tags: bind as they are
+    try:
+        value = _tree_src(jax.tree_util.tree_unflatten(tree, [_Src(a) for a in args]))
+    except _NoSource:
+        return None
+    if not all(k.isidentifier() and not keyword.iskeyword(k) for k in p):
+        return None
+    kw = ", ".join(f"{k}={g.param(v, 'tag_' + k)}" for k, v in p.items())
+    g.import_module("taxpr.tag")  # import taxpr
+    call = f"taxpr.tag({value}{', ' + kw if kw else ''})"
+    if tree.num_leaves == 1 and tree.num_nodes == 1:  # a single array
+        return _Single(call)
+    return f"jax.tree_util.tree_leaves({call})"
+
+
+_RULES: dict = {
+    _compat.scan_p: _scan_rule,
+    _compat.while_p: _while_rule,
+    _compat.cond_p: _cond_rule,
+    _compat.jit_p: _jit_rule,
+    _compat.remat_p: _remat_rule,
+    _compat.custom_jvp_call_p: _call_rule("custom_jvp_primal"),
+    _compat.custom_vjp_call_p: _call_rule("custom_vjp_primal"),
+    _compat.shard_map_p: _shard_map_rule,
+    _tag.tag_p: _tag_rule,
+    **{p: _call_rule("closed_call") for p in _compat.CLOSED_CALL_PRIMITIVES},
+}
+
+
+class _Single:
+    """A rule's expression whose value is the equation's one output."""
+
+    def __init__(self, src: str):
+        self.src = src
+
+
+class _Src:
+    def __init__(self, src: str):
+        self.src = src
+
+
+class _NoSource(Exception):
+    pass
+
+
+def _tree_src(x: Any) -> str:
+    if isinstance(x, _Src):
+        return x.src
+    if x is None:
+        return "None"
+    if type(x) is tuple:
+        items = [_tree_src(v) for v in x]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if type(x) is list:
+        return f"[{', '.join(_tree_src(v) for v in x)}]"
+    if type(x) is dict:
+        return "{" + ", ".join(f"{k!r}: {_tree_src(v)}" for k, v in x.items()) + "}"
+    raise _NoSource(type(x))
+
+
+# ---- source of values -----------------------------------------------------------------------
+
+def _identifier(hint: str) -> str:
+    s = "".join(c if c.isalnum() or c == "_" else "_" for c in hint).strip("_") or "fn"
+    return s if not s[0].isdigit() else "_" + s
+
+
+def _tuple(items: list[str]) -> str:
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _assign(outs: list[str], src: str, multiple: bool) -> str:
+    if not outs:
+        return src
+    if not multiple:
+        return f"{outs[0]} = {src}"
+    if all(o == "_" for o in outs):
+        return f"_ = {src}"
+    return f"{', '.join(outs)}, = {src}" if len(outs) == 1 else f"{', '.join(outs)} = {src}"
+
+
+def _default_dtype(dtype: np.dtype) -> np.dtype | None:
+    """The dtype a Python scalar of this kind becomes (weakly typed)."""
+    kind = {"b": bool, "i": int, "u": None, "f": float, "c": complex}.get(dtype.kind)
+    if kind is None:
+        return None
+    return np.dtype(jax.numpy.result_type(kind))
+
+
+def _float_src(x: float) -> str:
+    if math.isnan(x):
+        return "float('nan')"
+    if math.isinf(x):
+        return "float('inf')" if x > 0 else "float('-inf')"
+    return repr(x)
+
+
+def _python_scalar(a: np.ndarray) -> str:
+    v = a.item()
+    if isinstance(v, float):
+        return _float_src(v)
+    if isinstance(v, complex):
+        return f"complex({_float_src(v.real)}, {_float_src(v.imag)})"
+    return repr(v)
+
+
+def _dtype_src(dtype: np.dtype) -> str:
+    name = np.dtype(dtype).name
+    return f"np.{name}" if hasattr(np, name) and name != "bool" else (
+        "np.bool_" if name == "bool" else f"jnp.{name}")
+
+
+def _scalar_src(a: np.ndarray) -> str:
+    """An exact scalar of ``a``'s dtype: ``np.int32(3)``, ``np.float32(-0.0)``."""
+    v = a.item() if a.dtype.kind in "biufc" else float(a)
+    if a.dtype.kind == "f" or a.dtype.kind == "V" or a.dtype.name in ("bfloat16",) \
+            or a.dtype.kind not in "biuc":
+        inner = _float_src(float(v))
+        if math.isnan(v) and not _is_default_nan(a):
+            return f"np.frombuffer(bytes.fromhex({a.tobytes().hex()!r}), " \
+                   f"dtype={_dtype_src(a.dtype)})[0]"
+        return f"{_dtype_src(a.dtype)}({inner})"
+    if a.dtype.kind == "c":
+        return f"{_dtype_src(a.dtype)}(complex({_float_src(v.real)}, {_float_src(v.imag)}))"
+    return f"{_dtype_src(a.dtype)}({v!r})"
+
+
+def _is_default_nan(a: np.ndarray) -> bool:
+    return a.tobytes() == np.asarray(float("nan"), a.dtype).tobytes()
+
+
+def _array_src(a: np.ndarray) -> str:
+    a = np.asarray(a)
+    dt = _dtype_src(a.dtype)
+    if a.dtype.kind in "biu":
+        return f"np.array({a.tolist()!r}, dtype={dt})"
+    return (f"np.frombuffer(bytes.fromhex({a.tobytes().hex()!r}), dtype={dt})"
+            f".reshape({tuple(a.shape)!r})")
+
+
+# ---- entry points ---------------------------------------------------------------------------
+
+def jaxpr_to_python_code(jaxpr: Any, fn_name: str = "f",
+                         max_inline_elements: int = DEFAULT_MAX_INLINE_ELEMENTS) -> PythonCode:
+    """Python source of a module defining ``fn_name``, a function computing
+    ``jaxpr`` bit for bit.
+
+    The function takes the jaxpr's inputs (an open jaxpr's constvars first)
+    and returns its output, or a tuple when there is not exactly one. Nested
+    jaxprs become module-level functions called through ``lax.scan``,
+    ``lax.while_loop``, ``lax.switch``, ``jax.jit`` and ``jax.checkpoint``;
+    custom_jvp/custom_vjp calls become calls of their primal function; tags
+    become ``taxpr.tag``; any other primitive is bound with its params.
+
+    Arguments:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+      fn_name: the function's name (an identifier that is no keyword,
+        builtin or imported module name, and does not start with ``_``,
+        which generated names do).
+      max_inline_elements: constants up to this many elements are written
+        into the code; larger ones are read from ``OBJECTS``.
+
+    Returns:
+      A ``PythonCode`` (a ``str``): ``code.load()`` runs it and returns the
+      function; ``code.objects`` holds what the code reads from ``OBJECTS``
+      (``exec(code, {"OBJECTS": code.objects})``), empty when it reads
+      nothing.
+
+    Raises:
+      ValueError: ``fn_name`` is not a usable name.
+    """
+    if not fn_name.isidentifier() or fn_name in _RESERVED or fn_name.startswith("_"):
+        raise ValueError(f"jaxpr_to_python_code: fn_name={fn_name!r} is not an identifier "
+                         f"or clashes with a keyword, builtin, import or generated name")
+    g = _Gen(max_inline_elements)
+    main = g._function_src(jaxpr, fn_name, "top", 0)
+    parts = ["\n".join(g.imports)]
+    if g.objects:
+        parts.append("# OBJECTS: the Python objects this code cannot spell (callbacks, ...);\n"
+                     "# run it as exec(code, {'OBJECTS': code.objects}) or code.load().")
+    if g.consts:
+        parts.append("\n".join(g.consts))
+    parts.extend(g.functions)
+    parts.append(main)
+    return PythonCode("\n\n\n".join(parts) + "\n", g.objects, fn_name)
+
+
+def fn_to_python_code(fn: Callable, *args: Any, **kwargs: Any) -> PythonCode:
+    """``jaxpr_to_python_code`` of ``jax.make_jaxpr(fn)(*args, **kwargs)``
+    (the generated function takes the flattened arguments and returns the
+    flattened outputs), named after ``fn`` when its name is usable.
+
+    Arguments:
+      fn: a function JAX can trace.
+      *args, **kwargs: example arguments (arrays or ``ShapeDtypeStruct``).
+
+    Returns:
+      A ``PythonCode``.
+    """
+    name = getattr(fn, "__name__", "f")
+    if not name.isidentifier() or name in _RESERVED or name.startswith("_"):
+        name = "f"
+    return jaxpr_to_python_code(jax.make_jaxpr(fn)(*args, **kwargs), fn_name=name)
