@@ -12,6 +12,7 @@ The neutral form used by the rest of taxpr for a jaxpr is its parts, a
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -199,13 +200,18 @@ if _DCE_RULE_ARITY not in (2, 3):
 DCE_RULES_TAKE_LIVE_INPUTS: bool = _DCE_RULE_ARITY == 3
 
 
+def _dce_rule_arity_adapter(rule: Callable[[list[bool], core.JaxprEqn], tuple[list[bool], Any]]
+                            ) -> Callable:
+    """``rule(used_outputs, eqn)`` under JAX's DCE-rule convention."""
+    if DCE_RULES_TAKE_LIVE_INPUTS:
+        return lambda used_outs, live_ins, eqn: rule(used_outs, eqn)
+    return rule
+
+
 def register_dce_rule(prim: core.Primitive,
                       rule: Callable[[list[bool], core.JaxprEqn], tuple[list[bool], Any]]):
     """Register ``rule(used_outputs, eqn)`` under JAX's DCE-rule convention."""
-    if DCE_RULES_TAKE_LIVE_INPUTS:
-        pe.dce_rules[prim] = lambda used_outs, live_ins, eqn: rule(used_outs, eqn)
-    else:
-        pe.dce_rules[prim] = rule
+    pe.dce_rules[prim] = _dce_rule_arity_adapter(rule)
 
 
 def dce_jaxpr(jaxpr: core.Jaxpr, used_outputs, instantiate=False):
@@ -480,25 +486,29 @@ def shard_map_checks_vma(params: dict) -> bool:
 
 # ---- taxpr.ir ------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _dce_rules_replaced(prims: Sequence[core.Primitive],
+                        make_rule: Callable[[Callable | None], Callable]):
+    """``pe.dce_rules[p] = make_rule(previous rule or None)`` for each of
+    ``prims`` while in the block (the previous rules restored on exit)."""
+    saved = {p: pe.dce_rules.get(p) for p in prims}
+    for p, old in saved.items():
+        pe.dce_rules[p] = make_rule(old)
+    try:
+        yield
+    finally:
+        for p, rule in saved.items():
+            if rule is None:
+                pe.dce_rules.pop(p, None)
+            else:
+                pe.dce_rules[p] = rule
+
+
 def keep_in_dce(prims: Sequence[core.Primitive]):
     """A context in which ``pe.dce_jaxpr`` keeps every equation of ``prims``
     (their previous DCE rules are restored on exit)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def ctx():
-        saved = {p: pe.dce_rules.get(p) for p in prims}
-        for p in prims:
-            register_dce_rule(p, lambda used_outputs, eqn: ([True] * len(eqn.invars), eqn))
-        try:
-            yield
-        finally:
-            for p, rule in saved.items():
-                if rule is None:
-                    pe.dce_rules.pop(p, None)
-                else:
-                    pe.dce_rules[p] = rule
-    return ctx()
+    keep_all = _dce_rule_arity_adapter(lambda used_outputs, eqn: ([True] * len(eqn.invars), eqn))
+    return _dce_rules_replaced(prims, lambda old: keep_all)
 
 
 def clear_dce_caches() -> None:
@@ -510,37 +520,29 @@ def clear_dce_caches() -> None:
             clear()
 
 
+@contextlib.contextmanager
 def keep_unused_in_dce(prims, keep: Callable[[core.JaxprEqn], bool]):
     """A context in which ``pe.dce_jaxpr`` keeps, whole, an equation of
     ``prims`` whose outputs are all unused when ``keep(eqn)`` (e.g. a cond
     holding tags, which JAX's rule would drop since tags have no effect)."""
-    import contextlib
+    def make_rule(old):
+        base = old or pe._default_dce_rule
 
-    @contextlib.contextmanager
-    def ctx():
-        saved = {p: pe.dce_rules.get(p) for p in prims}
-        # JAX caches DCE results per jaxpr: results made with other rules
-        # (e.g. while jitting) must not be reused here, nor ours later.
-        clear_dce_caches()
-        for p, old in saved.items():
-            base = old or pe._default_dce_rule
+        def rule(*args):
+            used_outs, eqn = args[0], args[-1]
+            if not any(used_outs) and keep(eqn):
+                return [True] * len(eqn.invars), eqn
+            return base(*args)
+        return rule
 
-            def rule(*args, base=base):
-                used_outs, eqn = args[0], args[-1]
-                if not any(used_outs) and keep(eqn):
-                    return [True] * len(eqn.invars), eqn
-                return base(*args)
-            pe.dce_rules[p] = rule
-        try:
+    # JAX caches DCE results per jaxpr: results made with other rules (e.g.
+    # while jitting) must not be reused here, nor ours later.
+    clear_dce_caches()
+    try:
+        with _dce_rules_replaced(prims, make_rule):
             yield
-        finally:
-            clear_dce_caches()
-            for p, rule in saved.items():
-                if rule is None:
-                    pe.dce_rules.pop(p, None)
-                else:
-                    pe.dce_rules[p] = rule
-    return ctx()
+    finally:
+        clear_dce_caches()
 
 
 def dce_level(constvars, invars, eqns, outvars, effects, dbg):

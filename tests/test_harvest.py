@@ -1119,9 +1119,10 @@ def test_grad_of_plant_append_in_scan():
 
 # ---- custom_jvp / custom_vjp ----------------------------------------------------------
 
-def _rule_sows():
+def _rule_sows(sown=lambda x: x * 2.0):
     """A custom_jvp function whose JVP rule (not its body) sows: the rule
-    sows 2x and scales the tangent by the (possibly planted) sown value."""
+    sows ``sown(x)`` (2x) and scales the tangent by the (possibly planted)
+    sown value."""
     @jax.custom_jvp
     def f(x):
         return jnp.sin(x)
@@ -1129,7 +1130,7 @@ def _rule_sows():
     @f.defjvp
     def f_jvp(primals, tangents):
         (x,), (t,) = primals, tangents
-        s = h.sow(x * 2.0, tag=T, name="s")
+        s = h.sow(sown(x), tag=T, name="s")
         return jnp.sin(x), t * s
 
     return f, f_jvp
@@ -1155,17 +1156,7 @@ def test_sow_in_custom_jvp_rule_with_array_constants_is_reaped():
     """A rule whose trace has constants (a NumPy array): JAX returns its jaxpr
     open with the constants apart (on JAX 0.12 as leading invars)."""
     w = np.array([1.0, 2.0], np.float32)
-
-    @jax.custom_jvp
-    def f(x):
-        return jnp.sin(x)
-
-    @f.defjvp
-    def f_jvp(primals, tangents):
-        (x,), (t,) = primals, tangents
-        s = h.sow(jnp.sum(x * w), tag=T, name="s")
-        return jnp.sin(x), t * s
-
+    f, _ = _rule_sows(lambda x: jnp.sum(x * w))
     (out, reaps), (out_t, _) = jax.jvp(h.call_and_reap(f, tag=T), (2.0,), (1.0,))
     allclose(out, np.sin(2.0))
     allclose(out_t, 6.0)  # eagerly: t * sum(x * w) = 1 * (2 + 4)
