@@ -603,3 +603,19 @@ def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_progr
     ref = Eager(s0)
     assert_close(out, fn(ref, xs, v))
     assert_states(s1, ref.state)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "known bug found by the long fuzz profile: a kept tag whose inputs are all known is "
+    "staged by taxpr's partial-evaluation rule (so that JAX cannot hoist it out of a "
+    "differentiated scan), which makes a custom_jvp rule's primal output unknown under "
+    "jax.grad: JAX's 'Linearization failed' ValueError"))
+def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager():
+    from taxpr import harvest as h
+
+    def body(x):
+        return h.sow(x, tag="t", name="c0") * 2.0
+
+    fn = jax.custom_jvp(body)
+    fn.defjvp(lambda p, t: jax.jvp(body, p, t))
+    assert_close(jax.grad(fn)(f32(0.5)), 2.0)  # eagerly: d(2x)/dx
