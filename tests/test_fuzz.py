@@ -454,12 +454,7 @@ def rstmt(s, ind: str, out: list) -> None:
             w(f"def br{u}_{b}({ENV_S}):")
             rblock(body, i2, out)
             out.append(f"{i2}return {ENV_S}")
-        names = ", ".join(f"br{u}_{b}" for b in range(len(s.branches)))
-        names += "," if len(s.branches) == 1 else ""
-        if isinstance(s, Cond):
-            w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S})")
-        else:
-            w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S})")
+        w(branch_call(s, ENV_S))
     elif isinstance(s, FUNCTIONS):
         kind = FUNCTION_KINDS[type(s)]
         custom = kind in CUSTOM_RULES
@@ -481,6 +476,16 @@ def rstmt(s, ind: str, out: list) -> None:
             w(f"{ENV_S} = {kind}{s.uid}({params})")
     else:
         raise TypeError(s)
+
+
+def branch_call(s, operands: str) -> str:
+    """The line calling a Cond / Switch statement's branch functions
+    ``br{uid}_{b}`` on ``operands``."""
+    names = ", ".join(f"br{s.uid}_{b}" for b in range(len(s.branches)))
+    names += "," if len(s.branches) == 1 else ""
+    if isinstance(s, Cond):
+        return f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {operands})"
+    return f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {operands})"
 
 
 def to_source(program: Program, header: bool = True) -> str:
@@ -1920,12 +1925,7 @@ class _Hoisted:
             for b, body in enumerate(s.branches):
                 self.function(f"def br{u}_{b}({ENV_S}, ex):", scope,
                               [*self.body(body, scope), f"    return {ENV_S}"])
-            names = ", ".join(f"br{u}_{b}" for b in range(len(s.branches)))
-            names += "," if len(s.branches) == 1 else ""
-            if isinstance(s, Cond):
-                w(f"{ENV_S} = lax.cond({rexpr(s.pred)}, {names}, {ENV_S}, {ex})")
-            else:
-                w(f"{ENV_S} = lax.switch({rexpr(s.idx)}, ({names}), {ENV_S}, {ex})")
+            w(branch_call(s, f"{ENV_S}, {ex}"))
         elif isinstance(s, FUNCTIONS):
             kind = FUNCTION_KINDS[type(s)]
             f = f"{kind}{s.uid}"
