@@ -38,10 +38,9 @@ from jax.interpreters import ad, mlir
 from . import _compat
 from ._inject import inject, trace_program
 from ._state import (
-    GET, StateError, _StateHooks, _is_state, _state_injector, collect_states, per_signature,
-    set_state,
+    StateError, _StateHooks, _is_state, _state_injector, collect_states, get_state,
+    per_signature, set_state,
 )
-from .primitives._tag import tag
 
 DEFAULT_STREAM = "rng"
 
@@ -143,9 +142,7 @@ def next_key(stream: str = DEFAULT_STREAM) -> jax.Array:
     Raises:
         StateError: under a vmap without an axis name (names the stream).
     """
-    # get_state(stream, init) without its jnp.asarray(init): the init is
-    # already a key array, and asarray of a typed key costs ~0.3 ms a call.
-    key = tag(_init_key(stream), op=GET, name=stream)
+    key = get_state(stream, _init_key(stream))  # a key array: no asarray cost
     key, sub = jax.random.split(key)
     set_state(stream, key)
     return key_p.bind(sub, stream=stream, folded=())
