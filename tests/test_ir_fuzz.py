@@ -267,6 +267,39 @@ def regenerate(j):
     return jax.make_jaxpr(code.load())(*specs)
 
 
+class _EagerReference:
+    """The original's outputs evaluated equation by equation (computed only
+    when needed: it is slow).
+
+    XLA folds constant-only expressions itself when it compiles the original,
+    and not always as it computes them at run time: ``-0.0 - -0.0`` becomes
+    ``-0.0`` (its ``A - 0 -> A`` also matches -0.0) where IEEE and the
+    eager op give ``+0.0``; ``tanh`` of a constant is folded with the C
+    library's ``tanh``, 1 ulp from XLA's own kernel. taxpr folds with
+    JAX's eager semantics, so an output may equal the eager original where
+    the jitted original differs: both are what JAX computes for the program.
+    """
+
+    def __init__(self, j, args):
+        self._j, self._args, self._out = j, args, None
+
+    def outputs(self):
+        if self._out is None:
+            self._out = run(self._j, *self._args, jit=False)
+        return self._out
+
+
+def assert_bitwise_to_jit_or_eager(got, want, eager: _EagerReference, what: str) -> None:
+    """Each output bitwise equal to the jitted original's, or else to the
+    eager original's (see :class:`_EagerReference`)."""
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        try:
+            assert_bitwise([g], [w], f"{what} output={i}")
+        except AssertionError:
+            assert_bitwise([g], [eager.outputs()[i]], f"{what} output={i} (jit and eager)")
+
+
 def _tags(j):
     return sorted(str(s.path) for s in tx.find_tags(j))
 
@@ -283,13 +316,14 @@ def check_program(seed: int) -> None:
     args = arguments(seed)
     j = jax.make_jaxpr(make_fn(stmts))(*args)
     want, want_calls = _calls(j, args)
+    eager = _EagerReference(j, args)
     tags = _tags(j)
     for name, p in VARIANTS.items():
         what = f"seed={seed} pass={name} program={stmts}"
         o = p(j)
         check(o)
         got, got_calls = _calls(o, args)
-        assert_bitwise(got, want, what)
+        assert_bitwise_to_jit_or_eager(got, want, eager, what)
         assert got_calls == want_calls, (what, got_calls, want_calls)
         assert _tags(o) == tags, what
 
@@ -355,7 +389,40 @@ def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
     check_program(seed)
 
 
+@pytest.mark.parametrize("seed, output", [(835, 3), (856, 0)])
+def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
+    # Found by the long profile: XLA's compile-time folding of the original
+    # (seed 835: -0.0 - -0.0 -> -0.0; seed 856: tanh(1.5) 1 ulp off) differs
+    # from the same program evaluated eagerly; constant_fold follows eager.
+    stmts = program(seed)
+    args = arguments(seed)
+    j = jax.make_jaxpr(make_fn(stmts))(*args)
+    folded = run(ir.constant_fold(j), *args)
+    eager = run(j, *args, jit=False)
+    assert_bitwise(folded, eager, f"seed={seed}")
+    with pytest.raises(AssertionError):  # XLA's own folding is the odd one out
+        assert_bitwise([folded[output]], [run(j, *args)[output]])
+    check_program(seed)
+
+
+def _log(path: str | None, line: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 @pytest.mark.long
 def test_passes_preserve_outputs_effects_and_tags_long():
-    for seed in range(LONG_SEED, LONG_SEED + LONG_COUNT):
-        check_program(seed)
+    # Every program runs (a finding does not hide the next ones); progress
+    # goes to TAXPR_IR_FUZZ_LOG when set, so a long run can be followed.
+    log = os.environ.get("TAXPR_IR_FUZZ_LOG")
+    failures = []
+    for n, seed in enumerate(range(LONG_SEED, LONG_SEED + LONG_COUNT), 1):
+        try:
+            check_program(seed)
+        except Exception as e:  # noqa: BLE001 - every finding is reported below
+            failures.append(f"seed {seed}: {type(e).__name__}: {str(e)[:2000]}")
+            _log(log, failures[-1])
+        if n % 100 == 0 or n == LONG_COUNT:
+            _log(log, f"{n} programs up to seed {seed}: {len(failures)} failures")
+    assert not failures, "\n".join(failures)
