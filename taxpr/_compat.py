@@ -13,6 +13,8 @@ The neutral form used by the rest of taxpr for a jaxpr is its parts, a
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import inspect
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -449,6 +451,103 @@ def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
         original, trace, *tracers, **params)
     rule._taxpr_wrapped = True
     pe.custom_partial_eval_rules[prim] = rule
+
+
+# ---- where partial evaluation must stage kept tags whose inputs are known -----
+#
+# A kept tag whose inputs are all known is staged by taxpr's partial-evaluation
+# rule where JAX would otherwise run it a different number of times than eager
+# execution: a differentiated ``scan`` hoists loop-invariant work out of the
+# loop (once instead of every step), a ``while`` runs its known part and then
+# the whole loop again (twice). Where JAX linearizes a function from its JVP
+# (``ad.linearize_from_jvp``: a custom_jvp rule under ``grad``, and primitives
+# without a linearization rule), the primal outputs must stay known, so known
+# kept tags are evaluated there (once, as eagerly). The innermost scope wins.
+
+_STAGE_KNOWN_KEPT_TAGS = contextvars.ContextVar("taxpr_stage_known_kept_tags", default=True)
+
+
+def staging_known_kept_tags() -> bool:
+    """Whether partial evaluation now stages kept tags whose inputs are known."""
+    return _STAGE_KNOWN_KEPT_TAGS.get()
+
+
+# While JAX hoists a differentiated scan's loop-invariant work, a custom_jvp /
+# custom_vjp call whose inputs are all known would be evaluated once outside
+# the loop (``JaxprTrace.process_custom_*_call``, which consults no rule): one
+# whose function holds kept tags is partially evaluated as unknown instead, so
+# it stays in the loop.
+_HOISTING = contextvars.ContextVar("taxpr_hoisting_loop_invariants", default=False)
+
+
+def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -> Callable:
+    """``fn`` run with staging ``stage`` and hoisting ``hoisting`` (None:
+    unchanged)."""
+    @functools.wraps(fn)
+    def scoped(*args, **kwargs):
+        token = _STAGE_KNOWN_KEPT_TAGS.set(stage)
+        hoisting_token = None if hoisting is None else _HOISTING.set(hoisting)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if hoisting_token is not None:
+                _HOISTING.reset(hoisting_token)
+            _STAGE_KNOWN_KEPT_TAGS.reset(token)
+    scoped._taxpr_wrapped = True
+    return scoped
+
+
+def _called_jaxpr_effects(fun: Any) -> Any:
+    """The effects of the jaxpr a custom-derivative call evaluates when the
+    call comes from an equation (``lu.wrap_init(core.jaxpr_as_fun(jaxpr))``,
+    a partial application); None where that jaxpr cannot be seen."""
+    for arg in getattr(getattr(fun, "f", None), "args", ()):
+        if isinstance(arg, JAXPR_TYPES):
+            return arg.effects
+    return None
+
+
+def _unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Callable:
+    def process_unhoisted(self, prim, fun, *subfuns_and_tracers, **params):
+        *subfuns, tracers = subfuns_and_tracers
+        tracers = [self.to_jaxpr_tracer(t) for t in tracers]
+        if _HOISTING.get() and tracers and all(t.is_known() for t in tracers):
+            call_effects = _called_jaxpr_effects(fun)
+            # unseen: assume it holds tags (the call then stays in the loop)
+            if call_effects is None or holds_kept_tags(call_effects):
+                tracers = [self.instantiate_const(t) for t in tracers]
+        return process(self, prim, fun, *subfuns, tracers, **params)
+    process_unhoisted._taxpr_wrapped = True
+    return process_unhoisted
+
+
+def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> None:
+    """Set the scopes above on JAX's functions and rules (once).
+    ``holds_kept_tags(effects)`` says whether a jaxpr with these effects holds
+    kept tags. Where ``linearize_from_jvp`` is missing, kept tags are always
+    staged: loops stay right, and grad of a custom_jvp whose rule holds a tag
+    fails loudly."""
+    from jax._src.lax.control_flow import loops
+    # scan's JaxprTrace rule hoists in ``_scan_known_hoisting`` (the body split
+    # before it runs the known body every step: no staging needed there); its
+    # partial_eval_jaxpr_custom rule traces with JaxprTrace only to hoist.
+    hoisting = getattr(loops, "_scan_known_hoisting", None)
+    scopes = [(pe.custom_partial_eval_rules, while_p, None),
+              (pe.partial_eval_jaxpr_custom_rules, scan_p, True)]
+    if hoisting is None:
+        scopes.append((pe.custom_partial_eval_rules, scan_p, True))
+    elif not getattr(hoisting, "_taxpr_wrapped", False):
+        loops._scan_known_hoisting = _in_staging_scope(True, hoisting, hoisting=True)
+    for registry, prim, hoists in scopes:
+        if not getattr(registry[prim], "_taxpr_wrapped", False):
+            registry[prim] = _in_staging_scope(True, registry[prim], hoisting=hoists)
+    linearize_from_jvp = getattr(_ad, "linearize_from_jvp", None)
+    if linearize_from_jvp is not None and not getattr(linearize_from_jvp, "_taxpr_wrapped", False):
+        _ad.linearize_from_jvp = _in_staging_scope(False, linearize_from_jvp, hoisting=False)
+    for name in ("process_custom_jvp_call", "process_custom_vjp_call"):
+        process = getattr(pe.JaxprTrace, name)
+        if not getattr(process, "_taxpr_wrapped", False):
+            setattr(pe.JaxprTrace, name, _unhoisted_custom_call(process, holds_kept_tags))
 
 
 def batch_closed_jaxpr(closed: Any, axis_data: Any, in_axes: Sequence[Any],

@@ -528,21 +528,38 @@ def test_state_written_in_loop_invariant_work_of_a_differentiated_scan_matches_e
         assert_states(s1, ref.state)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap: JAX evaluates a custom_jvp call whose inputs are all loop-invariant once, "
-    "outside a differentiated scan (JaxprTrace.process_custom_jvp_call has no rule "
-    "registry to hook), so a state written in its primal function is written once"))
-def test_state_written_in_a_loop_invariant_custom_jvp_of_a_differentiated_scan_matches_eager():
+def _counted_custom_jvp():
     @jax.custom_jvp
     def counted(f):
         return _count_and_store(TX, f, f)
     counted.defjvp(lambda p, t: (counted(*p), t[0]))
+    return counted
+
+
+def _counted_custom_vjp():
+    @jax.custom_vjp
+    def counted(f):
+        return _count_and_store(TX, f, f)
+    counted.defvjp(lambda f: (_count_and_store(TX, f, f), None), lambda _, ct: (ct,))
+    return counted
+
+
+@pytest.mark.parametrize("how", sorted(_DIFFERENTIATIONS))
+@pytest.mark.parametrize("make_counted", [_counted_custom_jvp, _counted_custom_vjp],
+                         ids=["custom_jvp", "custom_vjp"])
+def test_state_written_in_a_loop_invariant_custom_rule_function_of_a_differentiated_scan_matches_eager(
+        make_counted, how):
+    # JAX evaluates a custom_jvp / custom_vjp call whose inputs are all
+    # loop-invariant once, outside a differentiated scan (in
+    # JaxprTrace.process_custom_*_call, which consults no rule); one holding
+    # kept tags stays in the loop.
+    counted = make_counted()
 
     def body(S, f, c):
         return (counted(f) if S is TX else _count_and_store(S, f, f)) * 0.0 + c
 
-    fn = lambda x: jax.vjp(functools.partial(_scan_with_body, TX, body), x)[0]  # noqa: E731
-    pure, s0 = tx.uncurry(fn, f32(0.5))
+    differentiated = _DIFFERENTIATIONS[how](functools.partial(_scan_with_body, TX, body))
+    pure, s0 = tx.uncurry(differentiated, f32(0.5))
     out, s1 = pure(s0, f32(0.5))
     ref = Eager(s0)
     assert_close(out, _scan_with_body(ref, body, f32(0.5)))
@@ -605,17 +622,39 @@ def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_progr
     assert_states(s1, ref.state)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "known bug found by the long fuzz profile: a kept tag whose inputs are all known is "
-    "staged by taxpr's partial-evaluation rule (so that JAX cannot hoist it out of a "
-    "differentiated scan), which makes a custom_jvp rule's primal output unknown under "
-    "jax.grad: JAX's 'Linearization failed' ValueError"))
-def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager():
+def _sowing_custom_jvp(kind: str):
+    """A custom_jvp whose rule is the JVP of its function (which sows ``x``
+    directly, in a taken ``cond`` branch, or every step of a 3-step scan), and
+    the eager derivative and reaped value at 0.5."""
     from taxpr import harvest as h
 
     def body(x):
-        return h.sow(x, tag="t", name="c0") * 2.0
+        if kind == "direct":
+            return h.sow(x, tag="t", name="c0") * 2.0
+        if kind == "cond":
+            return lax.cond(x > 0, lambda x: h.sow(x, tag="t", name="c0") * 2.0,
+                            lambda x: h.sow(x * 3.0, tag="t", name="c0"), x)
+        def step(c, _):
+            return h.sow(c, tag="t", name="c0", mode="append") * 2.0, None
+        return lax.scan(step, x, None, length=3)[0]
 
     fn = jax.custom_jvp(body)
     fn.defjvp(lambda p, t: jax.jvp(body, p, t))
-    assert_close(jax.grad(fn)(f32(0.5)), 2.0)  # eagerly: d(2x)/dx
+    # eagerly: d(2x)/dx = 2 (x > 0 takes the first branch), d(8x)/dx = 8;
+    # the rule runs once, on the primal 0.5
+    want = {"direct": (2.0, 0.5), "cond": (2.0, 0.5), "scan": (8.0, [0.5, 1.0, 2.0])}[kind]
+    return fn, want
+
+
+@pytest.mark.parametrize("kind", ["direct", "cond", "scan"])
+def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager(kind):
+    # Found by the long fuzz profile: taxpr staged kept tags whose inputs are
+    # known also where JAX linearizes a custom_jvp from its rule, leaving the
+    # rule's primal output unknown ("Linearization failed").
+    from taxpr import harvest as h
+
+    fn, (grad, sown) = _sowing_custom_jvp(kind)
+    assert_close(jax.grad(fn)(f32(0.5)), grad)
+    assert_close(h.reap(jax.grad(fn), tag="t")(f32(0.5))["c0"], jnp.asarray(sown, f32))
+    assert_close(jax.jit(jax.grad(fn))(f32(0.5)), grad)
+    jax_still_works()

@@ -338,10 +338,13 @@ def tag(value: Any, **params: Any) -> Any:
 
 def _tag_partial_eval(trace, *tracers, **params):
     """Partial evaluation keeps a *kept* tag staged even when all its inputs
-    are known: JAX would otherwise evaluate it once at trace time, e.g. hoist
-    it out of a differentiated ``scan`` (``_scan_known_hoisting``) so that an
-    effect meant for every iteration happens once."""
-    if params.get(KEPT) and all(t.pval.is_known() for t in tracers):
+    are known, where JAX would otherwise run it a different number of times
+    than eagerly: hoisted out of a differentiated ``scan`` (once instead of
+    every step), or in both parts of a partially evaluated ``while``. Not
+    while JAX linearizes from a JVP (a custom_jvp rule under ``grad``), whose
+    primal outputs must stay known (see ``_compat.staging_known_kept_tags``)."""
+    if (params.get(KEPT) and _compat.staging_known_kept_tags()
+            and all(t.pval.is_known() for t in tracers)):
         tracers = [trace.instantiate_const(t) for t in tracers]
     return trace.default_process_primitive(tag_p, tracers, params)
 
@@ -355,8 +358,10 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
     staged part, but keeps the staged ``cond`` only when its outputs are used:
     a ``set_state`` in a branch (no used output) was dropped, e.g. under
     ``jax.vjp`` of a ``scan`` whose body has such a ``cond``. Staged whole, the
-    ``cond`` is an effectful equation the partial evaluator always keeps."""
-    if index.pval.is_known() and any(
+    ``cond`` is an effectful equation the partial evaluator always keeps.
+    Not while JAX linearizes from a JVP (as ``_tag_partial_eval``): there
+    JAX's split keeps the known kept tags in its known ``cond``."""
+    if index.pval.is_known() and _compat.staging_known_kept_tags() and any(
             isinstance(e, TagEffect) for b in branches for e in b.jaxpr.effects):
         tracers = [trace.instantiate_const(t) for t in (index, *operands)]
         return trace.default_process_primitive(
@@ -365,6 +370,8 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
 
 
 _compat.wrap_partial_eval_rule(_compat.cond_p, _cond_partial_eval)
+_compat.install_known_kept_tag_scopes(
+    lambda call_effects: any(isinstance(e, TagEffect) for e in call_effects))
 
 
 def _tag_linearized_primal(*primals, **params):
