@@ -318,13 +318,14 @@ class _HarvestHooks(Hooks):
         return _traverse.map_jaxpr(rule, rewrite)
 
     def rule_has_selected(self, engine, eqn) -> bool:
-        # Only sows found nowhere but in JVP rules: the others (e.g. the
-        # function's own sows, when its rule calls it) are reaped from the
-        # function as usual.
+        # Sows found nowhere but in JVP rules, and planted sows: the others
+        # (e.g. the function's own sows, when its rule calls it) are reaped
+        # from the function as usual; a planted one is planted in the rule too,
+        # so that a rule computing the function's JVP gives the planted one's.
         rule = self.rules.jaxpr(eqn)
         return rule is not None and any(
-            e.primitive is tag_p and engine.predicate(e.params) and e.params["name"] in
-            self.sites.rule_only for e, _ in _traverse.iter_eqns(rule))
+            e.primitive is tag_p and engine.predicate(e.params) and self.sites.in_rules(
+                e.params["name"]) for e, _ in _traverse.iter_eqns(rule))
 
     def rekey(self, key, level, stacked):
         kind, name, _, was_stacked = key
@@ -359,6 +360,12 @@ class _Sites:
         self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
 
+    def in_rules(self, name: Any) -> bool:
+        """Whether a sow of ``name`` inside a custom JVP rule is rewritten:
+        sown only in rules (reaped there), or planted (not in append mode:
+        its per-site values cannot be fed into a rule)."""
+        return name in self.rule_only or self.planted.get(name, "append") != "append"
+
     def next_occurrence(self, level: Level, kind: str, name: Any) -> int:
         n = self._occurrence.get((level, kind, name), 0)
         self._occurrence[(level, kind, name)] = n + 1
@@ -391,8 +398,8 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
-        if _RULE in level.path and name not in self.rule_only:
-            level.emit(eqn)  # reaped / planted where the function itself sows it
+        if _RULE in level.path and not self.in_rules(name):
+            level.emit(eqn)  # reaped where the function itself sows it
             return ctx
         self.rewritten.add(name)
         n = n_values(eqn.params, len(eqn.invars))

@@ -1737,3 +1737,26 @@ def test_append_sow_in_custom_rule_function_reap_plant_and_grads(kind):
     allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[0])(1.0), 7.0)
     allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[1]["a"].sum())(1.0), 2.0)
     allclose(jax.grad(lambda p: h.plant(fn, tag=T)({"a": p}, 1.0))(jnp.array([5.0])), [1.0])
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "jacrev", "jit_grad"])
+def test_plant_into_a_custom_jvp_whose_rule_is_its_jvp_differentiates_the_planted_function(
+        transform):
+    # Found by the long fuzz profile: the rule (the JVP of the function, so
+    # it sows too) ran unplanted, adding the tangent of the replaced value.
+    def body(x, y):
+        return h.sow(x * 3.0, tag=T, name="c0", mode="clobber") + y, y
+
+    fn = jax.custom_jvp(body)
+    fn.defjvp(lambda p, t: jax.jvp(body, p, t))
+    planted = lambda c, x, y: h.plant(fn, tag=T)({"c0": c}, x, y)[0]  # noqa: E731
+    eager = lambda c, x, y: c + y  # noqa: E731 - the sow's value replaced by c
+    args = (jnp.float32(2.0), jnp.float32(3.0), jnp.float32(4.0))
+    if transform == "jvp":
+        for t in np.eye(3, dtype=np.float32):
+            allclose(jax.jvp(planted, args, tuple(t))[1], jax.jvp(eager, args, tuple(t))[1])
+        return
+    d = {"jacfwd": jax.jacfwd, "jacrev": jax.jacrev,
+         "jit_grad": lambda f, argnums: jax.jit(jax.grad(f, argnums=argnums))}[transform]
+    assert_tree_allclose(d(planted, argnums=(0, 1, 2))(*args), (1.0, 0.0, 1.0))
+    assert_tree_allclose(d(eager, argnums=(0, 1, 2))(*args), (1.0, 0.0, 1.0))
