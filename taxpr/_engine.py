@@ -725,7 +725,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                 outs = [*outs[:n_out], *r_out[n_res:], *outs[n_out + n:]]
                 rest_t = [*r_t[n_res:], *rest_t[n:]]
             user_out_t = iter(res[len(out_zeros):])
-            out_t = [t if z else next(user_out_t) + t for t, z in zip(outs_t_ctx, out_zeros)]
+            out_t = [t if z else _add_ct(next(user_out_t), t)
+                     for t, z in zip(outs_t_ctx, out_zeros)]
             return [*outs, *out_t, *rest_t]
 
         closed = _compat.trace_flat(f, [*in_avals, *nz_avals])

@@ -658,3 +658,24 @@ def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager(kind):
     assert_close(h.reap(jax.grad(fn), tag="t")(f32(0.5))["c0"], jnp.asarray(sown, f32))
     assert_close(jax.jit(jax.grad(fn))(f32(0.5)), grad)
     jax_still_works()
+
+
+def test_state_read_and_written_in_a_custom_jvp_rule_under_grad_inside_the_function_matches_eager():
+    # Failed with JAX's "Linearization failed" before: the rule's state tags
+    # were staged, leaving its primal output unknown.
+    @jax.custom_jvp
+    def f(x):
+        return x * 2.0
+
+    def rule(S, p, t):
+        s = S.get("s", f32(3.0))
+        S.set("s", s + 1.0)
+        return p[0] * s, t[0] * s
+
+    f.defjvp(lambda p, t: rule(TX, p, t))
+    pure, s0 = tx.uncurry(lambda x: jax.grad(f)(x), f32(1.0))
+    out, s1 = pure(s0, f32(1.0))
+    ref = Eager(s0)  # eagerly, grad runs the rule once
+    assert_close(out, rule(ref, (1.0,), (1.0,))[1])
+    assert_states(s1, ref.state)
+    jax_still_works()

@@ -425,3 +425,28 @@ def test_switch_inside_while_with_batched_predicate_reaps_the_taken_case():
     got = h.reap(jax.vmap(f), tag="t")(XS)
     assert_tree_close(got, per_example_reap(f, XS))
     np.testing.assert_allclose(got["s"], [0.0, 10.0, 0.0, 10.0])  # JAX alone: 100 (case 2)
+
+
+def test_grad_of_a_sowing_custom_jvp_in_a_cond_with_a_batched_predicate_matches_eager():
+    # Failed in JAX's linearization before (the guarded call kept its tags
+    # staged), then on a float0 tangent (the guard) in the threaded rule.
+    from jax import lax
+
+    def body(x):
+        return h.sow(x, tag="t", name="a", mode="clobber") * 2.0
+
+    fn = jax.custom_jvp(body)
+    fn.defjvp(lambda p, t: jax.jvp(body, p, t))
+
+    def g(x):
+        return lax.cond(x > 0, fn, lambda x: h.sow(x, tag="t", name="a", mode="clobber") * 3.0, x)
+
+    xs = jnp.array([1.0, -1.0, 2.0], jnp.float32)
+    want = [2.0 if x > 0 else 3.0 for x in xs.tolist()]  # eagerly, per example
+    np.testing.assert_allclose(jax.vmap(jax.grad(g))(xs), want)
+    np.testing.assert_allclose(
+        jax.vmap(jax.grad(lambda x: h.call_and_reap(g, tag="t")(x)[0]))(xs), want)
+    np.testing.assert_allclose(
+        jax.grad(lambda xs: h.call_and_reap(jax.vmap(g), tag="t")(xs)[0].sum())(xs), want)
+    out, reaps = h.call_and_reap(jax.vmap(g), tag="t")(xs)
+    np.testing.assert_allclose(reaps["a"], xs)
