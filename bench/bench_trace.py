@@ -13,9 +13,10 @@ Programs: ``rnn_scan`` (an RNN in ``lax.scan`` of 2,000 steps, state ``h``),
 ``layers_scan`` (8 layers of state in one ``lax.scan`` of 500 steps),
 ``rnn_unrolled`` (an RNN unrolled in Python, 1,000 steps). The taxpr
 versions give ``get_state`` a callable init (``lambda: jnp.zeros(H)``, as
-the README's example does), evaluated once per trace and state; the
-``input init`` rows start the state at the input ``h0`` as the plain and
-refs versions do, which shows the cost of the rest. Figures: each
+the README's example does), evaluated once per trace and state, while the
+plain and refs versions start at the input ``h0``; the ``input init`` rows
+start taxpr's state at ``h0`` too, and the ``zeros init everywhere`` rows
+start every version at zeros made in the trace (the same program three ways). Figures: each
 variant's tracing time divided by ``plain``'s (thread CPU time, the minimum
 over repetitions, interleaved, fresh functions every time so no trace cache
 hits). Targets: ``taxpr <= refs + discharge``.
@@ -52,16 +53,23 @@ def _discharge(closed) -> Any:
 
 # ---- the three programs, three ways each ----------------------------------------------
 
-def rnn_scan(steps: int, const_init: bool = True) -> dict[str, Callable]:
+def _start(h0, zeros_everywhere: bool):
+    """The plain and refs versions' initial state: the input ``h0``, or (the
+    same program as taxpr's callable zeros init) zeros made in the trace."""
+    return jnp.zeros(H) if zeros_everywhere else h0
+
+
+def rnn_scan(steps: int, const_init: bool = True, zeros_everywhere: bool = False
+             ) -> dict[str, Callable]:
     def cell(w, h, x):
         return jnp.tanh(w @ h + x)
 
     def plain(w, xs, h0):
-        h, _ = lax.scan(lambda h, x: (cell(w, h, x), None), h0, xs)
+        h, _ = lax.scan(lambda h, x: (cell(w, h, x), None), _start(h0, zeros_everywhere), xs)
         return h
 
     def refs(w, xs, h0):
-        r = jax.new_ref(h0)
+        r = jax.new_ref(_start(h0, zeros_everywhere))
 
         def body(_, x):
             r[...] = cell(w, r[...], x)
@@ -85,7 +93,8 @@ def rnn_scan(steps: int, const_init: bool = True) -> dict[str, Callable]:
     return {"plain": plain, "refs": refs, "taxpr": stateful, "args": args}
 
 
-def layers_scan(steps: int, layers: int = 8, const_init: bool = True) -> dict[str, Callable]:
+def layers_scan(steps: int, layers: int = 8, const_init: bool = True,
+                zeros_everywhere: bool = False) -> dict[str, Callable]:
     def plain(w, xs, h0):
         def body(hs, x):
             new, inp = [], x
@@ -94,11 +103,11 @@ def layers_scan(steps: int, layers: int = 8, const_init: bool = True) -> dict[st
                 new.append(inp)
             return tuple(new), None
 
-        hs, _ = lax.scan(body, (h0,) * layers, xs)
+        hs, _ = lax.scan(body, tuple(_start(h0, zeros_everywhere) for _ in range(layers)), xs)
         return hs[-1]
 
     def refs(w, xs, h0):
-        rs = [jax.new_ref(h0) for _ in range(layers)]
+        rs = [jax.new_ref(_start(h0, zeros_everywhere)) for _ in range(layers)]
 
         def body(_, x):
             inp = x
@@ -127,15 +136,16 @@ def layers_scan(steps: int, layers: int = 8, const_init: bool = True) -> dict[st
     return {"plain": plain, "refs": refs, "taxpr": stateful, "args": args}
 
 
-def rnn_unrolled(steps: int, const_init: bool = True) -> dict[str, Callable]:
+def rnn_unrolled(steps: int, const_init: bool = True, zeros_everywhere: bool = False
+                 ) -> dict[str, Callable]:
     def plain(w, xs, h0):
-        h = h0
+        h = _start(h0, zeros_everywhere)
         for t in range(steps):
             h = jnp.tanh(w @ h + xs[t])
         return h
 
     def refs(w, xs, h0):
-        r = jax.new_ref(h0)
+        r = jax.new_ref(_start(h0, zeros_everywhere))
         for t in range(steps):
             r[...] = jnp.tanh(w @ r[...] + xs[t])
         return jax.freeze(r)
@@ -203,6 +213,13 @@ def run(quick: bool = False) -> dict:
         "rnn_scan, input init": lambda: rnn_scan(2000 // scale, const_init=False),
         "layers_scan, input init": lambda: layers_scan(500 // scale, const_init=False),
         "rnn_unrolled, input init": lambda: rnn_unrolled(1000 // scale, const_init=False),
+        # The same programs with zeros as initial state in every version:
+        # plain and refs make them in the trace, taxpr's callable init.
+        "rnn_scan, zeros init everywhere": lambda: rnn_scan(2000 // scale, zeros_everywhere=True),
+        "layers_scan, zeros init everywhere": lambda: layers_scan(
+            500 // scale, zeros_everywhere=True),
+        "rnn_unrolled, zeros init everywhere": lambda: rnn_unrolled(
+            1000 // scale, zeros_everywhere=True),
     }
     out: dict = {"trace": {}, "uncurry": {}, "figures": []}
     for name, make in programs.items():

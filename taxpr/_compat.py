@@ -350,18 +350,23 @@ def match_varying(x: Any, axes: frozenset) -> Any:
     return jax.lax.pcast(x, missing, to="varying")
 
 
+def enclosing_traces() -> list:
+    """The trace JAX binds into now and the traces enclosing it (following
+    ``parent_trace``), innermost first; empty when evaluating eagerly."""
+    chain = []
+    trace = core.trace_ctx.trace
+    while trace is not None and not isinstance(trace, core.EvalTrace):
+        chain.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    return chain
+
+
 def outermost_trace() -> Any | None:
     """The outermost trace enclosing the one JAX binds into now (e.g. the
     ``make_jaxpr`` trace around a scan body's trace, a vmap's or jvp's
     trace), following ``parent_trace``; None when evaluating eagerly."""
-    trace = core.trace_ctx.trace
-    if isinstance(trace, core.EvalTrace):
-        return None
-    while True:
-        parent = getattr(trace, "parent_trace", None)
-        if parent is None or isinstance(parent, core.EvalTrace):
-            return trace
-        trace = parent
+    traces = enclosing_traces()
+    return traces[-1] if traces else None
 
 
 def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:

@@ -59,7 +59,8 @@ def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> An
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
-    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context", "collected", "feeds")
+    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context", "collected", "feeds",
+                 "dropped")
 
     def __init__(self, path: tuple[str, ...], context: Callable | None = None):
         # ``context()`` enters the tracing context of this jaxpr's body (set
@@ -76,6 +77,10 @@ class Level:
         # into ys) and values fed to sites (scan slices them from xs).
         self.collected: list[tuple[Any, list]] = []
         self.feeds: dict[Any, list] = {}
+        # Atoms a site rewrite stopped using (e.g. a get_state's init, which
+        # the state read replaces): their producers are dropped at the end
+        # if nothing else uses them (``drop_unused_producers``).
+        self.dropped: list = []
 
     def collect(self, key: Any, atoms: Sequence[Any]) -> None:
         self.collected.append((key, list(atoms)))
@@ -357,6 +362,10 @@ class Engine:
         ctx_in = [_compat.new_var(a) for a in self.ctx_avals]
         ctx_out = self.thread_eqns(eqns, level, ctx_in)
         outs = [level.atom(v) for v in outvars]
+        if level.dropped:
+            level.eqns = drop_unused_producers(
+                level.eqns, level.dropped,
+                [*outs, *ctx_out, *(a for _, atoms in level.collected for a in atoms)])
         hv, hc = level.hoisted()
         feed_vars = [v for vs in level.feeds.values() for v in vs]
         collected = [a for _, atoms in level.collected for a in atoms]
@@ -430,6 +439,46 @@ class Engine:
 
 def _aval(atom) -> Any:
     return atom.aval
+
+
+def drop_unused_producers(eqns: list, dropped: Sequence[Any], roots: Sequence[Any]) -> list:
+    """``eqns`` without the equations that computed only ``dropped`` atoms
+    (and, transitively, only their inputs), where nothing else uses them.
+    Equations with effects, and calls holding tags, are kept."""
+    uses: dict = {}
+    for a in roots:
+        if type(a) is core.Var:
+            uses[a] = uses.get(a, 0) + 1
+    producer: dict = {}
+    for i, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if type(v) is core.Var:
+                uses[v] = uses.get(v, 0) + 1
+        for o in eqn.outvars:
+            producer[o] = i
+    removed: set = set()
+    todo = [a for a in dropped if type(a) is core.Var]
+    while todo:
+        i = producer.get(todo.pop())
+        if i is None or i in removed:
+            continue
+        eqn = eqns[i]
+        if any(uses.get(o, 0) for o in eqn.outvars) or not _removable(eqn):
+            continue
+        removed.add(i)
+        for v in eqn.invars:
+            if type(v) is core.Var:
+                uses[v] -= 1
+                if not uses[v]:
+                    todo.append(v)
+    return [e for i, e in enumerate(eqns) if i not in removed] if removed else eqns
+
+
+def _removable(eqn: core.JaxprEqn) -> bool:
+    if eqn.effects or eqn.primitive in (tag_p, tag_tangent_p, tag_cotangent_p):
+        return False
+    return not any(e.primitive in (tag_p, tag_tangent_p, tag_cotangent_p)
+                   for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj))
 
 
 def _zeros(aval) -> Any:

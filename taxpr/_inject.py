@@ -156,6 +156,8 @@ class _InjectSites:
             if subst is not None:
                 level.site_ctx[tuple(map(id, ins))] = ctx
                 new_token, new_ctx = subst
+                kept = {id(a) for a in (*new_token, *new_ctx)}
+                level.dropped.extend(a for a in ins if id(a) not in kept)
                 for o, a in zip(eqn.outvars, new_token):
                     if not isinstance(o, core.DropVar):
                         level.env[o] = a

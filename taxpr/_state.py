@@ -14,6 +14,7 @@ rule), with no equations of its own.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import types
@@ -148,7 +149,13 @@ def _call_init(name: str, init: Callable) -> Any:
     ``get_state``'s init is used only as the state's initial value (the
     first use's) and for its type: traced without them, every
     ``get_state`` returns its own init, so each is called (an init whose
-    closure holds a mutable object changed in between gives a new value)."""
+    closure holds a mutable object changed in between gives a new value).
+
+    Where only the states' types are needed (``make_jaxpr``), ``init`` is
+    traced into the current trace instead (cheaper than evaluating it there)
+    and the state pass drops what it computed."""
+    if keeping_tags() and _INITS_FOR_TYPES_ONLY.get():
+        return _staged_init(name, init)
     trace = _compat.outermost_trace() if keeping_tags() else None
     key = None if trace is None else _init_key(init)
     if key is None:
@@ -163,6 +170,30 @@ def _call_init(name: str, init: Callable) -> Any:
         with jax.ensure_compile_time_eval():
             hit = per_trace[key] = (init(),)
     return hit[0]
+
+
+def _staged_init(name: str, init: Callable) -> Any:
+    """``init()`` traced into the current trace, once per state and trace;
+    a value staged in an enclosing trace serves the traces nested in it."""
+    traces = _compat.enclosing_traces()
+    key = _init_key(init)
+    if not traces or key is None:
+        return init()
+    key = ("staged", name, key)
+    for trace in traces:
+        hit = _INIT_VALUES.get(trace, {}).get(key)
+        if hit is not None:
+            return hit[0]
+    per_trace = _INIT_VALUES.get(traces[0])
+    if per_trace is None:
+        per_trace = _INIT_VALUES[traces[0]] = {}
+    hit = per_trace[key] = (init(),)
+    return hit[0]
+
+
+# Set by ``make_jaxpr``: inits are needed only for their types (the pure
+# program takes every state as an input).
+_INITS_FOR_TYPES_ONLY = contextvars.ContextVar("taxpr_inits_for_types_only", default=False)
 
 
 def set_state(name: str, value: Any) -> Any:
@@ -808,10 +839,14 @@ def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
     def wrapped(*args, **kwargs):
         static_kw = {k: kwargs.pop(k) for k in names if k in kwargs}
         f = functools.partial(fun, **static_kw) if static_kw else fun
-        with keep_tags():
-            closed, out_shape = jax.make_jaxpr(
-                f, static_argnums=static_argnums, axis_env=axis_env,
-                return_shape=True)(*args, **kwargs)
+        token = _INITS_FOR_TYPES_ONLY.set(True)
+        try:
+            with keep_tags():
+                closed, out_shape = jax.make_jaxpr(
+                    f, static_argnums=static_argnums, axis_env=axis_env,
+                    return_shape=True)(*args, **kwargs)
+        finally:
+            _INITS_FOR_TYPES_ONLY.reset(token)
         states = collect_states(closed)
         infos = tuple(states.values())
         if not states:

@@ -25,6 +25,8 @@ from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
 import taxpr as tx
+from taxpr import _traverse
+from helpers import check
 from test_state import TX, Eager, assert_close, check_program
 
 f32 = jnp.float32
@@ -301,3 +303,43 @@ def test_uncurry_first_use_inside_lax_jit_and_checkpoint():
         return lax.stop_gradient(y)
 
     check_program(prog, (jnp.ones(2, f32),), [(jnp.full(2, 3.0, f32),)])
+
+
+def test_make_jaxpr_drops_what_callable_inits_computed():
+    # make_jaxpr traces a callable init into the program (cheaper than
+    # evaluating it inside a trace); the pure program takes every state as
+    # an input, so the state pass drops the init's equations.
+    def prog(w, xs):
+        def body(_, x):
+            inp = x
+            for i in range(3):
+                inp = jnp.tanh(w @ tx.get_state(f"h{i}", lambda: jnp.zeros(4)) + inp)
+                tx.set_state(f"h{i}", inp)
+            return None, None
+        lax.scan(body, None, xs)
+        return tx.get_state("h2", lambda: jnp.zeros(4) + 1.0)
+
+    def explicit(h0, h1, h2, w, xs):
+        def body(hs, x):
+            new, inp = [], x
+            for h in hs:
+                inp = jnp.tanh(w @ h + inp)
+                new.append(inp)
+            return tuple(new), None
+        hs, _ = lax.scan(body, (h0, h1, h2), xs)
+        return hs[2], *hs
+
+    w, xs = jnp.eye(4, dtype=f32) * 0.5, jnp.ones((3, 4), f32)
+    pure, infos = tx.make_jaxpr(prog)(w, xs)
+    want = jax.make_jaxpr(explicit)(*(jnp.zeros(4, f32),) * 3, w, xs)
+    names = lambda j: [e.primitive.name for e, _ in _traverse.iter_eqns(j)]  # noqa: E731
+    assert names(pure) == names(want)
+    check(pure)
+    # the init's effects are not dropped
+    def printing(x):
+        def init():
+            jax.debug.print("init")
+            return jnp.zeros(())
+        tx.set_state("s", tx.get_state("s", init) + x)
+        return x
+    assert {"debug_callback", "debug_print"} & set(names(tx.make_jaxpr(printing)(f32(1.0))[0]))
