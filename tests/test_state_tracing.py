@@ -321,11 +321,9 @@ def test_make_jaxpr_drops_what_callable_inits_computed():
 
     def explicit(h0, h1, h2, w, xs):
         def body(hs, x):
-            new, inp = [], x
-            for h in hs:
-                inp = jnp.tanh(w @ h + inp)
-                new.append(inp)
-            return tuple(new), None
+            h0 = jnp.tanh(w @ hs[0] + x)
+            h1 = jnp.tanh(w @ hs[1] + h0)
+            return (h0, h1, jnp.tanh(w @ hs[2] + h1)), None
         hs, _ = lax.scan(body, (h0, h1, h2), xs)
         return hs[2], *hs
 
