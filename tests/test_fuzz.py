@@ -5,6 +5,14 @@ float32 variables ``f0 f1 f2`` and a float32[3] ``v``, integer loop indices,
 ``get_state`` / ``set_state`` of three states (plus an int32 counter state),
 ``tx.next_key`` draws (``uniform(next_key(), -1, 1)``: the "rng" stream, a
 typed key as state; the reference splits a Python key variable per draw),
+typed states ``y_<dtype>`` of every dtype JAX has with x64 off
+(``TYPED_DTYPES``: bool, int8/16/32, uint8/16/32, int4, uint4, float16,
+bfloat16, float32, seven float8 types, float4_e2m1fn, complex64; scalars or
+[3]) read with an init of that dtype (a NumPy scalar or array, or a callable)
+and set to an update that is exact in it (integers ``+ c`` wrapping around,
+bool ``~s`` or ``s ^ predicate``, integer-valued floats ``(s + 1) % 4`` or
+``s * -1``, complex ``s * 1j``), sometimes mixed into a float variable by
+an exact cast (so typed values flow through carries and outputs),
 ``sow`` / ``sow_cond`` in every mode (and sows of another tag), and
 ``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
 bounds, ``while_loop`` whose cond reads state (and may sow), ``cond``,
@@ -20,7 +28,9 @@ Each program has two interpreters:
 * ``Reference`` runs the AST eagerly in float64 NumPy with Python control
   flow, a dict for states (a state's initial value is its ``init`` at first
   use; one first set starts at zeros; one never reached starts at its first
-  traced ``init``) and per-site records for sows (``append``: one row per
+  traced ``init``; a typed state stays in its NumPy dtype, ml_dtypes' for
+  bfloat16 / float8 / int4 ..., and is compared exactly: same dtype, same
+  bits) and per-site records for sows (``append``: one row per
   direct sow and one block per scan site, in trace order, stacked along the
   scan axes, reverse scans aligned with xs; ``clobber``: last value wins,
   zeros if never run; ``cond_clobber``: last value whose predicate held;
@@ -34,7 +44,12 @@ function, or ``uncurry`` of a reaping function; with allow/blocklists),
 ``harvest``/``plant`` (random plants of every mode), ``vmap`` of ``pure`` and
 of its reap over two states/argument sets, derivatives (``jvp``, and ``grad``
 without while loops, of pure / reap / plant against finite differences of the
-reference), ``reap`` of the raw stateful function, and static-rule violations.
+reference, w.r.t. the arguments and the float32 states ``s0 s1 sv``: typed
+states are carried, not differentiated), ``reap`` of the raw stateful
+function, and static-rule violations. A last test checks that the CI profile
+generated typed states with every update in every kind of body;
+``test_typed_states_of_every_dtype_through_every_primitive_match_reference``
+runs every dtype through every primitive's carries deterministically.
 
 The generator respects harvest's static rules (strict only outside loops,
 branches and functions called twice, once per name; only clobber modes inside
@@ -50,6 +65,7 @@ Profiles: CI runs 500 programs (+60 rule violations), about a minute;
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import linecache
 import os
@@ -58,9 +74,11 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
+from hypothesis.errors import InvalidArgument
 from jax import lax
 
 import taxpr as tx
@@ -269,6 +287,21 @@ class CustomVjp:
     calls: int = 1
 
 
+@dataclass(frozen=True)
+class Bump:
+    """A typed state: ``y = get_state(state, init)``, then ``set_state(state,
+    op(y))`` with an update the reference computes bit for bit in the same
+    dtype (``TYPED_OPS``); with ``target`` the float variable ``target``
+    mixes in the new value through an exact cast (``MIX``)."""
+    uid: int
+    state: str  # "y_<dtype>" (TYPED_STATES)
+    init: Any  # a value (tuple of 3 for a vector state; (re, im) pairs for complex)
+    form: str  # the init as "scalar" | "array" (NumPy constants) | "callable"
+    op: str  # TYPED_OPS
+    arg: Any = None  # add: the constant; xor: a predicate
+    target: Optional[str] = None
+
+
 # The function statements: their kind in generated names.
 FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp", CustomVjp: "cvjp"}
 FUNCTIONS = tuple(FUNCTION_KINDS)
@@ -297,6 +330,117 @@ CLOBBER_NAMES = {"c0": "S", "c1": "S", "cv": "V"}
 STRICT_NAMES = {"t0": "S", "t1": "S"}
 
 
+# Typed states: one state "y_<dtype>" per dtype JAX has with x64 off, some
+# of them float32[3]-like vectors ([3] of that dtype, so they mix into ``v``).
+# Left out: int2 / uint2 (ml_dtypes' NumPy arithmetic leaves the type's range
+# and XLA on CPU computes wrong values in a scan with cond and while),
+# float6_e2m3fn / float6_e3m2fn (XLA's CPU compiler aborts the process on
+# JAX 0.11 / 0.12), float8_e8m0fnu (no zero and no negatives: none of the
+# exact updates below stays in it).
+TYPED_DTYPES = ("bool", "int8", "int16", "int32", "uint8", "uint16", "uint32", "int4", "uint4",
+                "float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2",
+                "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e3m4",
+                "float8_e4m3", "float4_e2m1fn", "complex64")
+TYPED_VECTORS = frozenset({"bool", "int16", "uint16", "uint4", "bfloat16", "float8_e5m2",
+                           "float4_e2m1fn", "complex64"})
+TYPED_STATES = {f"y_{d}": d for d in TYPED_DTYPES}  # state name -> dtype name
+# NumPy's own dtypes; the others are ml_dtypes' (JAX's float8 / bfloat16 / int4 ...).
+NUMPY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "uint8", "uint16", "uint32",
+                          "float16", "float32", "complex64"})
+
+
+def np_dtype(d: str) -> np.dtype:
+    return np.dtype(getattr(jnp, "bool_" if d == "bool" else d))
+
+
+def typed_kind(d: str) -> str:
+    """"b" (bool) | "i" (signed and unsigned ints) | "f" | "c" (ml_dtypes'
+    dtypes have NumPy kind "V": asked of JAX)."""
+    dt = np_dtype(d)
+    if dt == np.bool_:
+        return "b"
+    if jnp.issubdtype(dt, jnp.integer):
+        return "i"
+    return "c" if jnp.issubdtype(dt, jnp.complexfloating) else "f"
+
+
+def typed_shape(d: str) -> tuple:
+    return (3,) if d in TYPED_VECTORS else ()
+
+
+# The exact updates per kind: integers wrap around (NumPy and XLA both do);
+# floats stay integers in [-3, 3] (exact in every float type down to float4,
+# intermediate results too); ``s * 1j`` only swaps a complex's parts.
+TYPED_OPS = {"b": ("not", "xor"), "i": ("add",), "f": ("inc", "neg"), "c": ("rot",)}
+OP_SOURCE = {"not": "~{y}", "xor": "{y} ^ ({arg})", "add": "{y} + {arg}", "inc": "({y} + 1) % 4",
+             "neg": "{y} * -1", "rot": "{y} * 1j"}
+# A typed value as a float32 in [0, 1] (0 or 1 but for complex parts), exactly.
+MIX = {"b": "{y}.astype(jnp.float32)", "i": "({y} % 2).astype(jnp.float32)",
+       "f": "({y} % 2).astype(jnp.float32)", "c": "(jnp.real({y}) % 2).astype(jnp.float32)"}
+
+
+def typed_inits(d: str) -> tuple:
+    """The initial values a state of dtype ``d`` may start from."""
+    k = typed_kind(d)
+    if k == "b":
+        return (True, False)
+    if k == "i":
+        info = ml_dtypes.iinfo(np_dtype(d))
+        return (0, 5, int(info.min), int(info.max))
+    if k == "f":
+        return (0.0, 1.0, -2.0, 3.0, -1.0)
+    return ((1.0, 2.0), (0.0, -2.0), (3.0, 0.0), (-1.0, -1.0))
+
+
+def typed_adds(d: str) -> tuple:
+    """Constants an integer state is incremented by: two of them wrap around fast."""
+    info = ml_dtypes.iinfo(np_dtype(d))
+    return (1, int(info.max) // 2 + 1, int(info.max))
+
+
+def typed_value(d: str, init):
+    """``init`` as a NumPy value of dtype ``d`` (what the source's constant is)."""
+    dt = np_dtype(d)
+    if typed_kind(d) == "c":
+        init = [complex(*c) for c in init] if typed_shape(d) else complex(*init)
+    return np.asarray(init, dt)
+
+
+def typed_update(d: str, op: str, y, arg=None):
+    """The reference of ``OP_SOURCE[op]``: in dtype ``d``, as XLA computes it."""
+    t = np_dtype(d).type
+    with np.errstate(over="ignore"):
+        if op == "not":
+            out = ~y
+        elif op == "xor":
+            out = y ^ np.bool_(arg)
+        elif op == "add":
+            out = y + t(arg)
+        elif op == "inc":
+            out = (y + t(1)) % t(4)
+        elif op == "neg":
+            out = y * t(-1)
+        else:  # rot
+            out = y * t(1j)
+    return np.asarray(out, np_dtype(d))
+
+
+def typed_mix(d: str, y) -> np.ndarray:
+    """The reference of ``MIX``, in float64."""
+    k = typed_kind(d)
+    if k == "b":
+        return np.asarray(y, np.float64)
+    if k == "c":
+        return np.asarray(np.real(y) % np.float32(2), np.float64)
+    return np.asarray(y % np_dtype(d).type(2), np.float64)
+
+
+def typed_next(d: str, y) -> np.ndarray:
+    """Another valid value of a typed state (for ``perturb``)."""
+    op = {"b": "not", "i": "add", "f": "inc", "c": "rot"}[typed_kind(d)]
+    return typed_update(d, op, np.asarray(y, np_dtype(d)), 1)
+
+
 def var_kind(name: str) -> str:
     return "V" if name == "v" else "S"
 
@@ -316,7 +460,7 @@ def append_name(base: str, scan_lens: tuple, kind: str) -> str:
 # ---------------------------------------------------------------------------------
 
 HEADER = """\
-import jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp, ml_dtypes, numpy as np
 from jax import lax
 import taxpr as tx
 from taxpr import harvest as h
@@ -375,6 +519,51 @@ def _state_get(state: str, init) -> str:
     return f'tx.get_state("{state}", {_npinit(init)})'
 
 
+def _typed_lit(d: str, value) -> str:
+    """One value of dtype ``d`` as a Python literal."""
+    k = typed_kind(d)
+    if k == "b":
+        return repr(bool(value))
+    if k == "i":
+        return repr(int(value))
+    if k == "f":
+        return _f(value)
+    return f"complex({_f(value[0])}, {_f(value[1])})"  # no -0.0 from a "-2j" literal
+
+
+def _typed_type(d: str) -> str:
+    """The NumPy scalar type of dtype ``d`` in source."""
+    if d not in NUMPY_DTYPES:
+        return f"ml_dtypes.{d}"
+    return "np.bool_" if d == "bool" else f"np.{d}"
+
+
+def _typed_init(d: str, init, form: str) -> str:
+    """A typed state's init as a NumPy constant (or a callable returning one)."""
+    if typed_shape(d):
+        src = f"np.array([{', '.join(_typed_lit(d, x) for x in init)}], {_typed_type(d)})"
+    elif form == "scalar":
+        src = f"{_typed_type(d)}({_typed_lit(d, init)})"
+    else:
+        src = f"np.array({_typed_lit(d, init)}, {_typed_type(d)})"
+    return f"lambda: {src}" if form == "callable" else src
+
+
+def bump_lines(s: Bump, init_src: str) -> list[str]:
+    """The source lines of a ``Bump`` whose init renders as ``init_src``."""
+    d = TYPED_STATES[s.state]
+    y = f"y{s.uid}"
+    arg = (rexpr(s.arg) if s.op == "xor" else f"{_typed_type(d)}({s.arg})" if s.op == "add"
+           else None)
+    lines = [f'{y} = tx.get_state("{s.state}", {init_src})',
+             f"{y} = {OP_SOURCE[s.op].format(y=y, arg=arg)}",
+             f'tx.set_state("{s.state}", {y})']
+    if s.target:
+        mix = MIX[typed_kind(d)].format(y=y)
+        lines.append(f"{s.target} = {s.target} * 0.5 + {mix} * 0.25")
+    return lines
+
+
 CNT_GET = 'tx.get_state("cnt", np.int32(0))'
 DRAW = "jax.random.uniform(tx.next_key(), minval=-1.0, maxval=1.0)"
 RNG = "rng"  # the stream next_key draws from: a state holding a typed key
@@ -397,6 +586,9 @@ def rstmt(s, ind: str, out: list) -> None:
         w(f'tx.set_state("{s.state}", {rexpr(s.e)})')
     elif isinstance(s, Draw):
         w(f"{s.target} = {DRAW}")
+    elif isinstance(s, Bump):
+        for line in bump_lines(s, _typed_init(TYPED_STATES[s.state], s.init, s.form)):
+            w(line)
     elif isinstance(s, Sow):
         tag = "T" if s.tag == T else "OTHER"
         if s.mode == "cond_clobber":
@@ -527,7 +719,7 @@ def children(s) -> list[tuple]:
 def uses_state(stmts) -> bool:
     """Whether ``stmts`` read or write a state anywhere (statically; a key
     draw reads and writes the "rng" stream)."""
-    return any(isinstance(s, (Get, Set, Draw)) or (isinstance(s, While) and (
+    return any(isinstance(s, (Get, Set, Draw, Bump)) or (isinstance(s, While) and (
         s.kind == "state" or s.spred)) for s in walk(stmts))
 
 
@@ -560,13 +752,16 @@ def sows(stmts, tag=T):
 
 
 def states_of(program: Program) -> dict[str, str]:
-    """name -> kind of every state the program mentions."""
+    """name -> kind of every state the program mentions ("S", "V": float32
+    scalar / [3], "I": the int32 counter, "K": the key stream, "Y": typed)."""
     out = {}
     for s in walk(program.body):
         if isinstance(s, (Get, Set)):
             out[s.state] = STATES[s.state]
         elif isinstance(s, Draw):
             out[RNG] = "K"
+        elif isinstance(s, Bump):
+            out[s.state] = "Y"
         elif isinstance(s, While):
             if s.kind == "state":
                 out["cnt"] = "I"
@@ -585,6 +780,8 @@ def first_traced_inits(program: Program) -> dict:
                 out.setdefault(s.state, s.init)
             elif isinstance(s, Draw):
                 out.setdefault(RNG, None)
+            elif isinstance(s, Bump):
+                out.setdefault(s.state, typed_value(TYPED_STATES[s.state], s.init))
             elif isinstance(s, While):
                 if s.kind == "state":
                     out.setdefault("cnt", 0)
@@ -670,8 +867,8 @@ class Reference:
     def __init__(self, program: Program, states=None, plants=None):
         self.program = program
         self.mode = "none" if states == "none" else ("example" if states is None else "given")
-        self.cur = {} if states is None or states == "none" else {k: _np(v) for k, v in
-                                                                     states.items()}
+        self.cur = {} if states is None or states == "none" else {
+            k: _ref_state(k, v) for k, v in states.items()}
         self.state0: dict = {}
         self.plants = {k: _np(v) for k, v in (plants or {}).items()}
         self.clobber: dict = {}
@@ -722,7 +919,9 @@ class Reference:
 
     # -- state
     def get(self, name, init):
-        init = 0 if name == "cnt" else (jax.random.key(0) if name == RNG else _np(init))
+        init = (0 if name == "cnt" else jax.random.key(0) if name == RNG
+                else typed_value(TYPED_STATES[name], init) if name in TYPED_STATES
+                else _np(init))
         if self.mode == "none":
             return init
         if name not in self.cur:
@@ -735,6 +934,7 @@ class Reference:
             return
         if name not in self.cur and self.mode == "example":
             self.state0.setdefault(name, 0 if name == "cnt" else _zeros(STATES[name]))
+        # (A typed state is read before it is set: never first set.)
         self.cur[name] = value
 
     # -- sows
@@ -777,6 +977,13 @@ class Reference:
             key, sub = jax.random.split(self.get(RNG, None))
             self.set(RNG, key)
             env[s.target] = np.float64(jax.random.uniform(sub, minval=-1.0, maxval=1.0))
+        elif isinstance(s, Bump):
+            d = TYPED_STATES[s.state]
+            arg = self.ev(s.arg, env, ienv) if s.op == "xor" else s.arg
+            y = typed_update(d, s.op, self.get(s.state, s.init), arg)
+            self.set(s.state, y)
+            if s.target:
+                env[s.target] = env[s.target] * 0.5 + typed_mix(d, y) * 0.25
         elif isinstance(s, Sow):
             value = self.ev(s.e, env, ienv)
             out = self.sow(s, value, env, ienv, site)
@@ -850,7 +1057,7 @@ class Reference:
             for name, kind in names.items():
                 if name not in self.state0:
                     self.state0[name] = (
-                        jax.random.key(0) if kind == "K"
+                        jax.random.key(0) if kind == "K" else inits[name] if kind == "Y"
                         else _np(inits[name]) if name in inits and name != "cnt"
                         else (0 if kind == "I" else _zeros(kind)))
         final = {}
@@ -879,6 +1086,15 @@ class Reference:
 
 def _is_key(x) -> bool:
     return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _ref_state(name: str, value):
+    """A state value given to the reference: a typed state keeps its dtype."""
+    if name in TYPED_STATES:
+        a = np.asarray(value)
+        assert a.dtype == np_dtype(TYPED_STATES[name]), f"state {name!r} is {a.dtype}"
+        return a
+    return _np(value)
 
 
 def _np(x):
@@ -912,7 +1128,7 @@ COEFS = (1.0, -0.5, 0.5, 0.25, -1.0, 0.75)
 # Thresholds away from the values simple programs compute (a value within
 # 1e-3 of its threshold makes the example ambiguous and discarded).
 THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
-SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw")
+SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "bump")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
               "scan", "sow", "get", "while", "cond", "cjvp", "cvjp")
@@ -1038,6 +1254,8 @@ class Gen:
             return self.sow(ctx)
         if k == "draw":
             return Draw(self.pick(SVARS))
+        if k == "bump":
+            return self.bump(ctx)
         uid = self.next_uid()
         sub = dataclasses.replace(ctx, depth=ctx.depth + 1)
         if k == "scan":
@@ -1103,6 +1321,22 @@ class Gen:
             return kinds[k](uid, body, calls)
         raise AssertionError(k)
 
+    def bump(self, ctx: Ctx) -> Bump:
+        """An exact update of a typed state of a random dtype: its kind first
+        (bool and complex are one dtype each, but their updates matter as
+        much as the integers' or floats')."""
+        kind = self.pick(("i", "f", "b", "c"))
+        d = self.pick(tuple(d for d in TYPED_DTYPES if typed_kind(d) == kind))
+        values = typed_inits(d)
+        init = tuple(self.pick(values) for _ in range(3)) if typed_shape(d) else self.pick(values)
+        op = self.pick(TYPED_OPS[typed_kind(d)])
+        arg = self.pred(ctx) if op == "xor" else self.pick(typed_adds(d)) if op == "add" else None
+        target = None
+        if self.draw(st.booleans()):
+            target = "v" if typed_shape(d) else self.pick(SVARS)
+        return Bump(self.next_uid(), f"y_{d}", init, self.pick(("scalar", "array", "callable")),
+                    op, arg, target)
+
     def pad_branches(self, bodies: list, ctx: Ctx) -> None:
         """Every branch must sow the same (non-append) names: prepend the
         missing ones."""
@@ -1149,12 +1383,28 @@ def assert_close(got, want, what: str) -> None:
     g = np.asarray(got)
     w = np.asarray(want)
     assert g.shape == w.shape, f"{what}: shape {g.shape} != reference {w.shape}"
+    if not isinstance(want, int) and w.dtype not in (np.float64, np.int64):
+        # A typed value (a typed state, an extra state entry): exact.
+        assert g.dtype == w.dtype, f"{what}: dtype {g.dtype}, expected {w.dtype}"
+        assert np.array_equal(_bits(g), _bits(w)), f"{what}: {g} != reference {w} (bitwise)"
+        return
     if isinstance(want, int) or w.dtype.kind in "iu":
         assert g.dtype == np.int32, f"{what}: dtype {g.dtype}, expected int32"
         assert np.array_equal(g, w), f"{what}: {g} != reference {w}"
         return
     assert g.dtype == np.float32, f"{what}: dtype {g.dtype}, expected float32"
     np.testing.assert_allclose(g, w, err_msg=what, **TOL)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The values of a typed array, comparable bit for bit: integers as
+    int64, floats (every float type widens exactly to float32, -0.0 and NaNs
+    included) and complex parts as float32 bit patterns."""
+    if a.dtype == np.bool_ or jnp.issubdtype(a.dtype, jnp.integer):
+        return a.astype(np.int64)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        a = np.stack([a.real, a.imag])
+    return np.ascontiguousarray(np.atleast_1d(a.astype(np.float32))).view(np.uint32)
 
 
 def assert_dict_close(got: dict, want: dict, what: str) -> None:
@@ -1170,11 +1420,15 @@ def assert_outs_close(got, want, what: str) -> None:
 
 
 def perturb(state: dict) -> dict:
-    """Another valid state: floats moved, the counter advanced."""
+    """Another valid state: floats moved, the counter advanced, typed states
+    updated exactly."""
     out = {}
     for k, v in state.items():
         if _is_key(v):  # another key for the stream
             out[k] = jax.random.fold_in(v, 7)
+            continue
+        if k in TYPED_STATES:
+            out[k] = typed_next(TYPED_STATES[k], v)
             continue
         a = np.asarray(v)
         out[k] = (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
@@ -1212,11 +1466,15 @@ def features(program: Program) -> set[str]:
     """Labels for ``hypothesis.event`` (see --hypothesis-show-statistics)."""
     out = set()
 
-    def visit(stmts, depth, lens):
+    def visit(stmts, depth, lens, owner):
         out.add(f"depth {depth}")
         for s in stmts:
             name = type(s).__name__
-            if isinstance(s, Sow):
+            if isinstance(s, Bump):
+                name = f"typed_state {TYPED_STATES[s.state]}"
+                out.add(f"typed_state {s.op}" + (" mixed" if s.target else ""))
+                out.add(f"typed_state in {owner}")
+            elif isinstance(s, Sow):
                 name = f"sow {s.mode}" + (" (other tag)" if s.tag != T else "")
                 if s.mode == "append" and s.tag == T and lens:
                     name += f" in scan depth {len(lens)}"
@@ -1227,13 +1485,25 @@ def features(program: Program) -> set[str]:
             out.add(name)
             lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
             for b in children(s):
-                visit(b, depth + 1, lens2)
+                visit(b, depth + 1, lens2, type(s).__name__)
 
-    visit(program.body, 0, ())
+    visit(program.body, 0, (), "program")
     return out
 
 
+def _event(label: str) -> None:
+    """``hypothesis.event``; nothing when a check runs outside hypothesis."""
+    try:
+        event(label)
+    except InvalidArgument:
+        pass
+
+
 _RUNS = [0]
+# What this process checked: programs per check, and every feature of them
+# (test_ci_profile_generates_typed_states_everywhere reads it).
+_CHECKED: collections.Counter = collections.Counter()
+_GENERATED: set = set()
 
 
 def run_check(check, program, *params):
@@ -1242,7 +1512,9 @@ def run_check(check, program, *params):
     _RUNS[0] += 1
     if _RUNS[0] % 250 == 0:  # every program compiles new jaxprs: bound the caches
         jax.clear_caches()
+    _CHECKED[check.__name__] += 1
     for f in features(program):
+        _GENERATED.add(f)
         event(f)
     try:
         check(program, *params)
@@ -1347,8 +1619,8 @@ def check_vmap(program, args, args2, with_reap: bool):
 
 
 def _objective(out, state, reaps=None) -> Any:
-    """A scalar of every float output, float state and reaped value."""
-    leaves = [*out, *(v for k, v in sorted(state.items()) if k not in ("cnt", RNG)),
+    """A scalar of every float output, float32 state and reaped value."""
+    leaves = [*out, *(v for k, v in sorted(state.items()) if k in STATES),
               *(v for _, v in sorted((reaps or {}).items()))]
     return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
 
@@ -1375,9 +1647,12 @@ def check_derivatives(program, args, seed: int, variant: str):
                     jax.grad(fn_out, argnums=(0, 1, 2, 3))(*floats_in)
                 else:
                     jax.jvp(fn_out, floats_in, tuple(np.ones_like(a) for a in floats_in))
-            event("derivatives: stateful custom rule is a clear error")
+            _event("derivatives: stateful custom rule is a clear error")
         return
-    fkeys = sorted(k for k in state if k not in ("cnt", RNG))
+    # Typed states are not differentiated: integer-valued, updated by
+    # wrap-around and ``% 4``, they have no derivatives that finite
+    # differences see (their tangents, float0 or zero, still flow).
+    fkeys = sorted(k for k in state if k in STATES)
     rng = np.random.default_rng(seed)
     plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
     pkeys = sorted(plants)
@@ -1463,9 +1738,9 @@ def check_vmap_inside(program, args, p0s, jit: bool, with_reap: bool = False):
         out, fin = run(state, *bargs)
     except VMAP_ERRORS as e:
         assert "vmap" in str(e), f"an error that does not say it is about vmap: {e!r}"
-        event("vmap inside: clear error")
+        _event("vmap inside: clear error")
         return
-    event("vmap inside: result")
+    _event("vmap inside: result")
     out, reaps = out if with_reap else (out, {})
     refs = [reference(program, (np.float32(p), *args[1:]), dict(state)) for p in p0s]
     modes = sow_names(program)
@@ -1841,6 +2116,21 @@ class _Hoisted:
     def get(self, state: str, init) -> str:
         return f'tx.get_state("{state}", {_styled_init(init, self.init_style)})'
 
+    def typed_init(self, s: Bump) -> str:
+        """A typed state's init in ``init_style`` ("numpy": the Bump's own form)."""
+        d = TYPED_STATES[s.state]
+        if self.init_style == "numpy":
+            return _typed_init(d, s.init, s.form)
+        jd = "jnp.bool_" if d == "bool" else f"jnp.{d}"
+        lit = (f"[{', '.join(_typed_lit(d, x) for x in s.init)}]" if typed_shape(d)
+               else _typed_lit(d, s.init))
+        value = f"jnp.array({lit}, {jd})"
+        if self.init_style == "jnp":
+            return value
+        if self.init_style == "ones":
+            return f"{value} * jnp.ones({typed_shape(d)}, {jd})"
+        return f"lambda: {value}"
+
     def function(self, header: str, scope: tuple, lines: list) -> None:
         """A module-level def: ``header`` then unpacking ``ex`` into ``scope``."""
         self.defs.append(header)
@@ -1862,6 +2152,9 @@ class _Hoisted:
         ex = f"({', '.join(scope)},)"
         if isinstance(s, Get):
             w(f"{s.target} = {self.get(s.state, s.init)}")
+        elif isinstance(s, Bump):
+            for line in bump_lines(s, self.typed_init(s)):
+                w(line)
         elif isinstance(s, (Assign, Set, Sow, Draw)):
             rstmt(s, ind, out)
         elif isinstance(s, Scan):
@@ -1989,7 +2282,9 @@ def warm_up(fn, how: str, args, program) -> None:
         jax.make_jaxpr(fn)(*args)
 
 
-EXTRA_ENTRIES = {"zz_extra": np.float32(3.5), "aa_steps": np.int32(7)}
+EXTRA_ENTRIES = {"zz_extra": np.float32(3.5), "aa_steps": np.int32(7),
+                 "zz_flags": np.array([True, False, True]),
+                 "zz_half": np.asarray(-1.5, ml_dtypes.bfloat16)}
 
 
 def _linearized(fn):
@@ -2096,3 +2391,82 @@ def test_state_set_in_cond_in_scan_under_vjp_is_kept():
     np.testing.assert_array_equal(state1["s0"], np.float32(0.5))
     _, state1 = pure({"s0": np.float32(3.0)}, np.float32(-1.0), np.int32(0))
     np.testing.assert_array_equal(state1["s0"], np.float32(3.0))  # not taken: unchanged
+
+
+# ---- typed states of every dtype through every primitive, deterministically ---------
+
+def _all_typed_bumps(uid: int) -> tuple:
+    """One Bump per dtype (uids from ``uid``), every update and init form."""
+    out = []
+    for i, d in enumerate(TYPED_DTYPES):
+        values = typed_inits(d)
+        init = (tuple(values[(i + j) % len(values)] for j in range(3)) if typed_shape(d)
+                else values[i % len(values)])
+        ops = TYPED_OPS[typed_kind(d)]
+        op = ops[i % len(ops)]
+        arg = (IPred("n", 1, 2) if op == "xor" else typed_adds(d)[i % 3] if op == "add"
+               else None)
+        target = ("v" if typed_shape(d) else SVARS[i % 3]) if i % 2 else None
+        out.append(Bump(uid + i, f"y_{d}", init, ("scalar", "array", "callable")[i % 3], op,
+                        arg, target))
+    # bool's other update: xor with a predicate of the program
+    out.append(Bump(uid + len(out), "y_bool", (False, True, False), "array", "xor",
+                    IPred("n", 1, 2), "v"))
+    return tuple(out)
+
+
+# Every dtype's state in the carries of scan, cond, switch, jit (called twice)
+# and checkpoint; of while, fori and custom_jvp, then of custom_vjp.
+TYPED_NESTS = {
+    "scan_cond_switch_jit_ckpt": Program((Scan(
+        1, (Cond(2, IPred("i1", 0, 2), ((Switch(3, SIdx("n", 0, 2), (
+            (Jit(4, (Ckpt(5, _all_typed_bumps(100)),), calls=2),), ())),), ())),
+            Assign("f0", Un("sin", Var("x1")))),
+        2, False, (0.5, -1.0), Var("f1"), "f0", "f2"),)),
+    "while_fori_cjvp_cvjp": Program((While(
+        1, (Fori(2, (CustomJvp(3, _all_typed_bumps(100)),), "n", 0, 2),), "carry", 2),
+        CustomVjp(4, _all_typed_bumps(200), calls=2))),
+}
+
+
+@pytest.mark.parametrize("nest", sorted(TYPED_NESTS))
+def test_typed_states_of_every_dtype_through_every_primitive_match_reference(nest):
+    """uncurry (state0, jitted pure of another state) and vmap over states
+    keep every dtype's state exact through the primitives' carries; the
+    derivatives match finite differences (JAX differentiates only the first
+    nest: grad does not go through while, jvp not through custom_vjp)."""
+    program = TYPED_NESTS[nest]
+    check_uncurry(program, ARGS, ARGS2, jit=True)
+    check_vmap(program, ARGS2, ARGS, with_reap=False)
+    if nest == "scan_cond_switch_jit_ckpt":
+        check_derivatives(program, ARGS, 0, "pure")  # typed carries' tangents
+
+
+ARGS2 = (np.float32(-1.0), np.float32(0.3), np.float32(-0.75), np.array([1.5, 0.0, -2.0],
+                                                                        np.float32), np.int32(2))
+
+
+# ---------------------------------------------------------------------------------
+# What the CI profile generated (last in this module: it reads what the tests
+# above checked in this process)
+# ---------------------------------------------------------------------------------
+
+TYPED_CONTEXTS = ("program", "Scan", "Fori", "While", "Cond", "Switch",
+                  *(cls.__name__ for cls in FUNCTIONS))
+CI_CHECKS = ("check_uncurry", "check_reap", "check_harvest", "check_vmap", "check_vmap_inside",
+             "check_derivatives", "check_raw_reap", "check_as_users_run")
+
+
+def test_ci_profile_generates_typed_states_everywhere():
+    """The programs the fuzz tests above checked hold typed states with
+    every exact update (so of every dtype kind), in every kind of body (so
+    every control-flow primitive's carries get them), of most dtypes."""
+    if LONG or not all(_CHECKED[c] for c in CI_CHECKS):
+        pytest.skip("reads what the whole CI profile of this module checked in this process")
+    want = ({f"typed_state {op}" for ops in TYPED_OPS.values() for op in ops}
+            | {f"typed_state in {c}" for c in TYPED_CONTEXTS})
+    assert not want - _GENERATED, f"never generated: {sorted(want - _GENERATED)}"
+    # Most dtypes (which ones depends on hypothesis' derandomized draws;
+    # every one through every primitive: test_typed_states_of_every_dtype_...).
+    dtypes = {d for d in TYPED_DTYPES if f"typed_state {d}" in _GENERATED}
+    assert len(dtypes) >= 15, f"generated only {sorted(dtypes)}"
