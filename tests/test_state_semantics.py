@@ -679,3 +679,35 @@ def test_state_read_and_written_in_a_custom_jvp_rule_under_grad_inside_the_funct
     assert_close(out, rule(ref, (1.0,), (1.0,))[1])
     assert_states(s1, ref.state)
     jax_still_works()
+
+
+def test_a_custom_jvp_whose_rule_cannot_be_traced_does_not_stop_uncurry():
+    # Found by the long fuzz profile: uncurry looks into custom rules for
+    # state; a rule taking the JVP of a custom_vjp function cannot be traced
+    # at all (JAX's TypeError). Undifferentiated the program is fine, so
+    # must be uncurry; differentiated, JAX's own error comes.
+    def inner(x):
+        return x * 2.0
+
+    cv = jax.custom_vjp(inner)
+    cv.defvjp(lambda x: (inner(x), x), lambda x, g: (2.0 * g,))
+    body = lambda x: cv(x)  # noqa: E731
+    cj = jax.custom_jvp(body)
+    cj.defjvp(lambda p, t: jax.jvp(body, p, t))
+
+    def fn(S, x):
+        S.set("n", S.get("n", f32(0.0)) + 1.0)
+        return cj(x)
+
+    xs = jnp.array([1.0, 2.0], f32)
+    for f, x in ((functools.partial(fn, TX), f32(1.0)),
+                 (jax.vmap(functools.partial(fn, TX)), xs)):
+        pure, s0 = tx.uncurry(f, x)
+        out, s1 = pure(s0, x)
+        ref = Eager(s0)
+        assert_close(out, 2.0 * x)
+        fn(ref, f32(1.0))  # the state is not batched: one eager call's update
+        assert_states(s1, ref.state)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.grad(lambda x: pure(s0, x)[0].sum())(xs)
+    jax_still_works()
