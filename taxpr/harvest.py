@@ -36,7 +36,7 @@ from ._engine import (Engine, Hooks, Level, RuleNotTraceable, format_path, inlin
 from ._find import dissolve_tags
 from ._inject import trace_program
 from ._inject import guarded_place
-from .primitives._tag import GUARD, TREE, n_values, tag, tag_p
+from .primitives._tag import BATCHED, GUARD, TREE, n_values, tag, tag_p
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "rows",
            "PlantRows", "sow_p"]
@@ -236,7 +236,7 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                     if in_scan and mode == "strict":
                         raise ValueError(
                             f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
-                _count(counts, name, mode, _site_aval(eqn))
+                _count(counts, name, mode, _site_aval(eqn), bool(eqn.params.get(BATCHED)))
                 continue
             subs = _traverse.subjaxprs(eqn)
             if not subs:
@@ -253,16 +253,16 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                             merged[k] = v
                 inner = [merged]
             for branch in inner:
-                for name, (n, mode, avals) in branch.items():
+                for name, (n, mode, avals, batched) in branch.items():
                     for _ in range(n):
-                        _count(counts, name, mode, avals)
+                        _count(counts, name, mode, avals, batched)
         return counts
 
-    def _count(counts, name, mode, avals):
-        n, _, _ = counts.get(name, (0, mode, avals))
+    def _count(counts, name, mode, avals, batched):
+        n = counts[name][0] if name in counts else 0
         if n and mode == "strict" and name in transformed:
             raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
-        counts[name] = (n + 1, mode, avals)
+        counts[name] = (n + 1, mode, avals, batched)
 
     walk(jaxpr, False, False)
 
@@ -274,12 +274,18 @@ def _check_branches(branches: list[dict]) -> None:
     for other in branches[1:]:
         if len(other) != len(first):
             raise ValueError("Mismatching number of `sow`s between branches.")
-        for name, (_, _, avals) in other.items():
+        for name, (_, _, avals, batched) in other.items():
             if name not in first:
                 raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
             f = first[name][2]
             if [a.shape for a in avals] != [a.shape for a in f]:
-                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'.")
+                why = ""
+                if batched != first[name][3]:
+                    # vmap batched the sown value in one branch only.
+                    why = (" vmap batches the sown value in one branch and not in another; "
+                           "reap inside the vmap (per example), or sow values that vmap "
+                           "batches alike in every branch.")
+                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'.{why}")
             if [a.dtype for a in avals] != [a.dtype for a in f]:
                 raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
 

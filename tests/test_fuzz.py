@@ -1724,9 +1724,9 @@ def check_vmap_inside(program, args, p0s, jit: bool, with_reap: bool = False):
     differs per example, or in a branch/iteration only some examples take)
     the outcome must be a clear error that says it is about vmap.
 
-    ``with_reap`` also reaps (non-append names compared): off in the
-    profiles, because reaping under vmap a name whose sites differ in
-    batchedness is a known limitation (docs/limitations.md) that this check finds."""
+    ``with_reap`` also reaps (non-append names compared); reaping outside
+    the vmap a name that vmap batches in one cond branch and not in another
+    is such a clear error."""
     fn = build(program)
 
     def batched(p0, p1, p2, pv, n):
@@ -1837,7 +1837,8 @@ def _vmap_inside_case(data):
     args = data.draw(arguments())
     p0s = data.draw(st.lists(F32, min_size=2, max_size=3))
     jit = data.draw(st.booleans())
-    run_check(check_vmap_inside, program, args, p0s, jit)
+    with_reap = data.draw(st.booleans())
+    run_check(check_vmap_inside, program, args, p0s, jit, with_reap)
 
 
 def _derivative_case(data):

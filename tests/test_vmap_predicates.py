@@ -450,3 +450,24 @@ def test_grad_of_a_sowing_custom_jvp_in_a_cond_with_a_batched_predicate_matches_
         jax.grad(lambda xs: h.call_and_reap(jax.vmap(g), tag="t")(xs)[0].sum())(xs), want)
     out, reaps = h.call_and_reap(jax.vmap(g), tag="t")(xs)
     np.testing.assert_allclose(reaps["a"], xs)
+
+
+def test_reap_of_vmap_whose_branches_sow_batched_and_unbatched_values_is_a_clear_error():
+    # reap outside the vmap: one branch sows a value vmap batches, the other
+    # one it does not (the predicate is not batched). The reaped value has no
+    # single type; the error says why and what to do (found by the fuzzer's
+    # vmap-inside check with reaps; it was oryx's bare shape message).
+    from jax import lax
+
+    def f(x, c):
+        return lax.cond(c > 0, lambda x: h.sow(x * 2, tag="t", name="a", mode="clobber"),
+                        lambda x: h.sow(c, tag="t", name="a", mode="clobber") + x, x)
+
+    xs = jnp.array([1.0, 2.0], jnp.float32)
+    with pytest.raises(ValueError, match=r"^Mismatched shape between branches: 'a'\. vmap "
+                                         r"batches the sown value in one branch and not"):
+        h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, jnp.float32(1.0))
+    # reaped inside the vmap: per example, as eagerly
+    out, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, jnp.float32(1.0))
+    np.testing.assert_allclose(out, 2 * xs)
+    np.testing.assert_allclose(reaps["a"], 2 * xs)
