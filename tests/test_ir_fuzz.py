@@ -403,6 +403,13 @@ def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
     check_program(seed)
 
 
+def test_folding_a_computation_that_reads_known_constants_evaluates_it():
+    # Found by the long profile (seed 4777, JAX 0.12): a scan whose inputs
+    # are folded constants was evaluated with its inputs missing (0.12's DCE
+    # moved the constants into the jaxpr's inputs).
+    check_program(4777)
+
+
 @pytest.mark.parametrize("seed, output", [(835, 3), (856, 0)])
 def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
     # Found by the long profile: XLA's compile-time folding of the original

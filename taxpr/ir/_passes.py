@@ -526,14 +526,16 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
     level = Level(used_known, list(known.get(v) for v in used_known), [], list(eqns),
                   list(outs), effects, _compat.debug_info("constant_fold"))
     level = _forward_level(_Purity(), cse=True)(level, (), False) or level
-    jaxpr = core.Jaxpr(used_known, [], level.outvars, level.eqns, effects,
+    # The known consts enter as inputs: DCE keeps (and prunes) inputs the
+    # same way on every JAX (0.12's moves constvars into the inputs).
+    jaxpr = core.Jaxpr([], used_known, level.outvars, level.eqns, effects,
                        _compat.debug_info("constant_fold"))
     jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
-    consts = [known[v] for v in jaxpr.constvars] if jaxpr.constvars else []
+    args = [known[v] for v in jaxpr.invars]
     if len(jaxpr.eqns) <= _EAGER_FOLD_MAX:
-        values = core.eval_jaxpr(jaxpr, consts)
+        values = core.eval_jaxpr(jaxpr, [], *args)
     else:
-        values = jax.jit(lambda *c: core.eval_jaxpr(jaxpr, list(c)))(*consts)
+        values = jax.jit(lambda *a: core.eval_jaxpr(jaxpr, [], *a))(*args)
     fetched: dict = {}  # identical values (CSE'd equations) are fetched once
     out = []
     for v in values:
