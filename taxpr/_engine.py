@@ -30,7 +30,7 @@ from jax._src import core
 from jax.interpreters import ad
 
 from . import _compat, _traverse
-from ._find import is_selected, tag_shape
+from ._find import TAG_PRIMITIVES, is_selected, tag_shape
 from .primitives._tag import TREE, tag_cotangent_p, tag_p, tag_tangent_p, user_params
 
 
@@ -475,9 +475,9 @@ def drop_unused_producers(eqns: list, dropped: Sequence[Any], roots: Sequence[An
 
 
 def _removable(eqn: core.JaxprEqn) -> bool:
-    if eqn.effects or eqn.primitive in (tag_p, tag_tangent_p, tag_cotangent_p):
+    if eqn.effects or eqn.primitive in TAG_PRIMITIVES:
         return False
-    return not any(e.primitive in (tag_p, tag_tangent_p, tag_cotangent_p)
+    return not any(e.primitive in TAG_PRIMITIVES
                    for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj))
 
 
