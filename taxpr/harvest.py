@@ -52,6 +52,10 @@ class _SowOp:
     def __repr__(self):
         return "sow"
 
+    def batches_values_alike(self, params: dict) -> bool:
+        """A ``sow_cond`` whose predicate vmap batches sows per example."""
+        return params.get("mode") == "cond_clobber"
+
 
 SOW = _SowOp()
 _SCOPES = threading.local()

@@ -471,3 +471,50 @@ def test_reap_of_vmap_whose_branches_sow_batched_and_unbatched_values_is_a_clear
     out, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, jnp.float32(1.0))
     np.testing.assert_allclose(out, 2 * xs)
     np.testing.assert_allclose(reaps["a"], 2 * xs)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_reap_of_vmap_of_a_sow_cond_whose_predicate_alone_is_batched_is_per_example(n):
+    # reap outside the vmap: sow_cond of a value vmap does not batch, under a
+    # predicate it does. Per example the reap is that example's value where
+    # its predicate held (cond_clobber), so the reaped value is batched in
+    # both branches of the unbatched cond (found by the fuzzer's vmap-inside
+    # check: the ctx kept the value's unbatched type and the threaded
+    # program was invalid).
+    from jax import lax
+
+    def f(x, c, n):
+        return lax.cond(n % 2 == 0,
+                        lambda x: h.sow_cond(jnp.float32(3.0), x > 0.1, tag="t", name="q"),
+                        lambda x: h.sow_cond(c, x > 0.1, tag="t", name="q"), x)
+
+    xs = jnp.array([0.5, -1.0, 2.0], jnp.float32)
+    c = jnp.float32(5.0)
+    out, reaps = h.call_and_reap(jax.vmap(f, in_axes=(0, None, None)), tag="t")(xs, c, n)
+    want = per_example_reap(lambda x: f(x, c, n), xs)
+    assert set(reaps) == {"q"} and set(want) == {"q"}
+    np.testing.assert_array_equal(reaps["q"], want["q"])
+    np.testing.assert_array_equal(reaps["q"], [3.0 if n == 0 else 5.0, 0.0, 3.0 if n == 0 else 5.0])
+    np.testing.assert_array_equal(out, jnp.stack([f(x, c, n) for x in xs]))
+
+
+def test_reap_of_vmap_of_a_switch_sowing_per_example_and_shared_values_is_a_clear_error():
+    # Three branches: a batched value, an unbatched value under a batched
+    # predicate (per example: batched too) and an unbatched value under an
+    # unbatched predicate. The third has no per-example type; the error says
+    # it is about vmap (found by the fuzzer; it was the bare shape message).
+    from jax import lax
+
+    def f(x, c, n):
+        return lax.switch(n % 3, (
+            lambda x: h.sow_cond(x, x > 0.1, tag="t", name="q"),
+            lambda x: h.sow_cond(c, x > 0.1, tag="t", name="q"),
+            lambda x: h.sow_cond(jnp.float32(1.0), n % 2 == 0, tag="t", name="q") + x), x)
+
+    xs = jnp.array([0.5, -1.0], jnp.float32)
+    c = jnp.float32(5.0)
+    with pytest.raises(ValueError, match=r"^Mismatched shape between branches: 'q'\. vmap "
+                                         r"batches the sown value in one branch and not"):
+        h.call_and_reap(jax.vmap(f, in_axes=(0, None, None)), tag="t")(xs, c, 0)
+    out, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None, None))(xs, c, 1)
+    np.testing.assert_array_equal(reaps["q"], [5.0, 0.0])

@@ -211,7 +211,23 @@ ad.primitive_jvps[tag_cotangent_p] = _half_jvp(tag_cotangent_p)
 
 # ---- batching -----------------------------------------------------------------
 
+def _batch_values_alike(args, dims, params):
+    """An ``op`` may ask that when vmap batches one of a tag's values, all
+    are batched (``op.batches_values_alike(user_params)``): a ``sow_cond``
+    whose predicate is per example sows a per-example value, even where the
+    value itself is the same for every example."""
+    alike = getattr(params.get("op"), "batches_values_alike", None)
+    n = n_values(params, len(args))
+    batched = [d is not None for d in dims[:n]]
+    if alike is None or all(batched) or not any(batched) or not alike(user_params(params)):
+        return args, dims
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    values = [_batching.bdim_at_front(a, d, size) for a, d in zip(args[:n], dims[:n])]
+    return [*values, *args[n:]], [*([0] * n), *dims[n:]]
+
+
 def _tag_batch(args, dims, **params):
+    args, dims = _batch_values_alike(list(args), list(dims), params)
     if GUARD in params:
         return _guarded_tag_batch(args, dims, **params)
     if any(d is not None for d in dims):
