@@ -161,9 +161,7 @@ def _call_init(name: str, init: Callable) -> Any:
     if key is None:
         with jax.ensure_compile_time_eval():
             return init()
-    per_trace = _INIT_VALUES.get(trace)
-    if per_trace is None:
-        per_trace = _INIT_VALUES[trace] = {}
+    per_trace = _INIT_VALUES.setdefault(trace, {})
     key = (name, key)
     hit = per_trace.get(key)
     if hit is None:
@@ -184,10 +182,7 @@ def _staged_init(name: str, init: Callable) -> Any:
         hit = _INIT_VALUES.get(trace, {}).get(key)
         if hit is not None:
             return hit[0]
-    per_trace = _INIT_VALUES.get(traces[0])
-    if per_trace is None:
-        per_trace = _INIT_VALUES[traces[0]] = {}
-    hit = per_trace[key] = (init(),)
+    hit = _INIT_VALUES.setdefault(traces[0], {})[key] = (init(),)
     return hit[0]
 
 
