@@ -58,7 +58,7 @@ and strict sows only as identical "tails" of every branch, missing clobber
 names padded in; an append name encodes its inner scan lengths so that its
 sows stack). ``test_static_rule_violations_raise`` breaks one rule on purpose.
 
-Profiles: CI runs 500 programs (+60 rule violations), about a minute;
+Profiles: CI runs 570 programs (+60 rule violations), about a minute;
 ``TAXPR_FUZZ_LONG=1`` or ``pytest -m long`` runs 20,000 (derandomized);
 ``TAXPR_FUZZ_EXAMPLES=N`` sets that count and ``TAXPR_FUZZ_SEED=S`` seeds it.
 """
@@ -1778,12 +1778,15 @@ def ci_settings(n: int):
 
 
 # Programs per check in CI; the long profile splits LONG_EXAMPLES in these proportions.
+# "as_users_run": each program is warmed up, uncurried, run eagerly and
+# jitted (about 0.5 s each on a 2-core machine).
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50, "vmap_inside": 30}
+          "derivatives": 50, "vmap_inside": 30, "as_users_run": 40}
 
 
 def long_settings(n: int):
-    count = max(1, LONG_EXAMPLES * n // sum(SHARES.values()))
+    # The long tests' counts add up to LONG_EXAMPLES (rounded up).
+    count = max(1, -(-LONG_EXAMPLES * n // sum(SHARES.values())))
     return settings(max_examples=count, deadline=None, database=None, derandomize=_SEED is None,
                     suppress_health_check=list(HealthCheck), print_blob=True)
 
@@ -2351,13 +2354,8 @@ def _as_users_run_case(data):
               linearize)
 
 
-# Each program is warmed up, uncurried, run eagerly and jitted (about 0.5 s
-# each on a 2-core machine).
-AS_USERS_RUN_SHARE = 40
-
-
 @_seeded
-@ci_settings(AS_USERS_RUN_SHARE)
+@ci_settings(SHARES["as_users_run"])
 @given(st.data())
 def test_programs_as_users_run_them_match_reference(data):
     _as_users_run_case(data)
@@ -2365,7 +2363,7 @@ def test_programs_as_users_run_them_match_reference(data):
 
 @pytest.mark.long
 @_seeded_long
-@long_settings(AS_USERS_RUN_SHARE)
+@long_settings(SHARES["as_users_run"])
 @given(st.data())
 def test_long_programs_as_users_run_them(data):
     _as_users_run_case(data)
@@ -2474,3 +2472,12 @@ def test_ci_profile_generates_typed_states_everywhere():
     # every one through every primitive: test_typed_states_of_every_dtype_...).
     dtypes = {d for d in TYPED_DTYPES if f"typed_state {d}" in _GENERATED}
     assert len(dtypes) >= 15, f"generated only {sorted(dtypes)}"
+
+
+def test_the_long_profile_runs_the_requested_number_of_programs_in_all():
+    # TAXPR_FUZZ_EXAMPLES=N is the number of programs of the whole long
+    # profile (its tests share it), not a number per test.
+    long_tests = [v for k, v in globals().items() if k.startswith("test_long_")]
+    counts = [t._hypothesis_internal_use_settings.max_examples for t in long_tests]
+    assert len(long_tests) == 8
+    assert LONG_EXAMPLES <= sum(counts) < LONG_EXAMPLES + len(long_tests)
