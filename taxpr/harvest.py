@@ -266,9 +266,23 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         n = counts[name][0] if name in counts else 0
         if n and mode == "strict" and name in transformed:
             raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
+        if n and mode == "append" and name in transformed:
+            # The rows of one stack: every sow of the name appends one shape.
+            _, _, first_avals, first_batched = counts[name]
+            if [a.shape for a in avals] != [a.shape for a in first_avals]:
+                raise ValueError(f"Mismatched shape between append sows: '{_disp(name)}'."
+                                 f"{_vmap_why(batched, first_batched, 'sow')}")
         counts[name] = (n + 1, mode, avals, batched)
 
     walk(jaxpr, False, False)
+
+
+def _vmap_why(batched: bool, other_batched: bool, place: str) -> str:
+    """Why two sows of a name differ in shape, when vmap batched only one."""
+    if batched == other_batched:
+        return ""
+    return (f" vmap batches the sown value in one {place} and not in another; reap inside "
+            f"the vmap (per example), or sow values that vmap batches alike in every {place}.")
 
 
 def _check_branches(branches: list[dict]) -> None:
@@ -283,13 +297,8 @@ def _check_branches(branches: list[dict]) -> None:
                 raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
             f = first[name][2]
             if [a.shape for a in avals] != [a.shape for a in f]:
-                why = ""
-                if batched != first[name][3]:
-                    # vmap batched the sown value in one branch only.
-                    why = (" vmap batches the sown value in one branch and not in another; "
-                           "reap inside the vmap (per example), or sow values that vmap "
-                           "batches alike in every branch.")
-                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'.{why}")
+                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'."
+                                 f"{_vmap_why(batched, first[name][3], 'branch')}")
             if [a.dtype for a in avals] != [a.dtype for a in f]:
                 raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
 

@@ -447,6 +447,18 @@ def test_append_outside_loops_stacks():
     assert_tree_allclose(one, {"x": np.array([[1.0, 2.0]])})
 
 
+def test_append_sows_of_different_shapes_are_a_clear_error():
+    # One stack needs one row shape (it was concatenate's bare TypeError).
+    def f(x):
+        h.sow(x, tag="t", name="a", mode="append")
+        h.sow(jnp.stack([x, x]), tag="t", name="a", mode="append")
+        return x
+
+    with pytest.raises(ValueError, match=r"^Mismatched shape between append sows: 'a'\.$"):
+        h.reap(f, tag="t")(1.0)
+    assert h.reap(f, tag="t", blocklist=["a"])(1.0) == {}
+
+
 def test_append_outside_loops_plant():
     x = jnp.array([1.0, 2.0])
     out = h.plant(_twice("append"), tag=T)({"x": jnp.array([[10.0, 20.0], [30.0, 40.0]])}, x)

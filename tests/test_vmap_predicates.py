@@ -518,3 +518,22 @@ def test_reap_of_vmap_of_a_switch_sowing_per_example_and_shared_values_is_a_clea
         h.call_and_reap(jax.vmap(f, in_axes=(0, None, None)), tag="t")(xs, c, 0)
     out, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None, None))(xs, c, 1)
     np.testing.assert_array_equal(reaps["q"], [5.0, 0.0])
+
+
+def test_reap_of_vmap_of_append_sows_of_batched_and_unbatched_values_is_a_clear_error():
+    # reap outside the vmap: one name appended with a value vmap batches and
+    # with one it does not; the rows have no single shape (found by the long
+    # fuzz: it was a bare TypeError from concatenate). Per example (inside
+    # the vmap) it is a plain stack.
+    def f(x, c):
+        h.sow(x * 2, tag="t", name="a", mode="append")
+        h.sow(c, tag="t", name="a", mode="append")
+        return x
+
+    xs = jnp.array([1.0, 2.0], jnp.float32)
+    c = jnp.float32(5.0)
+    with pytest.raises(ValueError, match=r"^Mismatched shape between append sows: 'a'\. vmap "
+                                         r"batches the sown value in one sow and not"):
+        h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
+    _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
+    np.testing.assert_array_equal(reaps["a"], [[2.0, 5.0], [4.0, 5.0]])
