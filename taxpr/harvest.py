@@ -266,12 +266,15 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         n = counts[name][0] if name in counts else 0
         if n and mode == "strict" and name in transformed:
             raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
-        if n and mode == "append" and name in transformed:
-            # The rows of one stack: every sow of the name appends one shape.
+        if n and name in transformed:
+            # One reaped value (a carried one, or the rows of one stack) has
+            # one type: every sow of the name must sow that type.
             _, _, first_avals, first_batched = counts[name]
             if [a.shape for a in avals] != [a.shape for a in first_avals]:
-                raise ValueError(f"Mismatched shape between append sows: '{_disp(name)}'."
+                raise ValueError(f"Mismatched shape between sows: '{_disp(name)}'."
                                  f"{_vmap_why(batched, first_batched, 'sow')}")
+            if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first_avals]:
+                raise ValueError(f"Mismatched dtype between sows: '{_disp(name)}'.")
         counts[name] = (n + 1, mode, avals, batched)
 
     walk(jaxpr, False, False)

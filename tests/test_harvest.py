@@ -447,16 +447,29 @@ def test_append_outside_loops_stacks():
     assert_tree_allclose(one, {"x": np.array([[1.0, 2.0]])})
 
 
-def test_append_sows_of_different_shapes_are_a_clear_error():
-    # One stack needs one row shape (it was concatenate's bare TypeError).
+@pytest.mark.parametrize("mode", ["append", "clobber"])
+def test_sows_of_one_name_with_different_shapes_are_a_clear_error(mode):
+    # One stack needs one row shape (append: it was concatenate's bare
+    # TypeError); one carried reap has one type (clobber: in a loop it was an
+    # invalid program). A sow that is not reaped or planted is not checked.
     def f(x):
-        h.sow(x, tag="t", name="a", mode="append")
-        h.sow(jnp.stack([x, x]), tag="t", name="a", mode="append")
+        h.sow(x, tag="t", name="a", mode=mode)
+        h.sow(jnp.stack([x, x]), tag="t", name="a", mode=mode)
         return x
 
-    with pytest.raises(ValueError, match=r"^Mismatched shape between append sows: 'a'\.$"):
+    with pytest.raises(ValueError, match=r"^Mismatched shape between sows: 'a'\.$"):
         h.reap(f, tag="t")(1.0)
     assert h.reap(f, tag="t", blocklist=["a"])(1.0) == {}
+
+
+def test_clobber_sows_of_one_name_with_different_dtypes_are_a_clear_error():
+    def f(x):
+        h.sow(x, tag="t", name="a", mode="clobber")
+        h.sow(x.astype(jnp.bfloat16), tag="t", name="a", mode="clobber")
+        return x
+
+    with pytest.raises(ValueError, match=r"^Mismatched dtype between sows: 'a'\.$"):
+        h.reap(f, tag="t")(jnp.float32(1.0))
 
 
 def test_append_outside_loops_plant():

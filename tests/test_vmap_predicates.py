@@ -532,8 +532,34 @@ def test_reap_of_vmap_of_append_sows_of_batched_and_unbatched_values_is_a_clear_
 
     xs = jnp.array([1.0, 2.0], jnp.float32)
     c = jnp.float32(5.0)
-    with pytest.raises(ValueError, match=r"^Mismatched shape between append sows: 'a'\. vmap "
+    with pytest.raises(ValueError, match=r"^Mismatched shape between sows: 'a'\. vmap "
                                          r"batches the sown value in one sow and not"):
         h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
     _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
     np.testing.assert_array_equal(reaps["a"], [[2.0, 5.0], [4.0, 5.0]])
+
+
+def test_reap_of_vmap_of_clobber_sows_of_batched_and_unbatched_values_is_a_clear_error():
+    # A clobber name sown with a value vmap batches (in a jitted while's
+    # cond) and then with one it does not: the carried reap has no single
+    # type (found by the long fuzz: an invalid threaded program).
+    from jax import lax
+
+    def f(x, c):
+        @jax.jit
+        def j(x, c):
+            def cond(k):
+                h.sow(x, tag="t", name="a", mode="clobber")
+                return k < 2
+            lax.while_loop(cond, lambda k: k + 1, 0)
+            h.sow(c, tag="t", name="a", mode="clobber")
+            return x
+        return j(x, c)
+
+    xs = jnp.array([1.0, 2.0], jnp.float32)
+    c = jnp.float32(5.0)
+    with pytest.raises(ValueError, match=r"^Mismatched shape between sows: 'a'\. vmap "
+                                         r"batches the sown value in one sow and not"):
+        h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
+    _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
+    np.testing.assert_array_equal(reaps["a"], [5.0, 5.0])
