@@ -174,6 +174,20 @@ def test_algebraic_simplification_keeps_ieee_semantics(x):
     assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)))
 
 
+def test_algebraic_simplification_of_a_neg_whose_operand_became_a_literal():
+    # -1.0 * 1.0 becomes the literal -1.0, which is then neg's operand (a
+    # Literal is unhashable on JAX 0.12: it crashed; ir long fuzz seed 7034).
+    def f(x):
+        c = lax.mul(np.float32(-1.0), np.float32(1.0))
+        return x + lax.neg(lax.neg(c)), x + lax.neg(c)
+
+    j = jax.make_jaxpr(f)(jnp.float32(1.0))
+    o = ir.algebraic_simplification(j)
+    check(o)
+    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("mul") == 0
+    assert_bitwise(run(o, np.float32(2.0)), run(j, np.float32(2.0)))
+
+
 def test_algebraic_simplification_keeps_the_exact_output_type():
     # weak-typed x times a strongly typed 1 is strongly typed: not x.
     j = jax.make_jaxpr(lambda x: lax.mul_p.bind(x, np.float32(1)))(1.0)

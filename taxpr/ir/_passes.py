@@ -300,6 +300,8 @@ def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
     if name == "integer_pow" and eqn.params.get("y") == 1:
         return same(inv[0])
     if name in ("neg", "not") and len(inv) == 1:
+        if isinstance(inv[0], core.Literal):  # an earlier rewrite made it one (unhashable)
+            return None
         inner = producers.get(inv[0])
         if inner is not None and inner.primitive.name == name:
             return same(inner.invars[0])
