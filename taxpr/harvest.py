@@ -240,7 +240,8 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                     if in_scan and mode == "strict":
                         raise ValueError(
                             f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
-                _count(counts, name, mode, _site_aval(eqn), bool(eqn.params.get(BATCHED)))
+                _count(counts, name, mode, _site_aval(eqn), bool(eqn.params.get(BATCHED)),
+                       guarded_place(eqn.params) if GUARD in eqn.params else None)
                 continue
             subs = _traverse.subjaxprs(eqn)
             if not subs:
@@ -257,25 +258,30 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                             merged[k] = v
                 inner = [merged]
             for branch in inner:
-                for name, (n, mode, avals, batched) in branch.items():
+                for name, (n, mode, avals, batched, guard) in branch.items():
                     for _ in range(n):
-                        _count(counts, name, mode, avals, batched)
+                        _count(counts, name, mode, avals, batched, guard)
         return counts
 
-    def _count(counts, name, mode, avals, batched):
+    def _count(counts, name, mode, avals, batched, guard):
         n = counts[name][0] if name in counts else 0
         if n and mode == "strict" and name in transformed:
-            raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}")
+            guard = guard or counts[name][4]
+            why = "" if guard is None else (
+                f". The sow is inside {guard} whose predicate is batched by vmap: vmap runs "
+                f"every branch for every example, so a strict sow in several branches counts "
+                f"once per branch; use clobber mode there, or reap inside the vmap.")
+            raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}{why}")
         if n and name in transformed:
             # One reaped value (a carried one, or the rows of one stack) has
             # one type: every sow of the name must sow that type.
-            _, _, first_avals, first_batched = counts[name]
+            _, _, first_avals, first_batched, _ = counts[name]
             if [a.shape for a in avals] != [a.shape for a in first_avals]:
                 raise ValueError(f"Mismatched shape between sows: '{_disp(name)}'."
                                  f"{_vmap_why(batched, first_batched, 'sow')}")
             if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first_avals]:
                 raise ValueError(f"Mismatched dtype between sows: '{_disp(name)}'.")
-        counts[name] = (n + 1, mode, avals, batched)
+        counts[name] = (n + 1, mode, avals, batched, guard)
 
     walk(jaxpr, False, False)
 
@@ -295,7 +301,7 @@ def _check_branches(branches: list[dict]) -> None:
     for other in branches[1:]:
         if len(other) != len(first):
             raise ValueError("Mismatching number of `sow`s between branches.")
-        for name, (_, _, avals, batched) in other.items():
+        for name, (_, _, avals, batched, _) in other.items():
             if name not in first:
                 raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
             f = first[name][2]

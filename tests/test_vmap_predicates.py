@@ -563,3 +563,23 @@ def test_reap_of_vmap_of_clobber_sows_of_batched_and_unbatched_values_is_a_clear
         h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
     _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
     np.testing.assert_array_equal(reaps["a"], [5.0, 5.0])
+
+
+def test_reap_of_vmap_of_a_strict_sow_in_both_branches_of_a_batched_cond_says_why():
+    # vmap runs both branches of a cond whose predicate it batches, so a
+    # strict sow in each branch is sown twice; the error says where and why
+    # (found by the long fuzz: it was oryx's bare message).
+    from jax import lax
+
+    def f(x):
+        return lax.cond(x > 0.1, lambda x: h.sow(x * 2, tag="t", name="s"),
+                        lambda x: h.sow(x * 3, tag="t", name="s"), x)
+
+    xs = jnp.array([0.5, -1.0], jnp.float32)
+    with pytest.raises(ValueError, match=r"^Variable has already been reaped: s\. The sow is "
+                                         r"inside cond\[branch=\d\] whose predicate is batched by "
+                                         r"vmap: .* reap inside the vmap\.$"):
+        h.reap(jax.vmap(f), tag="t")(xs)
+    reaps = jax.vmap(h.reap(f, tag="t"))(xs)
+    np.testing.assert_array_equal(reaps["s"], [1.0, -3.0])
+    np.testing.assert_array_equal(h.reap(f, tag="t")(xs[0])["s"], 1.0)  # eagerly, per example
