@@ -520,49 +520,43 @@ def test_reap_of_vmap_of_a_switch_sowing_per_example_and_shared_values_is_a_clea
     np.testing.assert_array_equal(reaps["q"], [5.0, 0.0])
 
 
-def test_reap_of_vmap_of_append_sows_of_batched_and_unbatched_values_is_a_clear_error():
-    # reap outside the vmap: one name appended with a value vmap batches and
-    # with one it does not; the rows have no single shape (found by the long
-    # fuzz: it was a bare TypeError from concatenate). Per example (inside
-    # the vmap) it is a plain stack.
-    def f(x, c):
-        h.sow(x * 2, tag="t", name="a", mode="append")
-        h.sow(c, tag="t", name="a", mode="append")
-        return x
-
-    xs = jnp.array([1.0, 2.0], jnp.float32)
-    c = jnp.float32(5.0)
-    with pytest.raises(ValueError, match=r"^Mismatched shape between sows: 'a'\. vmap "
-                                         r"batches the sown value in one sow and not"):
-        h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
-    _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
-    np.testing.assert_array_equal(reaps["a"], [[2.0, 5.0], [4.0, 5.0]])
+def _append_batched_then_unbatched(x, c):
+    h.sow(x * 2, tag="t", name="a", mode="append")
+    h.sow(c, tag="t", name="a", mode="append")
+    return x
 
 
-def test_reap_of_vmap_of_clobber_sows_of_batched_and_unbatched_values_is_a_clear_error():
-    # A clobber name sown with a value vmap batches (in a jitted while's
-    # cond) and then with one it does not: the carried reap has no single
-    # type (found by the long fuzz: an invalid threaded program).
+def _clobber_batched_in_a_jitted_while_then_unbatched(x, c):
     from jax import lax
 
-    def f(x, c):
-        @jax.jit
-        def j(x, c):
-            def cond(k):
-                h.sow(x, tag="t", name="a", mode="clobber")
-                return k < 2
-            lax.while_loop(cond, lambda k: k + 1, 0)
-            h.sow(c, tag="t", name="a", mode="clobber")
-            return x
-        return j(x, c)
+    @jax.jit
+    def j(x, c):
+        def cond(k):
+            h.sow(x, tag="t", name="a", mode="clobber")
+            return k < 2
+        lax.while_loop(cond, lambda k: k + 1, 0)
+        h.sow(c, tag="t", name="a", mode="clobber")
+        return x
+    return j(x, c)
 
+
+@pytest.mark.parametrize("f, want", [
+    (_append_batched_then_unbatched, [[2.0, 5.0], [4.0, 5.0]]),
+    (_clobber_batched_in_a_jitted_while_then_unbatched, [5.0, 5.0])])
+def test_reap_of_vmap_of_sows_of_batched_and_unbatched_values_of_one_name_is_a_clear_error(f, want):
+    # reap outside the vmap: one name sown with a value vmap batches and with
+    # one it does not; the reap has no single type (found by the long fuzz:
+    # append was a bare TypeError from concatenate, clobber through a jitted
+    # while an invalid threaded program). Per example (inside the vmap) it
+    # is what eager gives.
     xs = jnp.array([1.0, 2.0], jnp.float32)
     c = jnp.float32(5.0)
     with pytest.raises(ValueError, match=r"^Mismatched shape between sows: 'a'\. vmap "
                                          r"batches the sown value in one sow and not"):
         h.call_and_reap(jax.vmap(f, in_axes=(0, None)), tag="t")(xs, c)
     _, reaps = jax.vmap(h.call_and_reap(f, tag="t"), in_axes=(0, None))(xs, c)
-    np.testing.assert_array_equal(reaps["a"], [5.0, 5.0])
+    np.testing.assert_array_equal(reaps["a"], want)
+    np.testing.assert_array_equal(h.reap(f, tag="t")(xs[1], c)["a"], want[1])  # eagerly
 
 
 def test_reap_of_vmap_of_a_strict_sow_in_both_branches_of_a_batched_cond_says_why():
