@@ -616,10 +616,14 @@ def keep_in_dce(prims: Sequence[core.Primitive]):
 
 
 def clear_dce_caches() -> None:
-    """Empty JAX's caches of DCE results (``_dce_jaxpr`` and, where it
-    exists, the closed-call DCE cache)."""
-    for name in ("_dce_jaxpr", "_cached_closed_call_dce"):
-        clear = getattr(getattr(pe, name, None), "cache_clear", None)
+    """Empty JAX's caches of DCE results (``_dce_jaxpr`` and, where they
+    exist, the closed-call and jit DCE caches: JAX 0.10's jit rule caches
+    its callee's DCE per jaxpr, so a result made while jitting, with JAX's
+    rules, would be reused under taxpr's)."""
+    from jax._src import pjit
+    for module, name in ((pe, "_dce_jaxpr"), (pe, "_cached_closed_call_dce"),
+                         (pjit, "_dce_jaxpr_pjit")):
+        clear = getattr(getattr(module, name, None), "cache_clear", None)
         if clear is not None:
             clear()
 

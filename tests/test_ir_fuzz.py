@@ -419,11 +419,12 @@ def test_bf16_chains_are_compared_without_xla_excess_precision():
     check_program(576)
 
 
-@pytest.mark.parametrize("seed", [324, 493, 617, 663])
+@pytest.mark.parametrize("seed", [324, 493, 617, 663, 12590, 13349])
 def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
     # Found by the long profile: JAX's DCE rules drop an unused cond / scan /
-    # while whose body holds only (effect-free) tags, and JAX's cache of DCE
-    # results (filled while jitting the original) bypassed taxpr's rules.
+    # while whose body holds only (effect-free) tags, and JAX's caches of DCE
+    # results (filled while jitting the original) bypassed taxpr's rules
+    # (12590, 13349: JAX 0.10's cache of a jit's callee DCE, `while` inside).
     check_program(seed)
 
 
