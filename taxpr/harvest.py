@@ -223,6 +223,17 @@ def _disp(name) -> str:
     return ".".join(map(str, name)) if isinstance(name, tuple) else str(name)
 
 
+class _SowCount(NamedTuple):
+    """What ``_check`` knows of a sow name within one jaxpr: how many sows,
+    the mode and value avals of the first, whether vmap batched them, and the
+    batched-predicate cond it sits in (for the error's explanation)."""
+    n: int
+    mode: str
+    avals: tuple
+    batched: bool
+    guard: str | None
+
+
 def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> None:
     """oryx's static rules: strict sows once per scope, no strict in scan,
     only clobber modes in while (for the ``transformed`` names), and every
@@ -254,19 +265,19 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                 merged = {}
                 for branch in inner:
                     for k, v in branch.items():
-                        if k not in merged or v[0] > merged[k][0]:
+                        if k not in merged or v.n > merged[k].n:
                             merged[k] = v
                 inner = [merged]
             for branch in inner:
-                for name, (n, mode, avals, batched, guard) in branch.items():
-                    for _ in range(n):
-                        _count(counts, name, mode, avals, batched, guard)
+                for name, c in branch.items():
+                    for _ in range(c.n):
+                        _count(counts, name, c.mode, c.avals, c.batched, c.guard)
         return counts
 
     def _count(counts, name, mode, avals, batched, guard):
-        n = counts[name][0] if name in counts else 0
+        n = counts[name].n if name in counts else 0
         if n and mode == "strict" and name in transformed:
-            guard = guard or counts[name][4]
+            guard = guard or counts[name].guard
             why = "" if guard is None else (
                 f". The sow is inside {guard} whose predicate is batched by vmap: vmap runs "
                 f"every branch for every example, so a strict sow in several branches counts "
@@ -275,13 +286,13 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         if n and name in transformed:
             # One reaped value (a carried one, or the rows of one stack) has
             # one type: every sow of the name must sow that type.
-            _, _, first_avals, first_batched, _ = counts[name]
-            if [a.shape for a in avals] != [a.shape for a in first_avals]:
+            first = counts[name]
+            if [a.shape for a in avals] != [a.shape for a in first.avals]:
                 raise ValueError(f"Mismatched shape between sows: '{_disp(name)}'."
-                                 f"{_vmap_why(batched, first_batched, 'sow')}")
-            if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first_avals]:
+                                 f"{_vmap_why(batched, first.batched, 'sow')}")
+            if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first.avals]:
                 raise ValueError(f"Mismatched dtype between sows: '{_disp(name)}'.")
-        counts[name] = (n + 1, mode, avals, batched, guard)
+        counts[name] = _SowCount(n + 1, mode, avals, batched, guard)
 
     walk(jaxpr, False, False)
 
@@ -294,21 +305,21 @@ def _vmap_why(batched: bool, other_batched: bool, place: str) -> str:
             f"the vmap (per example), or sow values that vmap batches alike in every {place}.")
 
 
-def _check_branches(branches: list[dict]) -> None:
+def _check_branches(branches: list[dict[Any, _SowCount]]) -> None:
     """oryx's order: each later branch is compared name by name with the
     first one (``branches[0]``; for ``lax.cond`` that is the false branch)."""
     first = branches[0]
     for other in branches[1:]:
         if len(other) != len(first):
             raise ValueError("Mismatching number of `sow`s between branches.")
-        for name, (_, _, avals, batched, _) in other.items():
+        for name, c in other.items():
             if name not in first:
                 raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
-            f = first[name][2]
-            if [a.shape for a in avals] != [a.shape for a in f]:
+            f = first[name]
+            if [a.shape for a in c.avals] != [a.shape for a in f.avals]:
                 raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'."
-                                 f"{_vmap_why(batched, first[name][3], 'branch')}")
-            if [a.dtype for a in avals] != [a.dtype for a in f]:
+                                 f"{_vmap_why(c.batched, f.batched, 'branch')}")
+            if [a.dtype for a in c.avals] != [a.dtype for a in f.avals]:
                 raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
 
 
