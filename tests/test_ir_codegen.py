@@ -70,6 +70,33 @@ def test_while_loop_becomes_lax_while_loop():
     assert "lax.while_loop(" in code
 
 
+def test_while_loop_whose_predicate_vmap_batched_loops_per_example():
+    # vmap keeps a per-example predicate in while_p (its cond returns
+    # bool[3]), which lax.while_loop refuses ("cond_fun must return a boolean
+    # scalar"): the code loops while any example's holds, and an example
+    # whose predicate is false keeps its carry. Found by tests/test_ir_fuzz.py's
+    # batched programs.
+    def f(x, n):
+        def body(c):
+            i, v = c
+            jax.debug.callback(lambda: CALLS.update(["body"]))
+            return i + 1, v * 1.5 - 0.25
+        return lax.while_loop(lambda c: c[0] < n, body, (0, x))
+
+    batched = jax.vmap(f)
+    xs, ns = np.array([0.75, -2.0, 3.0], np.float32), np.array([0, 4, 2], np.int32)
+    cond_jaxpr = jax.make_jaxpr(batched)(xs, ns).eqns[-1].params["cond_jaxpr"]
+    assert cond_jaxpr.out_avals[0].shape == (3,)
+    CALLS.clear()
+    code = assert_reproduces(batched, xs, ns)
+    jax.effects_barrier()
+    assert "_batched_while_loop_" in str(code)
+    assert CALLS["body"] == 2 * 4  # the loop runs 4 times, eager and generated
+    code.load()(xs, np.array([0, 0, 0], np.int32))  # no example loops: no iteration
+    jax.effects_barrier()
+    assert CALLS["body"] == 2 * 4
+
+
 def test_scan_with_consts_carry_xs_and_ys_becomes_lax_scan():
     k = np.array([1.0, 2.0, 3.0], np.float32)
 

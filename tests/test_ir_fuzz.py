@@ -16,9 +16,17 @@ function traced again): ``check_jaxpr`` passes, the outputs are
 bitwise equal to the original's (any NaN equals any NaN), the number of
 callback calls at run time and the tags are unchanged.
 
+Programs also run under ``jax.vmap`` (``check_program(seed, batched=True)``:
+three examples, every argument batched), so the passes see what vmap makes
+of control flow: a ``cond`` with a batched predicate becomes both branches
+and ``select_n``, a ``while`` with a batched predicate (each example loops
+``trips`` more times) a ``while_p`` whose predicate is per example.
+
 Profiles: CI runs ``TAXPR_IR_FUZZ_CI`` programs (default 16, under a
-minute); ``pytest -m long`` runs ``TAXPR_IR_FUZZ_EXAMPLES`` (default 20,000)
-starting at seed ``TAXPR_IR_FUZZ_SEED`` (default 0).
+minute) and 8 of them vmapped; ``pytest -m long`` runs
+``TAXPR_IR_FUZZ_EXAMPLES`` (default 20,000) starting at seed
+``TAXPR_IR_FUZZ_SEED`` (default 0), every ``TAXPR_IR_FUZZ_BATCHED_EVERY``-th
+(default 4) vmapped too.
 """
 
 from __future__ import annotations
@@ -129,6 +137,19 @@ def program(seed: int):
     return g.block(0, g.r.randint(3, 14))
 
 
+def _walk(stmts):
+    """Every statement, nested blocks included."""
+    for s in stmts:
+        yield s
+        for part in s[1:]:
+            if _is_block(part):
+                yield from _walk(part)
+
+
+def _is_block(part) -> bool:
+    return isinstance(part, tuple) and bool(part) and isinstance(part[0], tuple)
+
+
 def _fbin(op, x, y):
     return {"add": lax.add, "sub": lax.sub, "mul": lax.mul, "div": lax.div,
             "max": lax.max, "min": lax.min, "rem": lax.rem}[op](x, y)
@@ -211,7 +232,10 @@ def exec_stmt(s, env):
                        env)
     elif k == "while":
         _, n, body = s
-        _, env = lax.while_loop(lambda c: c[0] < n,
+        # Batched programs add each example's own extra trips (``trips``),
+        # so vmap batches the predicate and the examples stop apart.
+        bound = n + env["trips"] if "trips" in env else n
+        _, env = lax.while_loop(lambda c: c[0] < bound,
                                 lambda c: (c[0] + 1, exec_block(body, c[1])), (0, env))
     elif k == "jit":
         _, times, body = s
@@ -230,8 +254,10 @@ def exec_stmt(s, env):
 
 
 def make_fn(stmts):
-    def f(f0, f1, f2, v0, v1, b0, i0, i1, zero):
+    def f(f0, f1, f2, v0, v1, b0, i0, i1, zero, *trips):
         env = dict(f0=f0, f1=f1, f2=f2, v0=v0, v1=v1, b0=b0, i0=i0, i1=i1, zero=zero)
+        if trips:  # batched programs: extra while trips per example
+            env["trips"] = trips[0]
         env = exec_block(stmts, env)
         return [env[n] for n in SLOTS]
     return f
@@ -342,10 +368,46 @@ def _calls(j, args):
     return out, dict(CALLS)
 
 
-def check_program(seed: int) -> None:
+BATCH = 3
+
+
+def batched_arguments(seed: int) -> list:
+    """``BATCH`` examples of every argument, stacked (those of seeds
+    ``seed``, ``seed + 1``, ...), and ``trips`` (0, 1, 2: each example's
+    extra ``while`` iterations), so vmap batches every predicate."""
+    examples = [arguments(seed + k) for k in range(BATCH)]
+    return [*(np.stack(column) for column in zip(*examples)),
+            np.arange(BATCH, dtype=np.int32)]
+
+
+def traced_program(seed: int, batched: bool = False):
+    """``(statements, arguments, jaxpr)`` of the program ``seed``, vmapped
+    over ``batched_arguments`` when ``batched``."""
     stmts = program(seed)
-    args = arguments(seed)
-    j = jax.make_jaxpr(make_fn(stmts))(*args)
+    fn = make_fn(stmts)
+    if batched:
+        args = batched_arguments(seed)
+        fn = jax.vmap(fn)
+    else:
+        args = arguments(seed)
+    return stmts, args, jax.make_jaxpr(fn)(*args)
+
+
+VMAP_REJECTS = ("IO effect not supported in vmap-of-cond"
+                "|Unordered IO effects not supported in while_loop with batched predicate")
+
+
+def vmappable(stmts) -> bool:
+    """JAX cannot vmap an ``io_callback`` inside a ``cond`` or ``while``
+    whose predicate it batches (``VMAP_REJECTS``)."""
+    def has_io(block):
+        return any(s[0] == "callback" and s[2] == "io" for s in _walk(block))
+    return not any(s[0] == "cond" and (has_io(s[2]) or has_io(s[3]))
+                   or s[0] == "while" and has_io(s[2]) for s in _walk(stmts))
+
+
+def check_program(seed: int, batched: bool = False) -> None:
+    stmts, args, j = traced_program(seed, batched)
     want, want_calls = _calls(j, args)
     eager = _EagerReference(j, args)
     tags = _tags(j)
@@ -354,7 +416,7 @@ def check_program(seed: int) -> None:
     # and run again (compiling dominates the fuzzer's time).
     ran = {_identity(j): (want, want_calls)}
     for name, p in VARIANTS.items():
-        what = f"seed={seed} pass={name} program={stmts}"
+        what = f"seed={seed} batched={batched} pass={name} program={stmts}"
         o = p(j)
         check(o)
         key = _identity(o)
@@ -369,20 +431,13 @@ def check_program(seed: int) -> None:
 CI_COUNT = int(os.environ.get("TAXPR_IR_FUZZ_CI", "16"))
 LONG_COUNT = int(os.environ.get("TAXPR_IR_FUZZ_EXAMPLES", "20000"))
 LONG_SEED = int(os.environ.get("TAXPR_IR_FUZZ_SEED", "0"))
+# The long profile also runs every BATCHED_EVERY-th program under vmap
+# (0: never; 1: every vmappable program).
+BATCHED_EVERY = int(os.environ.get("TAXPR_IR_FUZZ_BATCHED_EVERY", "4"))
 
 
 def test_generator_covers_every_feature():
-    kinds: Counter = Counter()
-
-    def walk(stmts):
-        for s in stmts:
-            kinds[s[0]] += 1
-            for part in s[1:]:
-                if isinstance(part, tuple) and part and isinstance(part[0], tuple):
-                    walk(part)
-
-    for seed in range(CI_COUNT):
-        walk(program(seed))
+    kinds: Counter = Counter(s[0] for seed in range(CI_COUNT) for s in _walk(program(seed)))
     for k in ("bin", "un", "constexpr", "copy", "tag", "callback", "bf_bin", "ibin",
               "scan", "cond", "while", "jit", "ckpt"):
         assert kinds[k] > 0, (k, kinds)
@@ -391,6 +446,43 @@ def test_generator_covers_every_feature():
 @pytest.mark.parametrize("seed", range(CI_COUNT))
 def test_passes_preserve_outputs_effects_and_tags(seed):
     check_program(seed)
+
+
+BATCHED_SEEDS = [s for s in range(CI_COUNT) if vmappable(program(s))][:8]
+
+
+@pytest.mark.parametrize("seed", BATCHED_SEEDS)
+def test_passes_preserve_outputs_effects_and_tags_of_vmapped_programs(seed):
+    check_program(seed, batched=True)
+
+
+def test_vmapped_programs_hold_what_vmap_makes_of_control_flow():
+    # The condition the batched mode creates: a cond whose predicate vmap
+    # batches runs both branches and selects (select_n, no cond left); a
+    # while whose predicate it batches keeps a predicate per example (its
+    # cond_jaxpr returns bool[3]: while_p loops while any holds and selects
+    # each example's carry, which lax.while_loop cannot express).
+    written, traced = Counter(), Counter()
+    for seed in BATCHED_SEEDS:
+        stmts, _, j = traced_program(seed, batched=True)
+        written.update(s[0] for s in _walk(stmts))
+        traced.update(e.primitive.name for e, _ in _traverse.iter_eqns(j))
+    assert written["cond"] > traced["cond"], (written, traced)  # some became selects
+    assert traced["select_n"], traced
+    batched_whiles = [e for seed in BATCHED_SEEDS
+                      for e, _ in _traverse.iter_eqns(traced_program(seed, batched=True)[2])
+                      if e.primitive.name == "while"
+                      and _compat.jaxpr_parts(e.params["cond_jaxpr"]).outvars[0].aval.shape]
+    assert batched_whiles, traced
+
+
+def test_programs_vmap_rejects_are_exactly_those_with_an_io_callback_in_a_cond_or_while():
+    for seed in range(CI_COUNT * 2):
+        stmts = program(seed)
+        if vmappable(stmts):
+            continue
+        with pytest.raises(Exception, match=VMAP_REJECTS):
+            traced_program(seed, batched=True)
 
 
 def test_integer_division_by_a_zero_xla_can_prove_does_not_crash_the_fuzzer():
@@ -440,9 +532,7 @@ def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
     # Found by the long profile: XLA's compile-time folding of the original
     # (seed 835: -0.0 - -0.0 -> -0.0; seed 856: tanh(1.5) 1 ulp off) differs
     # from the same program evaluated eagerly; constant_fold follows eager.
-    stmts = program(seed)
-    args = arguments(seed)
-    j = jax.make_jaxpr(make_fn(stmts))(*args)
+    _, args, j = traced_program(seed)
     folded = run(ir.constant_fold(j), *args)
     eager = run(j, *args, jit=False)
     assert_bitwise(folded, eager, f"seed={seed}")
@@ -457,9 +547,7 @@ def test_outputs_xla_computes_wrongly_are_compared_eagerly(seed, output):
     # exp of a fused NaN constant as garbage, in the original program as in
     # the folded one. Eagerly both give NaN, as IEEE says: constant_fold kept
     # the program's meaning, and the fuzzer now judges it by that.
-    stmts = program(seed)
-    args = arguments(seed)
-    j = jax.make_jaxpr(make_fn(stmts))(*args)
+    _, args, j = traced_program(seed)
     folded = ir.constant_fold(j)
     assert np.isnan(run(j, *args, jit=False)[output]).all()
     assert np.isnan(run(folded, *args, jit=False)[output]).all()
@@ -478,12 +566,20 @@ def test_passes_preserve_outputs_effects_and_tags_long():
     # goes to TAXPR_IR_FUZZ_LOG when set, so a long run can be followed.
     log = os.environ.get("TAXPR_IR_FUZZ_LOG")
     failures = []
+    batched_runs = 0
     for n, seed in enumerate(range(LONG_SEED, LONG_SEED + LONG_COUNT), 1):
-        try:
-            check_program(seed)
-        except Exception as e:  # noqa: BLE001 - every finding is reported below
-            failures.append(f"seed {seed}: {type(e).__name__}: {str(e)[:2000]}")
-            _log(log, failures[-1])
+        modes = [False]
+        if BATCHED_EVERY and seed % BATCHED_EVERY == 0 and vmappable(program(seed)):
+            modes.append(True)
+            batched_runs += 1
+        for batched in modes:
+            try:
+                check_program(seed, batched)
+            except Exception as e:  # noqa: BLE001 - every finding is reported below
+                failures.append(f"seed {seed} batched={batched}: {type(e).__name__}: "
+                                f"{str(e)[:2000]}")
+                _log(log, failures[-1])
         if n % 100 == 0 or n == LONG_COUNT:
-            _log(log, f"{n} programs up to seed {seed}: {len(failures)} failures")
+            _log(log, f"{n} programs up to seed {seed} ({batched_runs} also vmapped): "
+                      f"{len(failures)} failures")
     assert not failures, "\n".join(failures)

@@ -213,6 +213,15 @@ class _Gen:
         self.n_fn += 1
         return f"_{_identifier(hint).lower()}_{self.n_fn}"
 
+    def batched_while_loop(self) -> str:
+        """The name of the module's helper running a ``while`` whose
+        predicate vmap batched (written once, when first needed)."""
+        hit = self.fn_memo.get("batched_while_loop")
+        if hit is None:
+            hit = self.fn_memo["batched_while_loop"] = self.fn_name("batched_while_loop")
+            self.functions.append(_BATCHED_WHILE_LOOP.format(name=hit))
+        return hit
+
     # -- values --
     def array(self, value: Any, dtype: Any, hint: str = "const") -> str:
         """A module-level constant holding ``value`` exactly."""
@@ -435,8 +444,25 @@ def _while_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     cond = g.function(p["cond_jaxpr"], "while_cond", "value")
     body = g.function(p["body_jaxpr"], "while_body", "tuple")
     cc, bc, init = args[:nc], args[nc:nc + nb], args[nc + nb:]
+    if _compat.jaxpr_parts(p["cond_jaxpr"]).outvars[0].aval.shape:
+        # vmap batched the predicate: ``while_p`` loops while any example's
+        # holds and selects the carry per example (``lax.while_loop`` takes
+        # only a scalar predicate), as JAX lowers it.
+        return (f"{g.batched_while_loop()}({cond}, {body}, {_tuple(cc)}, {_tuple(bc)}, "
+                f"{_tuple(init)})")
     return (f"lax.while_loop(lambda carry: {cond}({', '.join([*cc, '*carry'])}), "
             f"lambda carry: {body}({', '.join([*bc, '*carry'])}), {_tuple(init)})")
+
+
+_BATCHED_WHILE_LOOP = '''def {name}(cond, body, cond_consts, body_consts, init):
+    """lax.while_loop for a predicate vmap batched: loop while any example's
+    predicate holds; an example whose predicate is false keeps its carry."""
+    def step(carry):
+        pred = cond(*cond_consts, *carry)
+        new = body(*body_consts, *carry)
+        return tuple(lax.select(lax.broadcast_in_dim(pred, n.shape, tuple(range(pred.ndim))),
+                                n, c) for n, c in zip(new, carry))
+    return lax.while_loop(lambda carry: jnp.any(cond(*cond_consts, *carry)), step, init)'''
 
 
 def _cond_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
