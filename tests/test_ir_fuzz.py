@@ -151,6 +151,11 @@ def _is_block(part) -> bool:
 
 
 def _fbin(op, x, y):
+    if jax.config.jax_enable_x64 and (type(x) is float or type(y) is float):
+        # Under x64 lax takes a Python float as float64; jnp promotes it
+        # weakly, to the same weak literal that lax makes without x64.
+        return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply,
+                "div": jnp.divide, "max": jnp.maximum, "min": jnp.minimum}[op](x, y)
     return {"add": lax.add, "sub": lax.sub, "mul": lax.mul, "div": lax.div,
             "max": lax.max, "min": lax.min, "rem": lax.rem}[op](x, y)
 
