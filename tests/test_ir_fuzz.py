@@ -16,17 +16,19 @@ function traced again): ``check_jaxpr`` passes, the outputs are
 bitwise equal to the original's (any NaN equals any NaN), the number of
 callback calls at run time and the tags are unchanged.
 
-Programs also run under ``jax.vmap`` (``check_program(seed, batched=True)``:
-three examples, every argument batched), so the passes see what vmap makes
-of control flow: a ``cond`` with a batched predicate becomes both branches
-and ``select_n``, a ``while`` with a batched predicate (each example loops
-``trips`` more times) a ``while_p`` whose predicate is per example.
+Programs also run transformed, as users run them: under ``jax.vmap``
+(``check_program(seed, batched=True)``: three examples, every argument
+batched), so the passes see what vmap makes of control flow (a ``cond``
+with a batched predicate becomes both branches and ``select_n``; a
+``while`` with a batched predicate, each example looping ``trips`` more
+times, a ``while_p`` whose predicate is per example), and under
+``jax.jvp`` (``differentiated=True``), both where JAX can.
 
 Profiles: CI runs ``TAXPR_IR_FUZZ_CI`` programs (default 16, under a
-minute) and 8 of them vmapped; ``pytest -m long`` runs
+minute), some of them vmapped and differentiated; ``pytest -m long`` runs
 ``TAXPR_IR_FUZZ_EXAMPLES`` (default 20,000) starting at seed
-``TAXPR_IR_FUZZ_SEED`` (default 0), every ``TAXPR_IR_FUZZ_BATCHED_EVERY``-th
-(default 4) vmapped too.
+``TAXPR_IR_FUZZ_SEED`` (default 0), and for three seeds in four a
+transformed run too (``long_profile_modes``).
 """
 
 from __future__ import annotations
@@ -385,16 +387,41 @@ def batched_arguments(seed: int) -> list:
             np.arange(BATCH, dtype=np.int32)]
 
 
-def traced_program(seed: int, batched: bool = False):
-    """``(statements, arguments, jaxpr)`` of the program ``seed``, vmapped
-    over ``batched_arguments`` when ``batched``."""
+N_FLOAT_ARGS = 5  # f0, f1, f2, v0, v1: the arguments jvp differentiates
+
+
+def differentiate(fn):
+    """``fn`` with ``N_FLOAT_ARGS`` tangent arguments put first, returning
+    its outputs (by ``jax.jvp``) and the tangents of its float32 outputs."""
+    def jvp_fn(*args):
+        tangents, args = args[:N_FLOAT_ARGS], args[N_FLOAT_ARGS:]
+        primals, rest = args[:N_FLOAT_ARGS], args[N_FLOAT_ARGS:]
+
+        def split(*p):
+            outs = fn(*p, *rest)
+            floats = [o for o in outs if o.dtype == jnp.float32]
+            return floats, [o for o in outs if o.dtype != jnp.float32]
+
+        floats, tangents_out, others = jax.jvp(split, primals, tangents, has_aux=True)
+        return [*floats, *others, *tangents_out]
+    return jvp_fn
+
+
+def traced_program(seed: int, batched: bool = False, differentiated: bool = False):
+    """``(statements, arguments, jaxpr)`` of the program ``seed``:
+    forward-differentiated (``differentiate``; the tangents are the float
+    arguments of a later seed: NaN, inf, -0.0 included) when
+    ``differentiated``, then vmapped over ``batched_arguments`` when
+    ``batched``."""
     stmts = program(seed)
     fn = make_fn(stmts)
+    args = batched_arguments(seed) if batched else list(arguments(seed))
+    if differentiated:
+        fn = differentiate(fn)
+        later = batched_arguments(seed + BATCH) if batched else arguments(seed + BATCH)
+        args = [*later[:N_FLOAT_ARGS], *args]
     if batched:
-        args = batched_arguments(seed)
         fn = jax.vmap(fn)
-    else:
-        args = arguments(seed)
     return stmts, args, jax.make_jaxpr(fn)(*args)
 
 
@@ -411,8 +438,13 @@ def vmappable(stmts) -> bool:
                    or s[0] == "while" and has_io(s[2]) for s in _walk(stmts))
 
 
-def check_program(seed: int, batched: bool = False) -> None:
-    stmts, args, j = traced_program(seed, batched)
+def differentiable(stmts) -> bool:
+    """``io_callback`` has no JVP rule."""
+    return not any(s[0] == "callback" and s[2] == "io" for s in _walk(stmts))
+
+
+def check_program(seed: int, batched: bool = False, differentiated: bool = False) -> None:
+    stmts, args, j = traced_program(seed, batched, differentiated)
     want, want_calls = _calls(j, args)
     eager = _EagerReference(j, args)
     tags = _tags(j)
@@ -421,7 +453,8 @@ def check_program(seed: int, batched: bool = False) -> None:
     # and run again (compiling dominates the fuzzer's time).
     ran = {_identity(j): (want, want_calls)}
     for name, p in VARIANTS.items():
-        what = f"seed={seed} batched={batched} pass={name} program={stmts}"
+        what = (f"seed={seed} batched={batched} differentiated={differentiated} pass={name} "
+                f"program={stmts}")
         o = p(j)
         check(o)
         key = _identity(o)
@@ -436,9 +469,23 @@ def check_program(seed: int, batched: bool = False) -> None:
 CI_COUNT = int(os.environ.get("TAXPR_IR_FUZZ_CI", "16"))
 LONG_COUNT = int(os.environ.get("TAXPR_IR_FUZZ_EXAMPLES", "20000"))
 LONG_SEED = int(os.environ.get("TAXPR_IR_FUZZ_SEED", "0"))
-# The long profile also runs every BATCHED_EVERY-th program under vmap
-# (0: never; 1: every vmappable program).
-BATCHED_EVERY = int(os.environ.get("TAXPR_IR_FUZZ_BATCHED_EVERY", "4"))
+# The long profile also runs transformed programs: with seed % 4 == 0
+# vmapped, == 1 differentiated (jvp), == 2 both (where JAX can), unless
+# TAXPR_IR_FUZZ_TRANSFORMED=0.
+TRANSFORMED = os.environ.get("TAXPR_IR_FUZZ_TRANSFORMED", "1") != "0"
+
+
+def long_profile_modes(seed: int) -> list[tuple[bool, bool]]:
+    """``(batched, differentiated)`` runs of program ``seed`` in the long
+    profile: always the plain one, and one transformed where JAX can."""
+    stmts = program(seed)
+    modes = [(False, False)]
+    wanted = {0: (True, False), 1: (False, True), 2: (True, True)}.get(seed % 4)
+    if TRANSFORMED and wanted is not None:
+        batched, differentiated = wanted
+        if (not batched or vmappable(stmts)) and (not differentiated or differentiable(stmts)):
+            modes.append(wanted)
+    return modes
 
 
 def test_generator_covers_every_feature():
@@ -459,6 +506,20 @@ BATCHED_SEEDS = [s for s in range(CI_COUNT) if vmappable(program(s))][:8]
 @pytest.mark.parametrize("seed", BATCHED_SEEDS)
 def test_passes_preserve_outputs_effects_and_tags_of_vmapped_programs(seed):
     check_program(seed, batched=True)
+
+
+DIFFERENTIATED_SEEDS = [s for s in range(CI_COUNT) if differentiable(program(s))][:6]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("seed", DIFFERENTIATED_SEEDS)
+def test_passes_preserve_outputs_effects_and_tags_of_differentiated_programs(seed, batched):
+    # What jax.jvp makes of a program (tangent equations beside the primal
+    # ones, jvp-named jits, symbolic zeros instantiated), vmapped too when
+    # vmappable; tangents include NaN, inf and -0.0.
+    if batched and not vmappable(program(seed)):
+        pytest.skip("vmap rejects an io_callback in a cond/while")
+    check_program(seed, batched=batched, differentiated=True)
 
 
 def test_vmapped_programs_hold_what_vmap_makes_of_control_flow():
@@ -571,20 +632,18 @@ def test_passes_preserve_outputs_effects_and_tags_long():
     # goes to TAXPR_IR_FUZZ_LOG when set, so a long run can be followed.
     log = os.environ.get("TAXPR_IR_FUZZ_LOG")
     failures = []
-    batched_runs = 0
+    transformed_runs = 0
     for n, seed in enumerate(range(LONG_SEED, LONG_SEED + LONG_COUNT), 1):
-        modes = [False]
-        if BATCHED_EVERY and seed % BATCHED_EVERY == 0 and vmappable(program(seed)):
-            modes.append(True)
-            batched_runs += 1
-        for batched in modes:
+        modes = long_profile_modes(seed)
+        transformed_runs += len(modes) - 1
+        for batched, differentiated in modes:
             try:
-                check_program(seed, batched)
+                check_program(seed, batched, differentiated)
             except Exception as e:  # noqa: BLE001 - every finding is reported below
-                failures.append(f"seed {seed} batched={batched}: {type(e).__name__}: "
-                                f"{str(e)[:2000]}")
+                failures.append(f"seed {seed} batched={batched} differentiated="
+                                f"{differentiated}: {type(e).__name__}: {str(e)[:2000]}")
                 _log(log, failures[-1])
         if n % 100 == 0 or n == LONG_COUNT:
-            _log(log, f"{n} programs up to seed {seed} ({batched_runs} also vmapped): "
+            _log(log, f"{n} programs up to seed {seed} ({transformed_runs} also transformed): "
                       f"{len(failures)} failures")
     assert not failures, "\n".join(failures)

@@ -121,8 +121,11 @@ def test_reap_and_plant_of_float64_values_in_a_scan():
 def test_ir_passes_and_codegen_on_programs_traced_with_x64(seed):
     # The ir fuzzer's programs under x64: weak literals, while counters
     # and scan indices are 64-bit; checked as in tests/test_ir_fuzz.py,
-    # under vmap too.
+    # under vmap and jvp too.
+    stmts = test_ir_fuzz.program(seed)
     with enable_x64():
         test_ir_fuzz.check_program(seed)
-        if test_ir_fuzz.vmappable(test_ir_fuzz.program(seed)):
+        if test_ir_fuzz.vmappable(stmts):
             test_ir_fuzz.check_program(seed, batched=True)
+        if test_ir_fuzz.differentiable(stmts):
+            test_ir_fuzz.check_program(seed, differentiated=True)
