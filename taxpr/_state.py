@@ -638,20 +638,32 @@ def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
     out: dict = {}
 
     def visit(jaxpr, chain, path):
-        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+        eqns = _compat.jaxpr_parts(jaxpr).eqns
+        clamped = None  # outputs of this jaxpr's clamps (lax.switch's index)
+        for eqn in eqns:
             if eqn.primitive is tag_p:
                 p = eqn.params
                 if p.get("op") is GET and p["name"] not in out:
                     out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
                 continue
             subs = _traverse.subjaxprs(eqn)
-            if eqn.primitive.name == "cond":
-                subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
+            if eqn.primitive.name == "cond" and len(eqn.params["branches"]) == 2:
+                if clamped is None:
+                    clamped = {v for e in eqns if e.primitive.name == "clamp" for v in e.outvars}
+                if not _is_switch_index(eqn.invars[0], clamped):
+                    subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
             for sub, sj in subs:
                 visit(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,))
 
     visit(closed, [], ())
     return out
+
+
+def _is_switch_index(index: Any, clamped: set) -> bool:
+    """Whether a two-branch ``cond``'s index comes from ``lax.switch``
+    (which traces its branches in index order, and clamps its index) rather
+    than ``lax.cond`` (which traces its true branch, index 1, first)."""
+    return not isinstance(index, core.Literal) and index in clamped
 
 
 _CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2",

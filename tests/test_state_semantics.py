@@ -237,6 +237,36 @@ def test_unreached_state_starts_at_its_init_computed_exactly(where, init):
         assert_states(s1, ref.state)
 
 
+@pytest.mark.parametrize("n_branches, how", [(3, "switch"), (2, "switch"), (2, "cond")])
+def test_unreached_state_with_different_inits_starts_at_the_first_traced(n_branches, how):
+    # Found by the long fuzz (0.12, seed 6000): a state read with init 0.5
+    # in branch 0 of a 3-way switch and with -0.5 in branch 1, neither taken
+    # by the example, started at -0.5: the first-get search visited every
+    # cond's branches backwards, as lax.cond traces them (true first), but
+    # lax.switch traces its branches in index order.
+    traced = []
+
+    def prog(n, x):
+        def branch(k):
+            def f(c):
+                traced.append(k)
+                return c + tx.get_state("s", f32(k + 0.5))
+            return f
+        branches = [branch(k) for k in range(n_branches)]
+
+        def inner(c):
+            if how == "cond":
+                return lax.cond(n % 2 == 0, branches[1], branches[0], c)
+            return lax.switch(n, branches, c)
+        # The example (n = 0) takes neither inner branch.
+        return lax.cond(n > 100, inner, lambda c: c * 2.0, x)
+
+    pure, s0 = tx.uncurry(prog, i32(0), f32(1.0))
+    first = traced[0]  # JAX's own trace order
+    assert traced[:n_branches] == ([1, 0] if how == "cond" else list(range(n_branches)))
+    assert_close(s0, {"s": f32(first + 0.5)})
+
+
 @pytest.mark.parametrize("where", ["while", "fori", "scan_carry"])
 def test_unreached_state_whose_init_depends_on_a_loop_carry_is_an_error(where):
     def fn(p, x):
