@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import os
+import sys
 import types
 import warnings
 import weakref
@@ -50,14 +52,27 @@ class StateOp:
     def __repr__(self):
         return f"state.{self.kind}"
 
-    def on_lowering(self, params: dict) -> None:
-        """Called when a state access reaches compilation untransformed."""
+    def on_untransformed(self, params: dict, how: str) -> None:
+        """Called when a state access is compiled or runs eagerly without
+        ``uncurry``: ``how`` says which ("is being compiled", "ran eagerly")."""
         if self is SET:
             warnings.warn(
-                f"taxpr: set_state({params['name']!r}) is being compiled without "
-                f"tx.uncurry, so the update is lost (and get_state returns the init). "
-                f"Use `pure, state0 = tx.uncurry(fn, *args)` and jit `pure` instead.",
-                StateNotUncurriedWarning, stacklevel=2)
+                f"taxpr: set_state({params['name']!r}) {how} without "
+                f"tx.uncurry, so the update is lost (get_state returns the init, and "
+                f"tx.next_key the same key on every call). Use `pure, state0 = "
+                f"tx.uncurry(fn, *args)` and jit `pure` instead (or `tx.seed(fn, key)` "
+                f"for a function that only draws keys).",
+                StateNotUncurriedWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` called here that names the
+    first caller outside taxpr and JAX (the user's line)."""
+    inside = (os.path.dirname(__file__) + os.sep, os.path.dirname(jax.__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 GET, SET = StateOp("get"), StateOp("set")
@@ -68,7 +83,8 @@ class StateError(ValueError):
 
 
 class StateNotUncurriedWarning(UserWarning):
-    """A ``set_state`` reached compilation (e.g. ``jax.jit(fn)``) without
+    """A ``set_state`` reached compilation (e.g. ``jax.jit(fn)``) or ran
+    eagerly (``fn(x)``, or under ``jax.disable_jit()``) without
     ``tx.uncurry``: its update is lost. Turn it into an error with
     ``warnings.simplefilter("error", tx.StateNotUncurriedWarning)``."""
 

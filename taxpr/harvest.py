@@ -766,7 +766,10 @@ def _plant_fit(value: Any, aval: Any) -> str:
     vd, v_weak = jax.dtypes.result_type(value, return_weak_type_flag=True)
     if vd == aval.dtype:
         return "same"
-    both = jax.dtypes.result_type(value, _Like(aval))
+    try:
+        both = jax.dtypes.result_type(value, _Like(aval))
+    except jax.dtypes.TypePromotionError:  # refused by jax_numpy_dtype_promotion="strict"
+        return ""
     if v_weak and both == aval.dtype:
         return "convert"
     if getattr(aval, "weak_type", False) and both == vd:

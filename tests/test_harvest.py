@@ -1498,6 +1498,21 @@ def test_plant_refuses_what_promotion_would_change():
     raises(ValueError, r"'y'.*float32\[2\]", h.plant(_int_sow, tag=T), {"y": jnp.ones(2)}, 1.0)
 
 
+def test_plant_refusals_say_why_under_strict_dtype_promotion():
+    """Under ``jax_numpy_dtype_promotion="strict"`` JAX refuses to promote
+    across kinds: the plant says which value does not fit which sow (not
+    JAX's promotion error), and fitting values plant as before."""
+    f = lambda x: h.sow(x, tag=T, name="i") * 2
+    with jax.numpy_dtype_promotion("strict"):
+        for planted in (jnp.float32(1.0), 2.5, jnp.float16(2)):
+            raises(ValueError, r"^Planted value for 'i' has type float\d+\[\], but the sow at "
+                   r"<top level> has type int32\[\];", h.plant(f, tag=T), {"i": planted},
+                   jnp.int32(1))
+        assert int(h.plant(f, tag=T)({"i": jnp.int32(3)}, jnp.int32(1))) == 6
+        out = h.plant(f, tag=T)({"i": 3}, jnp.float32(1))  # a weak int into a float sow
+        assert out.dtype == jnp.float32 and float(out) == 6.0
+
+
 def test_plant_append_shape_checked():
     f = lambda x: jax.lax.scan(lambda c, xi: (c + h.sow(xi, tag=T, name="v", mode="append"),
                                                None), x, jnp.arange(3.0))[0]

@@ -64,8 +64,14 @@ def keep_tags():
     recomputes it in a checkpoint's backward pass, also for tags on values
     that are not differentiated (whose JVP rule never runs). Use it around
     ``jax.make_jaxpr`` when passing the result to ``inject`` yourself.
+
+    ``jax.disable_jit()`` is off inside: under it ``lax.while_loop`` first
+    runs the loop in Python and, when a traced predicate stops that attempt,
+    stages the loop instead, leaving the attempt's tags in the trace as if
+    they had run (a key drawn, a state written, a value sown once more than
+    eagerly). So taxpr traces the program ``jax.jit`` would trace.
     """
-    with _KEEP(True):
+    with _KEEP(True), jax.disable_jit(False):
         yield
 
 
@@ -118,7 +124,18 @@ def unguarded(params: dict) -> dict:
 
 
 def _identity_impl(*args, **params):
+    # Run eagerly (outside any trace, or under ``jax.disable_jit()``): an
+    # ``op`` param may ask to be told (state: the user forgot uncurry).
+    _tell_untransformed(params, "ran eagerly")
     return args[:n_values(params, len(args))]
+
+
+def _tell_untransformed(params: dict, how: str) -> None:
+    """Call the ``op`` param's ``on_untransformed(user_params, how)`` hook,
+    if it has one: the tag ran or compiled with nothing rewriting it."""
+    hook = getattr(params.get("op"), "on_untransformed", None)
+    if hook is not None:
+        hook(user_params(params), how)
 
 
 def _tag_abstract_eval(*avals, **params):
@@ -273,11 +290,8 @@ batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
 # ---- lowering, DCE, printing ----------------------------------------------------
 
 def _tag_lowering(ctx, *args, **params):
-    # A tag is an identity in compiled code. An ``op`` param may ask to be
-    # told when its tag reaches compilation (state: the user forgot uncurry).
-    on_lowering = getattr(params.get("op"), "on_lowering", None)
-    if on_lowering is not None:
-        on_lowering(user_params(params))
+    # A tag is an identity in compiled code.
+    _tell_untransformed(params, "is being compiled")
     return list(args[:n_values(params, len(args))])
 
 
@@ -344,6 +358,7 @@ def tag(value: Any, **params: Any) -> Any:
     if not leaves:
         return value
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
+        _tell_untransformed(params, "ran eagerly")
         return value
     params = {TREE: tree, **params}
     if _KEEP.value:
