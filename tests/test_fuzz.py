@@ -236,6 +236,7 @@ class While:
     bound: int
     spred: Optional[tuple] = None  # (state, init, threshold): & get_state(state) > t
     csow: Optional[tuple] = None  # (var, name): clobber sow in the cond
+    cbump: Optional["Bump"] = None  # a typed state updated by every run of the cond
 
 
 @dataclass(frozen=True)
@@ -628,6 +629,9 @@ def rstmt(s, ind: str, out: list) -> None:
         out.append(f"{i2}{carry} = carry")
         if s.csow:
             out.append(f'{i2}h.sow({s.csow[0]}, tag=T, name="{s.csow[1]}", mode="clobber")')
+        if s.cbump:
+            out += [i2 + line for line in bump_lines(
+                s.cbump, _typed_init(TYPED_STATES[s.cbump.state], s.cbump.init, s.cbump.form))]
         pred = f"k{u} < {s.bound}" if s.kind == "carry" else f"{CNT_GET} < lim{u}"
         if s.spred:
             st_, init, t = s.spred
@@ -723,7 +727,7 @@ def uses_state(stmts) -> bool:
     """Whether ``stmts`` read or write a state anywhere (statically; a key
     draw reads and writes the "rng" stream)."""
     return any(isinstance(s, (Get, Set, Draw, Bump)) or (isinstance(s, While) and (
-        s.kind == "state" or s.spred)) for s in walk(stmts))
+        s.kind == "state" or s.spred or s.cbump)) for s in walk(stmts))
 
 
 def stateful_custom_rules(program: Program) -> list:
@@ -770,6 +774,8 @@ def states_of(program: Program) -> dict[str, str]:
                 out["cnt"] = "I"
             if s.spred:
                 out[s.spred[0]] = "S"
+            if s.cbump:
+                out[s.cbump.state] = "Y"
     return out
 
 
@@ -788,6 +794,9 @@ def first_traced_inits(program: Program) -> dict:
             elif isinstance(s, While):
                 if s.kind == "state":
                     out.setdefault("cnt", 0)
+                if s.cbump:  # traced before the predicate's reads
+                    out.setdefault(s.cbump.state,
+                                   typed_value(TYPED_STATES[s.cbump.state], s.cbump.init))
                 if s.spred:
                     out.setdefault(s.spred[0], s.spred[1])
                 visit(s.body)
@@ -1017,6 +1026,8 @@ class Reference:
                 if s.csow:
                     self.sow(Sow(-1, None, None, s.csow[1], "clobber"), env[s.csow[0]], env, ienv,
                              site)
+                if s.cbump:
+                    self.stmt(s.cbump, env, ienv, site)
                 base = k < s.bound if s.kind == "carry" else self.get("cnt", 0) < lim
                 if s.spred:
                     x = self.get(s.spred[0], s.spred[1])
@@ -1288,7 +1299,13 @@ class Gen:
             if self.draw(st.booleans()):
                 name = self.pick(tuple(CLOBBER_NAMES))
                 csow = (self.target(CLOBBER_NAMES[name]), name)
-            return While(uid, self.block(sub, 3), kind, self.pick((2, 1, 3, 0)), spred, csow)
+            cbump = None
+            if "counter_state" in self.allow and self.draw(st.booleans()):
+                # A state written by each run of the predicate: one run more
+                # than the body (unmixed: the predicate's locals are dropped).
+                cbump = dataclasses.replace(self.bump(ctx, ops_without=("xor",)), target=None)
+            return While(uid, self.block(sub, 3), kind, self.pick((2, 1, 3, 0)), spred, csow,
+                         cbump)
         if k in ("cond", "switch"):
             nb = 2 if k == "cond" else self.pick((3, 2, 1))
             bctx = dataclasses.replace(sub, in_branch=True)
@@ -1324,15 +1341,15 @@ class Gen:
             return kinds[k](uid, body, calls)
         raise AssertionError(k)
 
-    def bump(self, ctx: Ctx) -> Bump:
+    def bump(self, ctx: Ctx, ops_without: tuple = ()) -> Bump:
         """An exact update of a typed state of a random dtype: its kind first
         (bool and complex are one dtype each, but their updates matter as
-        much as the integers' or floats')."""
+        much as the integers' or floats'); no update in ``ops_without``."""
         kind = self.pick(("i", "f", "b", "c"))
         d = self.pick(tuple(d for d in TYPED_DTYPES if typed_kind(d) == kind))
         values = typed_inits(d)
         init = tuple(self.pick(values) for _ in range(3)) if typed_shape(d) else self.pick(values)
-        op = self.pick(TYPED_OPS[typed_kind(d)])
+        op = self.pick(tuple(o for o in TYPED_OPS[typed_kind(d)] if o not in ops_without))
         arg = self.pred(ctx) if op == "xor" else self.pick(typed_adds(d)) if op == "add" else None
         target = None
         if self.draw(st.booleans()):
@@ -1484,7 +1501,8 @@ def features(program: Program) -> set[str]:
             elif isinstance(s, Scan):
                 name = f"scan len {s.length}" + (" reverse" if s.reverse else "")
             elif isinstance(s, While):
-                name = f"while {s.kind}" + (" spred" if s.spred else "")
+                name = (f"while {s.kind}" + (" spred" if s.spred else "")
+                        + (" cbump" if s.cbump else ""))
             out.add(name)
             lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
             for b in children(s):
@@ -1781,7 +1799,7 @@ def ci_settings(n: int):
 # "as_users_run": each program is warmed up, uncurried, run eagerly and
 # jitted (about 0.5 s each on a 2-core machine).
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50, "vmap_inside": 30, "as_users_run": 40}
+          "derivatives": 50, "vmap_inside": 30, "as_users_run": 40, "disable_jit": 30}
 
 
 def long_settings(n: int):
@@ -1858,6 +1876,17 @@ def _raw_case(data):
     program = data.draw(programs(allow=frozenset()))
     args = data.draw(arguments())
     run_check(check_raw_reap, program, args)
+
+
+def _disable_jit_case(data):
+    # As users debug: under jax.disable_jit(), a while_loop first tries its
+    # loop in Python; taxpr must trace what jax.jit would (no tags of that
+    # attempt left behind).
+    with jax.disable_jit():
+        if data.draw(st.booleans()):
+            _uncurry_case(data, jit=data.draw(st.booleans()))
+        else:
+            _reap_case(data)
 
 
 @_seeded
@@ -1992,6 +2021,13 @@ ARGS = (np.float32(0.5), np.float32(-1.0), np.float32(1.5), np.array([0.5, -0.5,
         np.int32(1))
 
 
+@_seeded
+@ci_settings(SHARES["disable_jit"])
+@given(st.data())
+def test_programs_under_disable_jit_match_reference(data):
+    _disable_jit_case(data)
+
+
 # ---- the long profile (pytest -m long) ----------------------------------------------
 
 @pytest.mark.long
@@ -2048,6 +2084,14 @@ def test_long_derivatives(data):
 @given(st.data())
 def test_long_raw_reap(data):
     _raw_case(data)
+
+
+@pytest.mark.long
+@_seeded_long
+@long_settings(SHARES["disable_jit"])
+@given(st.data())
+def test_long_disable_jit(data):
+    _disable_jit_case(data)
 
 
 # ---- regressions for bugs the fuzzer found --------------------------------------------
@@ -2197,6 +2241,8 @@ class _Hoisted:
             if s.csow:
                 cond_lines.append(f'    h.sow({s.csow[0]}, tag=T, name="{s.csow[1]}", '
                                   f'mode="clobber")')
+            if s.cbump:
+                cond_lines += ["    " + line for line in bump_lines(s.cbump, self.typed_init(s.cbump))]
             pred = f"k{u} < {s.bound}" if s.kind == "carry" else f"{CNT_GET} < lim{u}"
             if s.spred:
                 st_, init, t = s.spred
@@ -2479,5 +2525,5 @@ def test_the_long_profile_runs_the_requested_number_of_programs_in_all():
     # profile (its tests share it), not a number per test.
     long_tests = [v for k, v in globals().items() if k.startswith("test_long_")]
     counts = [t._hypothesis_internal_use_settings.max_examples for t in long_tests]
-    assert len(long_tests) == 8
+    assert len(long_tests) == 9
     assert LONG_EXAMPLES <= sum(counts) < LONG_EXAMPLES + len(long_tests)
