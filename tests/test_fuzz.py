@@ -15,7 +15,8 @@ bool ``~s`` or ``s ^ predicate``, integer-valued floats ``(s + 1) % 4`` or
 an exact cast (so typed values flow through carries and outputs),
 ``sow`` / ``sow_cond`` in every mode (and sows of another tag), and
 ``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
-bounds, ``while_loop`` whose cond reads state (and may sow), ``cond``,
+bounds, ``while_loop`` whose cond reads state (and may sow, and may write a
+typed state: one run more than the body), ``cond``,
 ``switch``, ``jax.jit`` and ``jax.checkpoint`` (each called once or twice)
 nested up to depth 4. Every op keeps values in [-2, 2] and is 1-Lipschitz.
 
@@ -46,7 +47,9 @@ of its reap over two states/argument sets, derivatives (``jvp``, and ``grad``
 without while loops, of pure / reap / plant against finite differences of the
 reference, w.r.t. the arguments and the float32 states ``s0 s1 sv``: typed
 states are carried, not differentiated), ``reap`` of the raw stateful
-function, and static-rule violations. A last test checks that the CI profile
+function, ``uncurry`` / ``reap`` under ``jax.disable_jit()`` (where a
+``while_loop`` first tries its loop in Python), and static-rule violations.
+A last test checks that the CI profile
 generated typed states with every update in every kind of body;
 ``test_typed_states_of_every_dtype_through_every_primitive_match_reference``
 runs every dtype through every primitive's carries deterministically.
