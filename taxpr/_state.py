@@ -113,7 +113,11 @@ def get_state(name: str, init: Any) -> jax.Array:
 
 
 # Per outermost trace (weakly held, so a finished trace drops its entries):
-# the value of each (state name, callable init) already called in it.
+# the value of each (state name, callable init) already called in it. No
+# tracer is held strongly, in keys or values: a tracer held here would keep
+# its trace alive after it ends, which ``jax.checking_leaks()`` reports as a
+# leaked tracer (and a tracer's trace refers back to it, so the entry would
+# live as long as the outermost trace).
 _INIT_VALUES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -128,10 +132,20 @@ def _init_key(init: Callable) -> tuple | None:
         cells = tuple(c.cell_contents for c in init.__closure__ or ())
     except ValueError:
         return None
+    held = [_Ident(x) if not isinstance(x, core.Tracer) else _WeakIdent(x) for x in cells]
+    # A closure holding tracers inside another object (a dict of traced
+    # params): not cached, rather than held.
+    if any(type(h) is _Ident and _holds_tracers(h.obj) for h in held):
+        return None
     # The objects themselves (not their ids) are held in the key, so an id
-    # cannot be reused while the trace lives; compared by identity.
+    # cannot be reused while the trace lives (a tracer weakly: dead, it
+    # equals nothing); compared by identity.
     return ("function", init.__code__, _Ident(init.__globals__), _Ident(init.__defaults__),
-            _Ident(init.__kwdefaults__), tuple(map(_Ident, cells)))
+            _Ident(init.__kwdefaults__), tuple(held))
+
+
+def _holds_tracers(x: Any) -> bool:
+    return any(isinstance(leaf, core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
 class _Ident:
@@ -147,6 +161,38 @@ class _Ident:
 
     def __eq__(self, other: Any) -> bool:
         return type(other) is _Ident and other.obj is self.obj
+
+
+class _WeakIdent:
+    """``_Ident`` of a tracer, held weakly."""
+
+    __slots__ = ("ref", "hash")
+
+    def __init__(self, obj: Any):
+        self.ref, self.hash = weakref.ref(obj), id(obj)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: Any) -> bool:
+        obj = self.ref()
+        return type(other) is _WeakIdent and obj is not None and other.ref() is obj
+
+
+def _remember(per_trace: dict, key: Any, value: Any) -> Any:
+    """Store ``value`` (a tracer weakly; not at all if it holds tracers
+    otherwise) under ``key``; return it."""
+    if isinstance(value, core.Tracer):
+        per_trace[key] = weakref.ref(value)
+    elif not _holds_tracers(value):
+        per_trace[key] = lambda: value
+    return value
+
+
+def _recall(per_trace: dict, key: Any) -> Any | None:
+    """The value stored under ``key``; None if absent or a dead tracer."""
+    ref = per_trace.get(key)
+    return None if ref is None else ref()
 
 
 def _call_init(name: str, init: Callable) -> Any:
@@ -179,11 +225,11 @@ def _call_init(name: str, init: Callable) -> Any:
             return init()
     per_trace = _INIT_VALUES.setdefault(trace, {})
     key = (name, key)
-    hit = per_trace.get(key)
+    hit = _recall(per_trace, key)
     if hit is None:
         with jax.ensure_compile_time_eval():
-            hit = per_trace[key] = (init(),)
-    return hit[0]
+            hit = _remember(per_trace, key, init())
+    return hit
 
 
 def _staged_init(name: str, init: Callable) -> Any:
@@ -195,11 +241,10 @@ def _staged_init(name: str, init: Callable) -> Any:
         return init()
     key = ("staged", name, key)
     for trace in traces:
-        hit = _INIT_VALUES.get(trace, {}).get(key)
+        hit = _recall(_INIT_VALUES.get(trace, {}), key)
         if hit is not None:
-            return hit[0]
-    hit = _INIT_VALUES.setdefault(traces[0], {})[key] = (init(),)
-    return hit[0]
+            return hit
+    return _remember(_INIT_VALUES.setdefault(traces[0], {}), key, init())
 
 
 # Set by ``make_jaxpr``: inits are needed only for their types (the pure
