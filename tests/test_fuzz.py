@@ -2033,68 +2033,26 @@ def test_programs_under_disable_jit_match_reference(data):
 
 # ---- the long profile (pytest -m long) ----------------------------------------------
 
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["uncurry"] + SHARES["uncurry_jit"])
-@given(st.data())
-def test_long_uncurry(data):
-    _uncurry_case(data, jit=data.draw(st.booleans()))
+def _long_test(case, *shares: str):
+    """A test of the long profile: ``case(data)`` for its share of programs."""
+    @pytest.mark.long
+    @_seeded_long
+    @long_settings(sum(SHARES[s] for s in shares))
+    @given(st.data())
+    def test(data):
+        case(data)
+    return test
 
 
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["reap"])
-@given(st.data())
-def test_long_reap(data):
-    _reap_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["harvest"])
-@given(st.data())
-def test_long_harvest(data):
-    _harvest_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["vmap"])
-@given(st.data())
-def test_long_vmap(data):
-    _vmap_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["vmap_inside"])
-@given(st.data())
-def test_long_vmap_inside(data):
-    _vmap_inside_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["derivatives"])
-@given(st.data())
-def test_long_derivatives(data):
-    _derivative_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["raw"])
-@given(st.data())
-def test_long_raw_reap(data):
-    _raw_case(data)
-
-
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["disable_jit"])
-@given(st.data())
-def test_long_disable_jit(data):
-    _disable_jit_case(data)
+test_long_uncurry = _long_test(lambda data: _uncurry_case(data, jit=data.draw(st.booleans())),
+                               "uncurry", "uncurry_jit")
+test_long_reap = _long_test(_reap_case, "reap")
+test_long_harvest = _long_test(_harvest_case, "harvest")
+test_long_vmap = _long_test(_vmap_case, "vmap")
+test_long_vmap_inside = _long_test(_vmap_inside_case, "vmap_inside")
+test_long_derivatives = _long_test(_derivative_case, "derivatives")
+test_long_raw_reap = _long_test(_raw_case, "raw")
+test_long_disable_jit = _long_test(_disable_jit_case, "disable_jit")
 
 
 # ---- regressions for bugs the fuzzer found --------------------------------------------
@@ -2410,12 +2368,7 @@ def test_programs_as_users_run_them_match_reference(data):
     _as_users_run_case(data)
 
 
-@pytest.mark.long
-@_seeded_long
-@long_settings(SHARES["as_users_run"])
-@given(st.data())
-def test_long_programs_as_users_run_them(data):
-    _as_users_run_case(data)
+test_long_programs_as_users_run_them = _long_test(_as_users_run_case, "as_users_run")
 
 
 def test_state_set_in_cond_in_scan_under_vjp_is_kept():
