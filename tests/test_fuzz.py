@@ -1886,10 +1886,13 @@ def _disable_jit_case(data):
     # loop in Python; taxpr must trace what jax.jit would (no tags of that
     # attempt left behind).
     with jax.disable_jit():
-        if data.draw(st.booleans()):
+        check = data.draw(st.sampled_from(("uncurry", "reap", "harvest")))
+        if check == "uncurry":
             _uncurry_case(data, jit=data.draw(st.booleans()))
-        else:
+        elif check == "reap":
             _reap_case(data)
+        else:
+            _harvest_case(data)
 
 
 @_seeded
