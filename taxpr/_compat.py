@@ -238,6 +238,21 @@ def abstractify(x: Any) -> core.AbstractValue:
     return core.shaped_abstractify(x)
 
 
+def explicit_sharding(aval: Any) -> tuple | None:
+    """How ``aval``'s type shards it over Explicit mesh axes (JAX's sharding
+    in types, ``float32[8@x]``): its PartitionSpec, one entry per axis; None
+    where its mesh has no Explicit axis (or JAX has no sharding in types),
+    where every type agrees."""
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if axis_type is None or not any(t == axis_type.Explicit
+                                    for t in getattr(mesh, "axis_types", ())):
+        return None
+    spec = tuple(sharding.spec)
+    return spec + (None,) * (len(aval.shape) - len(spec))
+
+
 def trace_flat(fn: Callable, avals: Sequence[core.AbstractValue], name: str = "taxpr"):
     """Trace ``fn(*flat) -> list`` at ``avals`` (kept exactly, e.g. the
     varying manual axes inside shard_map) into a closed jaxpr."""

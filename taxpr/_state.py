@@ -348,6 +348,14 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             raise StateError(
                 f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type {got}, "
                 f"but {_describe_site(_site(*first[name]))} gave it type {want}{hint}")
+        first_aval = tag_shape(first[name][0])
+        if _compat.explicit_sharding(aval) != _compat.explicit_sharding(first_aval):
+            raise StateError(
+                f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type "
+                f"{aval.str_short()}, but {_describe_site(_site(*first[name]))} gave it type "
+                f"{first_aval.str_short()}: their shardings over the explicit mesh axes "
+                f"differ, and a state keeps one type (give the init the sharding of the "
+                f"values set, e.g. with jax.sharding.reshard, or reshard the value set)")
         if (op is GET and not info.read) or (op is SET and not info.written):
             states[name] = dataclasses.replace(info, read=info.read or op is GET,
                                                written=info.written or op is SET)
