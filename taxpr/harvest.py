@@ -292,6 +292,13 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                                  f"{_vmap_why(batched, first.batched, 'sow')}")
             if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first.avals]:
                 raise ValueError(f"Mismatched dtype between sows: '{_disp(name)}'.")
+            if ([_compat.explicit_sharding(a) for a in avals]
+                    != [_compat.explicit_sharding(a) for a in first.avals]):
+                raise ValueError(
+                    f"Mismatched sharding between sows: '{_disp(name)}': "
+                    f"{', '.join(a.str_short() for a in first.avals)} and "
+                    f"{', '.join(a.str_short() for a in avals)} (JAX's sharding in types: "
+                    f"every sow of a name sows one type; reshard one of them).")
         counts[name] = _SowCount(n + 1, mode, avals, batched, guard)
 
     walk(jaxpr, False, False)

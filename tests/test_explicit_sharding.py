@@ -76,3 +76,26 @@ def test_a_state_read_replicated_and_set_sharded_is_a_clear_error():
                            r"has type float32\[8@x\], but get_state\('s'\) at scan\[length=3\] "
                            r"gave it type float32\[8\]: their shardings .* reshard"):
             tx.uncurry(f, w, xs)
+
+
+def test_sows_of_one_name_with_different_shardings_are_a_clear_error():
+    # Threaded, the clobbered value was a scan carry changing type (an
+    # invalid program JAX refused at compilation).
+    def f(w):
+        def body(c, _):
+            h.sow(c, tag="t", name="b", mode="clobber")
+            return c * 2.0, None
+        h.sow(jnp.zeros(8), tag="t", name="b", mode="clobber")
+        return jax.lax.scan(body, w, None, length=2)[0]
+
+    mesh = _explicit_mesh()
+    with _using(mesh):
+        w = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+        with pytest.raises(ValueError, match=r"^Mismatched sharding between sows: 'b': "
+                           r"float32\[8\] and float32\[8@x\]"):
+            h.call_and_reap(f, tag="t")(w)
+        # sown alike, it reaps the last value, as eagerly: 2 * w
+        g = lambda w: f(jax.sharding.reshard(w, P()))  # noqa: E731
+        out, reaps = jax.jit(h.call_and_reap(g, tag="t"))(w)
+    np.testing.assert_array_equal(reaps["b"], 2.0 * np.arange(8.0))
+    np.testing.assert_array_equal(out, 4.0 * np.arange(8.0))
