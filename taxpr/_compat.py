@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 from jax._src import core
 from jax._src import custom_derivatives as _custom_derivatives
+from jax._src import config as _config
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as pe
 
@@ -823,3 +824,15 @@ def is_jacfwd_axis(axis_data: Any) -> bool:
                     and caller.f_globals.get("__name__") == "jax._src.api")
         frame = frame.f_back
     return False
+
+
+def eager_constant_folding() -> bool:
+    """Whether traces evaluate primitives of constants at once
+    (``jax.ensure_compile_time_eval()``)."""
+    flag = getattr(_config, "eager_constant_folding", None)
+    return bool(flag is not None and flag.value)
+
+
+def no_eager_constant_folding() -> Any:
+    """A context in which traces stage primitives of constants again."""
+    return _config.eager_constant_folding(False)

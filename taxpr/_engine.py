@@ -31,7 +31,8 @@ from jax.interpreters import ad
 
 from . import _compat, _traverse
 from ._find import TAG_PRIMITIVES, is_selected, tag_shape
-from .primitives._tag import TREE, tag_cotangent_p, tag_p, tag_tangent_p, user_params
+from .primitives._tag import (TREE, guarding_tags, tag_cotangent_p, tag_p, tag_tangent_p,
+                              user_params)
 
 
 class InjectError(ValueError):
@@ -866,9 +867,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         n_res = len(args) - n_out - n_y
         user_res, primals = args[:n_res - n_all - n_x], args[n_res - n_all - n_x:n_res]
         ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
-        _reject_bwd_sites(engine, user_bwd, [*user_res, *ct_outs],
-                          level.path + ("custom_vjp[bwd]",))
-        user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
+        with guarding_tags(_rule_site_check(engine, level.path + ("custom_vjp[bwd]",))):
+            user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         out_avals = [v.aval for v in eqn.outvars]
         via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
@@ -924,21 +924,21 @@ def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
                 raise error
 
 
-def _reject_bwd_sites(engine, user_bwd, args: Sequence[Any], path: tuple[str, ...]) -> None:
-    """``_reject_rule_sites`` for a custom_vjp bwd, which JAX calls with values
-    rather than tracing it: trace it once more abstractly to look inside."""
-    if not engine.hooks.checks_rules:
-        return
-    try:
-        avals = [_compat.abstractify(a) for a in args]
-    except TypeError:
-        return  # not arrays (cannot happen for JAX's own calls): nothing to trace
-
-    def flat(*a):
-        cts = jax.tree_util.tree_leaves(_compat.call_custom_vjp_bwd(user_bwd, a)[0])
-        return [c for c in cts if isinstance(c, (jax.Array, core.Tracer))]
-
-    _reject_rule_sites(engine, _compat.trace_flat(flat, avals), path)
+def _rule_site_check(engine, path: tuple[str, ...]) -> Callable:
+    """``_reject_rule_sites`` for user code JAX runs with values rather than
+    tracing it (a custom_vjp bwd), as a ``guarding_tags`` check: a selected
+    tag bound while it runs is the error, raised where it is bound."""
+    def check(params: dict, leaves: list) -> Exception | None:
+        if not engine.hooks.checks_rules:
+            return None
+        user = user_params(params)
+        if engine.predicate is not None:
+            shape = jax.tree_util.tree_unflatten(
+                params[TREE], [_compat.abstractify(x) for x in leaves])
+            if not engine.predicate(user, shape):
+                return None
+        return engine.hooks.rule_site(user, path)
+    return check
 
 
 def _zeros_like_ct(aval) -> Any:

@@ -36,7 +36,7 @@ from ._find import TagSite, tag_shape
 from ._inject import inject, trace_program
 from . import _traverse
 from ._inject import guarded_place
-from .primitives._tag import (BATCHED, GUARD, keep_tags, keeping_tags, tag, tag_p,
+from .primitives._tag import (BATCHED, GUARD, guarding_tags, keep_tags, keeping_tags, tag, tag_p,
                               user_params)
 
 
@@ -297,7 +297,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         StateError: two accesses of a state disagree (names the state, both
             places, and says when a value looks batched by ``vmap``).
     """
-    sites, unchecked_sets, customs = _walk_program(closed)
+    sites, unchecked_sets = _walk_program(closed)
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
         if p["op"] is SET and GUARD in p:
@@ -359,7 +359,6 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         if (op is GET and not info.read) or (op is SET and not info.written):
             states[name] = dataclasses.replace(info, read=info.read or op is GET,
                                                written=info.written or op is SET)
-    check_custom_rules(customs)
     return dict(sorted(states.items()))
 
 
@@ -367,100 +366,86 @@ def _site(eqn, path: tuple[str, ...]) -> TagSite:
     return TagSite(user_params(eqn.params), tag_shape(eqn), path)
 
 
-def _walk_program(closed: Any) -> tuple[list, list, list]:
+def _walk_program(closed: Any) -> tuple[list, list]:
     """One walk over the program (what ``collect_states`` checks), in
-    program order: ``(sites, unchecked_sets, customs)``: every state access
-    ``(eqn, path)``; the sets inside a shard_map without vma checking (``check_vma=False``,
-    as ``jax.pmap`` uses; an error: the value may differ per shard and a
-    state is one value); every ``custom_*`` equation ``(eqn, path,
-    body_uses_state)``."""
+    program order: ``(sites, unchecked_sets)``: every state access
+    ``(eqn, path)``; the sets inside a shard_map without vma checking
+    (``check_vma=False``, as ``jax.pmap`` uses; an error: the value may
+    differ per shard and a state is one value)."""
     sites: list = []
     unchecked_sets: list = []
-    customs: list = []
 
-    def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> bool:
-        found = False
+    def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> None:
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             if eqn.primitive is tag_p:
                 if _is_state(eqn.params):
-                    found = True
                     sites.append((eqn, path))
                     if unchecked and eqn.params["op"] is SET:
                         unchecked_sets.append((eqn, path))
                 continue
-            subs = _traverse.subjaxprs(eqn)
-            if not subs:
-                continue
-            name = eqn.primitive.name
-            inner = unchecked or (name == "shard_map"
+            inner = unchecked or (eqn.primitive is _compat.shard_map_p
                                   and not _compat.shard_map_checks_vma(eqn.params))
-            at = None
-            if name.startswith("custom_"):
-                at = len(customs)
-                customs.append(None)  # filled after its body: program order
-            body_found = False
-            for sub, sj in subs:
-                body_found = visit(sj, path + (sub.label,), inner) or body_found
-            if at is not None:
-                customs[at] = (eqn, path, body_found)
-            found = found or body_found
-        return found
+            for sub, sj in _traverse.subjaxprs(eqn):
+                visit(sj, path + (sub.label,), inner)
 
     visit(closed, (), False)
-    return sites, unchecked_sets, customs
+    return sites, unchecked_sets
 
 
-def check_custom_rules(customs: Sequence[tuple]) -> None:
-    """State accesses inside a user's derivative rule (custom_jvp rule,
-    custom_vjp fwd/bwd) are an error.
+def guard_custom_rules(closed: Any) -> Any:
+    """``closed`` with the derivative rules of its ``custom_jvp`` /
+    ``custom_vjp`` functions whose body uses no state checked when JAX runs
+    them: state accesses in such a rule are an error.
 
-    Such a rule runs instead of the function when the pure function is
+    Such a rule runs instead of the function when uncurry's pure function is
     differentiated from outside (``jax.grad(lambda x: pure(state, x)[0])``),
     after the rewrite, so its accesses cannot be threaded: a read would see
     the init and a write would be lost. (A rule that runs inside the traced
     function, under a ``jax.grad`` there, is part of the program and fine.)
+    The check runs only when JAX calls the rule, with JAX's own arguments:
+    taxpr never runs a rule JAX would not (equinox's rules refuse tangents
+    JAX never passes them). Functions whose body uses state are rewritten by
+    the engine, which checks their rules the same way.
 
-    Only functions whose own body uses no state are checked here, when
-    tracing: one whose body does is rewritten by the engine, whose custom
-    rules raise ``InjectError`` if a rule with state runs (only when it is
-    differentiated from outside).
-
-    Arguments:
-        customs: the program's ``custom_*`` equations as ``(eqn, path,
-            body_uses_state)`` (``_walk_program``).
-
-    Raises:
+    Raises (when JAX runs such a rule):
         StateError: naming the state and the rule's place.
     """
-    for eqn, path, body_uses_state in customs:
-        if body_uses_state:
-            continue
-        name, p = eqn.primitive.name, eqn.params
-        if name == "custom_jvp_call":
-            n = len(eqn.invars) - p["num_consts"]
-            rule = _look_into_rule(lambda: p["jvp_jaxpr_fun"].call_wrapped(*([False] * n))[0])
-            if rule is not None:
-                _reject_state_in_rule(rule, path + ("custom_jvp[jvp rule]",))
-        elif name == "custom_vjp_call":
-            fwd = _look_into_rule(lambda: _compat.trace_custom_vjp_fwd(eqn))
-            if fwd is None:
-                continue
-            _reject_state_in_rule(fwd, path + ("custom_vjp[fwd]",))
-            bwd = _traced_bwd(eqn, fwd)
-            if bwd is not None:
-                _reject_state_in_rule(bwd, path + ("custom_vjp[bwd]",))
+    def rewrite(eqn, path, env):
+        prim = eqn.primitive
+        if prim is not _compat.custom_jvp_call_p and prim is not _compat.custom_vjp_call_p:
+            return None
+        if any(e.primitive is tag_p and _is_state(e.params)
+               for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+            return None  # threaded by the engine, which checks its rules itself
+        p = eqn.params
+        if prim is _compat.custom_jvp_call_p:
+            user_jvp = p["jvp_jaxpr_fun"]
+            at = path + ("custom_jvp[jvp rule]",)
 
+            def jvp_jaxpr_fun(*zeros):
+                out = user_jvp.call_wrapped(*zeros)
+                _reject_state_in_rule(out[0], at)
+                return out
+            return [eqn.replace(params=dict(p, jvp_jaxpr_fun=_compat.wrap_fun(
+                jvp_jaxpr_fun, user_jvp)))]
+        user_fwd, user_bwd = p["fwd_jaxpr_thunk"], p["bwd"]
+        fwd_at, bwd_at = path + ("custom_vjp[fwd]",), path + ("custom_vjp[bwd]",)
 
-def _look_into_rule(trace_rule: Callable) -> Any:
-    """A user's derivative rule traced to look for state in it, or None
-    where JAX cannot trace it at all (e.g. a custom_jvp rule that takes the
-    JVP of a custom_vjp function): the rule can never run then, and JAX
-    raises its own error if the program is ever differentiated there; the
-    program undifferentiated is fine and must not fail on this look."""
-    try:
-        return trace_rule()
-    except (TypeError, ValueError, NotImplementedError):
-        return None
+        def fwd_jaxpr_thunk(*zeros):
+            out = user_fwd.call_wrapped(*zeros)
+            _reject_state_in_rule(out[0], fwd_at)
+            return out
+
+        def bwd(*args):
+            with guarding_tags(lambda params, leaves: _rule_error(
+                    params["name"], params["op"], bwd_at) if _is_state(params) else None):
+                return bwd_call(*args)
+        bwd_call = user_bwd.call_wrapped
+        return [eqn.replace(params=dict(
+            p, fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
+            bwd=_compat.wrap_fun(bwd, user_bwd)))]
+
+    return _traverse.map_jaxpr(closed, rewrite)
 
 
 def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
@@ -476,28 +461,6 @@ def _rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
         f"function is differentiated from outside; taxpr cannot thread state there (a "
         f"read would see the init, a write would be lost). Access the state in the "
         f"function itself, outside the rule, or differentiate inside the function")
-
-
-def _traced_bwd(eqn, fwd_jaxpr) -> Any | None:
-    """A custom_vjp's bwd traced at its argument types (residuals, output
-    cotangents); None where they cannot be told (nothing to check then)."""
-    try:
-        nc, n_out = eqn.params["num_consts"], len(eqn.outvars)
-        _, res_tree, fwds = eqn.params["out_trees"]()
-        own = iter(v.aval for v in fwd_jaxpr.outvars[:len(fwd_jaxpr.outvars) - n_out])
-        res = [next(own) if f is None else eqn.invars[nc + f].aval for f in fwds]
-        cts = [v.aval.to_tangent_aval() for v in eqn.outvars]
-        bwd = eqn.params["bwd"]
-
-        def flat(*args):
-            out = _compat.call_custom_vjp_bwd(bwd, args)[0]
-            return [c for c in jax.tree_util.tree_leaves(out)
-                    if isinstance(c, (jax.Array, jax.core.Tracer))]
-        return _compat.trace_flat(flat, [*res, *cts])
-    except StateError:
-        raise
-    except Exception:  # noqa: BLE001 - the types could not be told: nothing to check
-        return None
 
 
 def _state_direct(names: Sequence[str]) -> Callable:
@@ -555,7 +518,7 @@ def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict
 class _StateHooks(Hooks):
     """State accesses in a derivative rule that runs only when the pure
     function is differentiated from outside are an error (see
-    ``check_custom_rules``)."""
+    ``guard_custom_rules``)."""
 
     checks_rules = True
 
@@ -568,8 +531,8 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     ctx = _state_ctx(states)
     # ctx leaves are in the flattened dict's (sorted) key order.
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
-    return inject(closed, _state_injector, ctx, predicate=_is_state, hooks=_StateHooks(),
-                  _direct=_state_direct(names))
+    return inject(guard_custom_rules(closed), _state_injector, ctx, predicate=_is_state,
+                  hooks=_StateHooks(), _direct=_state_direct(names))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -31,7 +32,7 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
 from . import _compat, _traverse
-from ._engine import (Engine, Hooks, Level, RuleNotTraceable, format_path, inline,
+from ._engine import (Engine, Hooks, Level, format_path, inline,
                       speculative_rule_traces)
 from ._find import dissolve_tags
 from ._inject import trace_program
@@ -855,7 +856,11 @@ class _JvpRules:
         try:
             with speculative_rule_traces():
                 jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
-        except RuleNotTraceable:
+        except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
+            # The rule refuses tangents for inputs JAX may never perturb
+            # (equinox's ``nondifferentiable``), or holds tags that cannot be
+            # threaded (``RuleNotTraceable``): JAX raises its own error if it
+            # ever runs the rule that way.
             self._rules[id(eqn)] = (eqn, None)
             return None
         rule = _compat.close_traced(jaxpr, consts)
@@ -1091,6 +1096,27 @@ _TRANSFORM_ARGS = """
             no sow of ``tag`` (a typo); oryx, and the default, return normally."""
 
 
+def _wraps_taking_plants(f: Callable) -> Callable:
+    """``functools.wraps(f)`` for a wrapper that takes ``plants`` before
+    ``f``'s arguments: its signature (what ``inspect.signature`` and so
+    ``eqx.filter_jit`` read) is ``f``'s with ``plants`` in front."""
+    def decorate(wrapper: Callable) -> Callable:
+        wrapper = functools.wraps(f)(wrapper)
+        del wrapper.__wrapped__  # else inspect.signature follows it to f
+        try:
+            sig = inspect.signature(f)
+        except (TypeError, ValueError):  # no signature (a builtin): the wrapper's own
+            return wrapper
+        params = list(sig.parameters.values())
+        name = "plants"
+        while name in sig.parameters:  # f has an argument of that name
+            name = "_" + name
+        params.insert(0, inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY))
+        wrapper.__signature__ = sig.replace(parameters=params)
+        return wrapper
+    return decorate
+
+
 def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
                   blocklist: Iterable = frozenset(), exclusive: bool = False,
                   strict: bool = False) -> Callable:
@@ -1160,7 +1186,7 @@ reap.__doc__ = """The values ``f`` sows with ``tag`` (``call_and_reap`` without 
 def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
           blocklist: Iterable = frozenset(), exclusive: bool = False,
           strict: bool = False) -> Callable:
-    @functools.wraps(f)
+    @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
         return _run(f, tag, allowlist, blocklist, exclusive, plants, False, strict, args,
                     kwargs)[0]
@@ -1206,7 +1232,7 @@ plant.__doc__ = """``f`` with the values sown with ``tag`` replaced by planted o
 def harvest(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
             blocklist: Iterable = frozenset(), exclusive: bool = False,
             strict: bool = False) -> Callable:
-    @functools.wraps(f)
+    @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
         return _run(f, tag, allowlist, blocklist, exclusive, plants, True, strict, args, kwargs)
 

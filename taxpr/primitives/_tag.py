@@ -21,7 +21,8 @@ Design (see docs/semantics.md, "How tags stay alive"):
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import contextvars
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -335,6 +336,26 @@ def _check_params(params: dict) -> None:
                 f"{type(value).__name__}: {value!r}") from None
 
 
+# Checks that run on every tag bound by user code (``tag``) while they are
+# active: each is ``check(user_params, leaves) -> Exception | None``.
+_TAG_GUARDS: contextvars.ContextVar[tuple] = contextvars.ContextVar("taxpr_tag_guards",
+                                                                    default=())
+
+
+@contextlib.contextmanager
+def guarding_tags(check: Callable[[dict, list], Exception | None]) -> Iterator[None]:
+    """Run ``check`` on every tag that user code binds inside this block and
+    raise what it returns. A transformation wraps the user code that JAX runs
+    after it rewrote the program (a derivative rule JAX calls when the
+    rewritten program is differentiated): a tag it consumes there cannot be
+    rewritten any more, and is an error at the place it is bound."""
+    token = _TAG_GUARDS.set((*_TAG_GUARDS.get(), check))
+    try:
+        yield
+    finally:
+        _TAG_GUARDS.reset(token)
+
+
 def _in_trace() -> bool:
     return not isinstance(core.trace_ctx.trace, core.EvalTrace)
 
@@ -357,13 +378,25 @@ def tag(value: Any, **params: Any) -> Any:
     leaves, tree = jax.tree_util.tree_flatten(value)
     if not leaves:
         return value
+    for check in _TAG_GUARDS.get():
+        error = check(params, leaves)
+        if error is not None:
+            raise error
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         _tell_untransformed(params, "ran eagerly")
         return value
     params = {TREE: tree, **params}
     if _KEEP.value:
         params[KEPT] = True
-    out = tag_p.bind(*leaves, **params)
+    if _compat.eager_constant_folding():
+        # Under ``jax.ensure_compile_time_eval()`` a trace evaluates a
+        # primitive of constants at once: the tag would vanish from the
+        # program (a state read would be the init, a write lost). A tag is
+        # staged like an effect.
+        with _compat.no_eager_constant_folding():
+            out = tag_p.bind(*leaves, **params)
+    else:
+        out = tag_p.bind(*leaves, **params)
     return jax.tree_util.tree_unflatten(tree, out)
 
 
