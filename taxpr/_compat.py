@@ -57,6 +57,20 @@ closed_call_p = core.closed_call_p
 CLOSED_CALL_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
     {id(p): p for p in (core.closed_call_p, eval_jaxpr_p)}.values())
 
+# High-level primitives (``call_hi_primitive``: one equation whose param is an
+# object holding jaxprs and ``Traced`` functions), where JAX has them.
+try:
+    from jax._src import hijax as _hijax
+    call_hi_primitive_p: Any = _hijax.call_hi_primitive_p
+    HI_PRIM_TYPE: type | None = _hijax.HiPrim
+except (ImportError, AttributeError):
+    call_hi_primitive_p, HI_PRIM_TYPE = None, None
+try:
+    from jax._src.stages import Traced as _Traced
+    TRACED_TYPE: type | None = _Traced if hasattr(_Traced, "jaxpr") else None
+except ImportError:
+    TRACED_TYPE = None
+
 
 def new_var(aval: core.AbstractValue) -> core.Var:
     return core.Var(aval)

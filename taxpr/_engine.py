@@ -43,9 +43,13 @@ def format_path(path: Sequence[str]) -> str:
     return "/".join(path) if path else "<top level>"
 
 
+def describe_tag(params: dict) -> str:
+    """``tag(k=v, ...)`` with the params a user passed."""
+    return "tag(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")"
+
+
 def _describe(params: dict, path: Sequence[str]) -> str:
-    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-    return f"tag({shown}) at {format_path(path)}"
+    return f"{describe_tag(params)} at {format_path(path)}"
 
 
 def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> Any:

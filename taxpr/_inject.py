@@ -8,11 +8,13 @@ from typing import Any, Callable
 import jax
 from jax._src import core
 
-from . import _compat
-from ._engine import Engine, Hooks, InjectError, Level, _describe, inline, trace_in
+from . import _compat, _traverse
+from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag, inline,
+                      trace_in)
 from ._find import Predicate
+from ._hi import expand_hi_primitives
 from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
-                              tag_cotangent_p, tag_p, user_params)
+                              recording_tags, tag_cotangent_p, tag_p, user_params)
 
 Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
 
@@ -293,13 +295,25 @@ def guarded_place(params: dict) -> str:
 
 
 def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
-                  rebuild: Callable | None = None) -> tuple[Any, Any]:
+                  rebuild: Callable | None = None,
+                  consumes: Predicate | None = None) -> tuple[Any, Any]:
     """Trace ``fn(*args, **kwargs)`` (``(args, kwargs)`` flattened to
     ``in_tree`` / ``in_avals``; ``rebuild`` re-inserts static leaves) with kept
     tags, as every taxpr transformation does.
 
+    A tag that ``consumes(params, shape)`` selects and that user code bound
+    while tracing, but that is nowhere in the traced program, was traced
+    where taxpr cannot see: inside an operation that keeps the function as a
+    Python callable and traces it again only when JAX compiles it (an
+    equinox filter primitive: lineax's ``linear_solve`` of a
+    ``FunctionLinearOperator``). Rewriting the program would ignore it, so
+    that is an error.
+
     Returns:
         ``(closed_jaxpr, out_tree)``.
+
+    Raises:
+        NotImplementedError: a consumed tag is hidden as above (names it).
     """
     out_tree = []
 
@@ -310,9 +324,29 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
         out_tree.append(t)
         return out
 
-    with keep_tags():
-        closed = _compat.trace_flat(flat, in_avals, name)
+    with keep_tags(), recording_tags() as recorded:
+        closed = expand_hi_primitives(_compat.trace_flat(flat, in_avals, name))
+    if consumes is not None and recorded:
+        check_no_hidden_tags(closed, recorded, consumes)
     return closed, out_tree[0]
+
+
+def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> None:
+    """Raise for a tag ``consumes`` selects that was recorded while tracing
+    ``closed`` (``recording_tags``) but is not in it."""
+    in_program = {frozenset(user_params(e.params).items())
+                  for e, _ in _traverse.iter_eqns(closed) if e.primitive is tag_p}
+    for key, (params, tree, avals) in recorded.items():
+        if key in in_program or not consumes(params, jax.tree_util.tree_unflatten(tree, avals)):
+            continue
+        raise NotImplementedError(
+            f"taxpr: {describe_tag(params)} was traced, but it is "
+            f"not in the traced program: it is inside an operation that keeps the function "
+            f"as a Python callable and traces it again only when JAX compiles it (e.g. an "
+            f"equinox filter primitive, such as lineax's linear_solve with a "
+            f"FunctionLinearOperator or an iterative solver), where taxpr cannot rewrite it "
+            f"(it would be ignored). Compute the tagged value outside that function and "
+            f"close over it, or use an operation that JAX traces into the program")
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
@@ -345,6 +379,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
         NotImplementedError: a selected tag sits inside a primitive taxpr
             cannot thread through (the message names it).
     """
+    closed_jaxpr = expand_hi_primitives(closed_jaxpr)
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge, _direct)
@@ -376,7 +411,8 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
         key = (ctx_tree, ctx_avals, arg_tree, arg_avals)
         hit = cache.get(key)
         if hit is None:
-            closed, out_tree = trace_program(fn, arg_tree, arg_avals)
+            closed, out_tree = trace_program(fn, arg_tree, arg_avals,
+                                             consumes=predicate or (lambda p, s: True))
             spec = jax.tree_util.tree_unflatten(ctx_tree, ctx_avals)
             hit = (inject(closed, injector, spec, predicate), out_tree)
             cache[key] = hit

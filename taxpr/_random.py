@@ -195,7 +195,7 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
         with _stream_impl(stream, impl):
             closed, out_tree = trace_program(
                 fn, tree, avals, getattr(fn, "__name__", "fn"),
-                rebuild=lambda d: eqx.combine(d, static))
+                rebuild=lambda d: eqx.combine(d, static), consumes=_is_state)
         states = collect_states(closed)  # also checks the stream is used consistently
         if stream in states and states[stream].dtype != key.dtype:
             raise StateError(

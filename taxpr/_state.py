@@ -33,11 +33,12 @@ from jax._src import core
 from . import _compat
 from ._engine import Hooks, format_path
 from ._find import TagSite, tag_shape
-from ._inject import inject, trace_program
+from ._hi import expand_hi_primitives
+from ._inject import check_no_hidden_tags, inject, trace_program
 from . import _traverse
 from ._inject import guarded_place
-from .primitives._tag import (BATCHED, GUARD, guarding_tags, keep_tags, keeping_tags, tag, tag_p,
-                              user_params)
+from .primitives._tag import (BATCHED, GUARD, guarding_tags, keep_tags, keeping_tags,
+                              recording_tags, tag, tag_p, user_params)
 
 
 class StateOp:
@@ -792,7 +793,7 @@ class _Traced:
     def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
         self.closed, self.out_tree = trace_program(
             fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
-            rebuild=lambda dyn: eqx.combine(dyn, static))
+            rebuild=lambda dyn: eqx.combine(dyn, static), consumes=_is_state)
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 
@@ -895,10 +896,12 @@ def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
         f = functools.partial(fun, **static_kw) if static_kw else fun
         token = _INITS_FOR_TYPES_ONLY.set(True)
         try:
-            with keep_tags():
+            with keep_tags(), recording_tags() as recorded:
                 closed, out_shape = jax.make_jaxpr(
                     f, static_argnums=static_argnums, axis_env=axis_env,
                     return_shape=True)(*args, **kwargs)
+                closed = expand_hi_primitives(closed)
+            check_no_hidden_tags(closed, recorded, _is_state)
         finally:
             _INITS_FOR_TYPES_ONLY.reset(token)
         states = collect_states(closed)

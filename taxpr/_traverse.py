@@ -118,13 +118,47 @@ def _changed_effects(effects, old: set, new: set):
     return (set(effects) - (old - new)) | (new - old)
 
 
+def hi_name(eqn: core.JaxprEqn) -> str:
+    """The operation's name, as JAX prints it (``CustomRoot``, ``Scan3``, ...)."""
+    return type(eqn.params["_prim"]).__name__
+
+
+def hidden_jaxprs(eqn: core.JaxprEqn) -> Iterator[Any]:
+    """The jaxprs a ``call_hi_primitive`` equation holds in its object."""
+    yield from _jaxprs_in(eqn.params["_prim"], set())
+
+
+def _jaxprs_in(value: Any, seen: set) -> Iterator[Any]:
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, _compat.JAXPR_TYPES):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _jaxprs_in(v, seen)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _jaxprs_in(v, seen)
+    elif _compat.HI_PRIM_TYPE is not None and isinstance(value, _compat.HI_PRIM_TYPE):
+        yield from _jaxprs_in(value.params, seen)
+    elif _compat.TRACED_TYPE is not None and isinstance(value, _compat.TRACED_TYPE):
+        yield value.jaxpr
+
+
 def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:
     """Every equation of ``jaxpr`` and its nested jaxprs, in program order,
     with the path of enclosing primitives."""
+    hi = _compat.call_hi_primitive_p
     for eqn in _compat.jaxpr_parts(jaxpr).eqns:
         yield eqn, path
         for sub, sj in subjaxprs(eqn):
             yield from iter_eqns(sj, path + (sub.label,))
+        if hi is not None and eqn.primitive is hi:
+            # A high-level primitive's jaxprs sit in an object (see _hi.py):
+            # walked here, rewritten only after taxpr expands it.
+            for sj in hidden_jaxprs(eqn):
+                yield from iter_eqns(sj, path + (hi_name(eqn),))
 
 
 def recompute_effects(old_effects, old_eqns, new_eqns):

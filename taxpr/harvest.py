@@ -596,14 +596,15 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
 
 # ---- the transformations ------------------------------------------------------------
 
-def _flat_trace(fn: Callable, args, kwargs, retype: dict):
+def _flat_trace(fn: Callable, args, kwargs, retype: dict, select: "_Filter"):
     """Trace ``fn``; while tracing, the sows named in ``retype`` produce the
     given types (added to those an enclosing plant's trace asked for)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     outer = getattr(_RETYPE, "map", {})
     _RETYPE.map = {**outer, **retype}
     try:
-        closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves])
+        closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves],
+                                         consumes=select)
     finally:
         _RETYPE.map = outer
     return closed, out_tree, leaves
@@ -916,7 +917,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     select = _Filter(tag_, allowlist, blocklist)
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
-        closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype)
+        closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype, select)
         rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed).consts,
                                               *jax.tree_util.tree_leaves(plants)]))
         sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)

@@ -356,6 +356,25 @@ def guarding_tags(check: Callable[[dict, list], Exception | None]) -> Iterator[N
         _TAG_GUARDS.reset(token)
 
 
+# While a taxpr transformation traces a program: the params (as a frozenset
+# of items) of every tag user code binds, with its value's avals.
+_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "taxpr_recorded_tags", default=None)
+
+
+@contextlib.contextmanager
+def recording_tags() -> Iterator[dict]:
+    """Record the tags user code binds in this block: ``{frozenset(params.items()):
+    (params, avals)}``. A tag recorded but absent from the traced program was
+    traced where taxpr cannot see (see ``taxpr._inject.trace_program``)."""
+    recorded: dict = {}
+    token = _RECORDING.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _RECORDING.reset(token)
+
+
 def _in_trace() -> bool:
     return not isinstance(core.trace_ctx.trace, core.EvalTrace)
 
@@ -382,6 +401,11 @@ def tag(value: Any, **params: Any) -> Any:
         error = check(params, leaves)
         if error is not None:
             raise error
+    recorded = _RECORDING.get()
+    if recorded is not None:
+        key = frozenset(params.items())
+        if key not in recorded:
+            recorded[key] = (params, tree, [core.typeof(x) for x in leaves])
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         _tell_untransformed(params, "ran eagerly")
         return value
