@@ -932,16 +932,13 @@ def _rule_site_check(engine, path: tuple[str, ...]) -> Callable:
     """``_reject_rule_sites`` for user code JAX runs with values rather than
     tracing it (a custom_vjp bwd), as a ``guarding_tags`` check: a selected
     tag bound while it runs is the error, raised where it is bound."""
-    def check(params: dict, leaves: list) -> Exception | None:
+    def check(params: dict, value: Any) -> Exception | None:
         if not engine.hooks.checks_rules:
             return None
-        user = user_params(params)
-        if engine.predicate is not None:
-            shape = jax.tree_util.tree_unflatten(
-                params[TREE], [_compat.abstractify(x) for x in leaves])
-            if not engine.predicate(user, shape):
-                return None
-        return engine.hooks.rule_site(user, path)
+        if engine.predicate is not None and not engine.predicate(
+                params, jax.tree_util.tree_map(core.typeof, value)):
+            return None
+        return engine.hooks.rule_site(params, path)
     return check
 
 

@@ -438,7 +438,7 @@ def guard_custom_rules(closed: Any) -> Any:
             return out
 
         def bwd(*args):
-            with guarding_tags(lambda params, leaves: _rule_error(
+            with guarding_tags(lambda params, value: _rule_error(
                     params["name"], params["op"], bwd_at) if _is_state(params) else None):
                 return bwd_call(*args)
         bwd_call = user_bwd.call_wrapped

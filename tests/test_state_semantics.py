@@ -443,13 +443,21 @@ def test_custom_jvp_rule_reading_state_is_fine_until_differentiated_from_outside
         jax_still_works()
 
 
-def test_custom_jvp_rule_with_state_around_a_stateless_body_is_an_error_at_uncurry():
+def test_custom_jvp_rule_with_state_around_a_stateless_body_is_an_error_when_jax_runs_it():
+    # The rule is looked into only when JAX differentiates the function (with
+    # JAX's own tangents): uncurry and the undifferentiated program work.
     fn = functools.partial(_cjvp_prog, TX, body_state=False)
-    with pytest.raises(tx.StateError, match=r"state 'k'.*custom_jvp\[jvp rule\]"):
-        tx.uncurry(fn, f32(0.3))
-    with pytest.raises(tx.StateError, match=r"state 'k'.*custom_jvp\[jvp rule\]"):
-        tx.make_jaxpr(fn)(f32(0.3))
-    jax_still_works()
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cjvp_prog(ref, f32(0.5), body_state=False))
+    assert_states(s1, ref.state)
+    jaxpr, states = tx.make_jaxpr(fn)(f32(0.3))
+    assert [s.name for s in states] == ["k"]
+    for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        with pytest.raises(tx.StateError, match=r"state 'k'.*custom_jvp\[jvp rule\]"):
+            diff(lambda x: pure(s0, x)[0])(f32(0.5))
+        jax_still_works()
 
 
 def _cvjp_prog(S, x, body_state=True, fwd_state=False):
@@ -473,10 +481,16 @@ def _cvjp_prog(S, x, body_state=True, fwd_state=False):
 
 
 def test_custom_vjp_bwd_setting_state_is_an_error_not_a_lost_update():
-    # A stateless body: found when tracing.
+    # A stateless body: the bwd runs (and refuses) only when JAX runs it.
     fn = functools.partial(_cvjp_prog, TX, body_state=False)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cvjp_prog(ref, f32(0.5), body_state=False))
+    assert_states(s1, ref.state)
     with pytest.raises(tx.StateError, match=r"state 'last_ct'.*custom_vjp\[bwd\]"):
-        tx.uncurry(fn, f32(0.3))
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
     # A body with state: works undifferentiated, an error when differentiated
     # from outside (eagerly the bwd's write would happen).
     fn = functools.partial(_cvjp_prog, TX)

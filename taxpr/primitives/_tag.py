@@ -337,13 +337,13 @@ def _check_params(params: dict) -> None:
 
 
 # Checks that run on every tag bound by user code (``tag``) while they are
-# active: each is ``check(user_params, leaves) -> Exception | None``.
+# active: each is ``check(user_params, value) -> Exception | None``.
 _TAG_GUARDS: contextvars.ContextVar[tuple] = contextvars.ContextVar("taxpr_tag_guards",
                                                                     default=())
 
 
 @contextlib.contextmanager
-def guarding_tags(check: Callable[[dict, list], Exception | None]) -> Iterator[None]:
+def guarding_tags(check: Callable[[dict, Any], Exception | None]) -> Iterator[None]:
     """Run ``check`` on every tag that user code binds inside this block and
     raise what it returns. A transformation wraps the user code that JAX runs
     after it rewrote the program (a derivative rule JAX calls when the
@@ -398,7 +398,7 @@ def tag(value: Any, **params: Any) -> Any:
     if not leaves:
         return value
     for check in _TAG_GUARDS.get():
-        error = check(params, leaves)
+        error = check(params, value)
         if error is not None:
             raise error
     recorded = _RECORDING.get()
