@@ -3,7 +3,8 @@ threads a context through the whole program."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import jax
 from jax._src import core
@@ -324,11 +325,37 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
         out_tree.append(t)
         return out
 
-    with keep_tags(), recording_tags() as recorded:
+    with keep_tags(), recording_tags() as recorded, _explain_kept_tag_dependencies():
         closed = expand_hi_primitives(_compat.trace_flat(flat, in_avals, name))
     if consumes is not None and recorded:
         check_no_hidden_tags(closed, recorded, consumes)
     return closed, out_tree[0]
+
+
+# What flax's ``nn.scan`` raises when dead-code elimination of its body finds
+# that a broadcast variable (e.g. the params of ``variable_broadcast=
+# "params"``) depends on the carry.
+_FLAX_BROADCAST_DEPENDENCY = "broadcasted variable has a data dependency on the scan body"
+
+
+@contextlib.contextmanager
+def _explain_kept_tag_dependencies() -> Iterator[None]:
+    """Inside a taxpr transformation tags are kept alive (they are
+    consumed), so an analysis that asks dead-code elimination which inputs a
+    body needs sees a tag of a carry-derived value as a use of the carry."""
+    try:
+        yield
+    except ValueError as e:
+        if _FLAX_BROADCAST_DEPENDENCY not in str(e):
+            raise
+        raise ValueError(
+            f"{e} (taxpr: inside a taxpr transformation every tag is kept alive, since "
+            f"it is consumed, and flax's nn.scan with variable_broadcast decides which "
+            f"variables are loop-invariant by dead-code elimination of its body: a tag "
+            f"of a value computed from the carry there counts as a use of the carry. "
+            f"Outside taxpr's transformations the same model initialises and runs. Sow "
+            f"or read state there with flax's own collections, or give the scanned "
+            f"variables an axis (variable_axes) instead of broadcasting them)") from e
 
 
 def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> None:
