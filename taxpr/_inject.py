@@ -4,14 +4,16 @@ threads a context through the whole program."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 from typing import Any, Callable, Iterator
 
 import jax
 from jax._src import core
 
 from . import _compat, _traverse
-from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag, inline,
-                      trace_in)
+from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag,
+                      format_path, inline, trace_in)
 from ._find import Predicate
 from ._hi import expand_hi_primitives
 from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
@@ -360,20 +362,42 @@ def _explain_kept_tag_dependencies() -> Iterator[None]:
 
 def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> None:
     """Raise for a tag ``consumes`` selects that was recorded while tracing
-    ``closed`` (``recording_tags``) but is not in it."""
+    ``closed`` (``recording_tags``) but is not in it, where an equation of
+    ``closed`` keeps a Python function in its params (JAX's own
+    transformations also drop tags, e.g. the transposed tangent of a sow in
+    a JVP rule, but never into a callable)."""
     in_program = {frozenset(user_params(e.params).items())
                   for e, _ in _traverse.iter_eqns(closed) if e.primitive is tag_p}
-    for key, (params, tree, avals) in recorded.items():
-        if key in in_program or not consumes(params, jax.tree_util.tree_unflatten(tree, avals)):
-            continue
-        raise NotImplementedError(
-            f"taxpr: {describe_tag(params)} was traced, but it is "
-            f"not in the traced program: it is inside an operation that keeps the function "
-            f"as a Python callable and traces it again only when JAX compiles it (e.g. an "
-            f"equinox filter primitive, such as lineax's linear_solve with a "
-            f"FunctionLinearOperator or an iterative solver), where taxpr cannot rewrite it "
-            f"(it would be ignored). Compute the tagged value outside that function and "
-            f"close over it, or use an operation that JAX traces into the program")
+    hidden = [(params, tree, avals) for key, (params, tree, avals) in recorded.items()
+              if key not in in_program
+              and consumes(params, jax.tree_util.tree_unflatten(tree, avals))]
+    if not hidden:
+        return
+    keepers = [(e, path) for e, path in _traverse.iter_eqns(closed) if _keeps_a_function(e)]
+    if not keepers:
+        return
+    eqn, path = keepers[0]
+    raise NotImplementedError(
+        f"taxpr: {describe_tag(hidden[0][0])} was traced, but it is not in the traced "
+        f"program: '{eqn.primitive.name}' at {format_path(path)} keeps a Python function "
+        f"in its params and traces it again only when JAX compiles it (an equinox filter "
+        f"primitive, e.g. lineax's linear_solve with a FunctionLinearOperator), where "
+        f"taxpr cannot rewrite the tag (it would be ignored). Compute the tagged value "
+        f"outside that function and close over it, or use an operation that JAX traces "
+        f"into the program")
+
+
+def _keeps_a_function(eqn: core.JaxprEqn) -> bool:
+    """Whether ``eqn``'s params hold a function defined outside JAX (a user's
+    or a library's), directly or in a tuple."""
+    def is_foreign_function(v) -> bool:
+        if isinstance(v, functools.partial):
+            v = v.func
+        return (isinstance(v, (types.FunctionType, types.MethodType))
+                and not getattr(v, "__module__", "").startswith(("jax.", "jax", "taxpr")))
+    return any(is_foreign_function(v) or (isinstance(v, (tuple, list))
+                                          and any(is_foreign_function(x) for x in v))
+               for v in eqn.params.values())
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
