@@ -194,3 +194,43 @@ def test_plant_sow_in_vector_field():
     f = lambda y0: _solve(_sowing_vf, y0).ys[-1]  # noqa: E731
     out = h.plant(f, tag="dx")({"dx_k": jnp.float32(K)}, jnp.array([1.0]))
     close(out, [np.exp(-K * T1)], rtol=1e-4)
+
+
+# --- issue G: a vector field that reads a state it updates, grad inside ----------
+
+EULER_STEPS = 5
+DT = 0.1
+
+
+def _euler_python_loop(y0):
+    """Euler steps with the evaluation count in a dict: y_{i+1} = y_i + dt *
+    (-(1 + 0.1 n) y_i), n the count before the evaluation."""
+    state, y, dy = {"g_n": 0.0}, y0, 1.0
+    for _ in range(EULER_STEPS):
+        factor = 1.0 - DT * (1.0 + 0.1 * state["g_n"])
+        state["g_n"] += 1.0
+        y, dy = y * factor, dy * factor
+    return y, dy, state["g_n"]
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "direct"])
+def test_vector_field_reads_state_it_updates_grad_inside(adjoint):
+    def vf(t, y, args):
+        n = tx.get_state("g_n", jnp.zeros(()))
+        tx.set_state("g_n", n + 1.0)
+        return -(1.0 + 0.1 * n) * y
+
+    def solve(y0):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(vf), diffrax.Euler(), 0.0, EULER_STEPS * DT, DT, y0,
+            adjoint=ADJOINTS[adjoint](), max_steps=16).ys[-1]
+
+    def f(y0):
+        return jax.value_and_grad(solve)(y0)
+
+    pure, s0 = tx.uncurry(f, 2.0)
+    (val, g), s1 = pure(s0, 2.0)
+    y, dy, n = _euler_python_loop(2.0)
+    close(val, y, rtol=1e-5)
+    close(g, dy, rtol=1e-5)  # the backward pass sees each step's count
+    assert float(s1["g_n"]) == n == EULER_STEPS
