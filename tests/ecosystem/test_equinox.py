@@ -1,0 +1,427 @@
+"""taxpr inside equinox: `eqx.internal` loops and `nondifferentiable`,
+`filter_vmap` with axis names, `nn.BatchNorm`, `nn.Dropout`,
+`filter_checkpoint`, `filter_custom_jvp/vjp`, and `filter_jit` of every
+taxpr transformation.
+
+References: Python loops with a dict, keys threaded by hand, equinox's own
+state threaded by hand.
+"""
+import inspect
+
+import pytest
+
+eqx = pytest.importorskip("equinox")
+eqxi = pytest.importorskip("equinox.internal")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import taxpr as tx  # noqa: E402
+from taxpr import harvest as h  # noqa: E402
+
+from ecohelpers import close, eager_or_clear_error  # noqa: E402
+
+
+# --- the issue's program A: eqxi.nondifferentiable ---------------------------
+
+def _program_a(x):
+    tx.set_state("n", tx.get_state("n", jnp.zeros(())) + x)
+    return eqxi.nondifferentiable(x * 2)
+
+
+def test_nondifferentiable_program_a():
+    pure, s0 = tx.uncurry(_program_a, 1.0)
+    out, s1 = pure(s0, 1.0)
+    assert float(out) == 2.0
+    assert set(s1) == {"n"} and float(s1["n"]) == 1.0
+
+
+def test_nondifferentiable_program_a_jit_twice():
+    pure, s0 = tx.uncurry(_program_a, 1.0)
+    s = s0
+    for _ in range(2):
+        out, s = jax.jit(pure)(s, 1.5)
+    assert float(out) == 3.0 and float(s["n"]) == 3.0
+
+
+# --- eqxi.while_loop, every kind (issue G for "checkpointed") ---------------
+
+def _loop_loss(kind, steps=3):
+    def body(carry):
+        i, y = carry
+        n = tx.get_state("wl_n", jnp.zeros(()))
+        tx.set_state("wl_n", n + 1.0)
+        return i + 1, y * (1.0 + 0.1 * n)  # reads the state it updates
+
+    def loss(x):
+        return eqxi.while_loop(lambda c: c[0] < steps, body, (0, x), max_steps=steps,
+                               kind=kind)[1]
+    return loss
+
+
+def _python_loop(x, steps=3):
+    n, y, dy = 0.0, x, 1.0
+    for _ in range(steps):
+        y, dy = y * (1.0 + 0.1 * n), dy * (1.0 + 0.1 * n)
+        n += 1.0
+    return y, dy, n
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_forward(kind):
+    loss = _loop_loss(kind)
+    pure, s0 = tx.uncurry(loss, 2.0)
+    out, s1 = pure(s0, 2.0)
+    y, _, n = _python_loop(2.0)
+    close(out, y)
+    assert float(s1["wl_n"]) == n == 3.0
+    out, s2 = jax.jit(pure)(s1, 2.0)  # continues from n=3: factors 1.3, 1.4, 1.5
+    close(out, 2.0 * 1.3 * 1.4 * 1.5)
+    assert float(s2["wl_n"]) == 6.0
+
+
+@pytest.mark.parametrize("kind", ["checkpointed", "bounded"])
+def test_eqxi_while_loop_grad_inside(kind):
+    loss = _loop_loss(kind)
+
+    def f(x):
+        return jax.value_and_grad(loss)(x)
+
+    pure, s0 = tx.uncurry(f, 2.0)
+    (out, g), s1 = pure(s0, 2.0)
+    y, dy, n = _python_loop(2.0)
+    close(out, y)
+    close(g, dy)  # 1.0 * 1.1 * 1.2: the backward pass must see each step's state
+    assert float(s1["wl_n"]) == n == 3.0  # the recomputation sets nothing
+
+
+def test_eqxi_while_loop_lax_jvp_inside():
+    loss = _loop_loss("lax")
+
+    def f(x):
+        return jax.jvp(loss, (x,), (jnp.ones(()),))
+
+    pure, s0 = tx.uncurry(f, 2.0)
+    (out, t), s1 = pure(s0, 2.0)
+    y, dy, n = _python_loop(2.0)
+    close(out, y)
+    close(t, dy)
+    assert float(s1["wl_n"]) == n
+
+
+@pytest.mark.parametrize("kind", ["checkpointed", "bounded"])
+def test_eqxi_while_loop_grad_from_outside(kind):
+    loss = _loop_loss(kind)
+    pure, s0 = tx.uncurry(loss, 2.0)
+    g = jax.grad(lambda x: pure(s0, x)[0])(2.0)
+    _, dy, _ = _python_loop(2.0)
+    close(g, dy)
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_reap_append(kind):
+    # An append sow in a while loop: the Python loop's rows, or (oryx's rule:
+    # non-clobber sows in a while_loop) a clear error naming the sow.
+    def f(x):
+        def body(c):
+            i, y = c
+            return i + 1, h.sow(y * 2.0, tag="wl", name="wl_rows", mode="append")
+        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3, kind=kind)[1]
+
+    def check(res):
+        out, reaped = res
+        close(out, 8.0)
+        close(reaped["wl_rows"], [2.0, 4.0, 8.0])
+
+    eager_or_clear_error(lambda: h.call_and_reap(f, tag="wl")(1.0), check, "wl_rows")
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_reap_plant_clobber(kind):
+    def f(x):
+        def body(c):
+            i, y = c
+            return i + 1, h.sow(y * 2.0, tag="wl", name="last", mode="clobber")
+        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3, kind=kind)[1]
+
+    out, reaped = h.call_and_reap(f, tag="wl")(1.0)
+    close(out, 8.0)
+    close(reaped["last"], 8.0)  # the last value sown, as a Python loop's dict
+    close(h.plant(f, tag="wl")({"last": 5.0}, 1.0), 5.0)
+
+
+# --- filter_vmap with an axis name and tx.next_key ---------------------------
+
+def test_filter_vmap_axis_name_next_key():
+    def f(xs):
+        return eqx.filter_vmap(lambda x: x + jax.random.normal(tx.next_key()),
+                               axis_name="b")(xs)
+
+    xs = jnp.zeros(3)
+    pure, s0 = tx.uncurry(f, xs)
+    out, s1 = pure(s0, xs)
+    key, sub = jax.random.split(jax.random.key(0))
+    want = jnp.stack([jax.random.normal(jax.random.fold_in(sub, i)) for i in range(3)])
+    close(out, want)
+    assert (jax.random.key_data(s1["rng"]) == jax.random.key_data(key)).all()
+
+
+def test_filter_vmap_axis_name_psum_and_state():
+    def f(xs):
+        tx.set_state("fv_n", tx.get_state("fv_n", jnp.zeros(())) + 1.0)
+        scale = tx.get_state("fv_scale", jnp.float32(2.0))
+        return eqx.filter_vmap(lambda x: jax.lax.psum(x * scale, "b"), axis_name="b")(xs)
+
+    xs = jnp.arange(3.0)
+    pure, s0 = tx.uncurry(f, xs)
+    out, s1 = pure(s0, xs)
+    close(out, jnp.full(3, 6.0))
+    assert float(s1["fv_n"]) == 1.0
+
+
+# --- eqx.nn.BatchNorm: equinox's own state kept in taxpr state -----------------
+
+def _bn():
+    return eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, axis_name="batch")
+
+
+def test_batchnorm_state_in_taxpr_state():
+    bn, bn_state0 = _bn()
+    leaves0, treedef = jax.tree.flatten(bn_state0)
+
+    def f(x):
+        leaves = [tx.get_state(f"bn/{i}", leaf) for i, leaf in enumerate(leaves0)]
+        st = jax.tree.unflatten(treedef, leaves)
+        y, st = eqx.filter_vmap(bn, axis_name="batch", in_axes=(0, None),
+                                out_axes=(0, None))(x, st)
+        for i, leaf in enumerate(jax.tree.leaves(st)):
+            tx.set_state(f"bn/{i}", leaf)
+        tx.set_state("bn_calls", tx.get_state("bn_calls", jnp.zeros((), jnp.int32)) + 1)
+        return y
+
+    xs = [jnp.arange(12.0).reshape(4, 3) * (k + 1) for k in range(3)]
+    pure, s = tx.uncurry(f, xs[0])
+    # reference: equinox's state threaded by hand, the same number of calls
+    st = bn_state0
+    for x in xs:
+        out, s = jax.jit(pure)(s, x)
+        want, st = eqx.filter_vmap(bn, axis_name="batch", in_axes=(0, None),
+                                   out_axes=(0, None))(x, st)
+        close(out, want, rtol=1e-5, atol=1e-5)
+    for i, leaf in enumerate(jax.tree.leaves(st)):
+        close(s[f"bn/{i}"], leaf, rtol=1e-5, atol=1e-5)
+    assert int(s["bn_calls"]) == 3
+
+
+# --- eqx.nn.Dropout with keys from tx.next_key --------------------------------
+
+def _mlp():
+    k1, k2 = jax.random.split(jax.random.key(42))
+    return (eqx.nn.Linear(3, 8, key=k1), eqx.nn.Linear(8, 2, key=k2), eqx.nn.Dropout(0.5))
+
+
+def _mlp_apply(model, x, key1, key2):
+    lin1, lin2, drop = model
+    hdn = drop(jax.nn.relu(lin1(x)), key=key1)
+    return drop(lin2(hdn), key=key2)
+
+
+def test_dropout_keys_from_next_key_match_hand_threaded():
+    model, x = _mlp(), jnp.array([0.5, -1.0, 2.0])
+
+    def f(model, x):
+        return _mlp_apply(model, x, tx.next_key(), tx.next_key())
+
+    pure, s = tx.uncurry(f, model, x)
+    key = jax.random.key(0)
+    for _ in range(2):  # two calls: new masks each call
+        out, s = pure(s, model, x)
+        key, k1 = jax.random.split(key)
+        key, k2 = jax.random.split(key)
+        close(out, _mlp_apply(model, x, k1, k2))
+        g = eqx.filter_grad(lambda m: pure(s, m, x)[0].sum())(model)
+        kk, k1b = jax.random.split(key)
+        kk, k2b = jax.random.split(kk)
+        g_want = eqx.filter_grad(lambda m: _mlp_apply(m, x, k1b, k2b).sum())(model)
+        close(g[0].weight, g_want[0].weight)
+        close(g[1].weight, g_want[1].weight)
+    assert (jax.random.key_data(s["rng"]) == jax.random.key_data(key)).all()
+
+
+def test_dropout_seed_filter_jit():
+    model, x = _mlp(), jnp.array([0.5, -1.0, 2.0])
+    seeded = eqx.filter_jit(tx.seed(lambda m, x: _mlp_apply(m, x, tx.next_key(), tx.next_key()),
+                                    jax.random.key(7)))
+    key, k1 = jax.random.split(jax.random.key(7))
+    _, k2 = jax.random.split(key)
+    close(seeded(model, x), _mlp_apply(model, x, k1, k2))
+
+
+# --- eqx.filter_checkpoint ----------------------------------------------------
+
+@eqx.filter_checkpoint
+def _ck_layer(x):
+    tx.set_state("ck_n", tx.get_state("ck_n", jnp.zeros((), jnp.int32)) + 1)
+    return jnp.sin(x) * tx.get_state("ck_scale", jnp.float32(1.0))
+
+
+def _ck_grad_want(x):
+    return 9.0 * np.cos(3.0 * np.sin(x)) * np.cos(x)
+
+
+def test_filter_checkpoint_grad_inside():
+    def f(x):
+        tx.set_state("ck_scale", jnp.float32(3.0))
+        return jax.grad(lambda x: _ck_layer(_ck_layer(x)))(x)
+
+    pure, s0 = tx.uncurry(f, 0.3)
+    g, s1 = pure(s0, 0.3)
+    close(g, _ck_grad_want(0.3))
+    assert int(s1["ck_n"]) == 2
+
+
+def test_filter_checkpoint_grad_from_outside():
+    def f(x):
+        tx.set_state("ck_scale", jnp.float32(3.0))
+        return _ck_layer(_ck_layer(x))
+
+    pure, s0 = tx.uncurry(f, 0.3)
+    (out, s1), = [pure(s0, 0.3)]
+    assert int(s1["ck_n"]) == 2
+    g = jax.grad(lambda x: pure(s0, x)[0])(0.3)
+    close(g, _ck_grad_want(0.3))
+
+
+# --- filter_custom_jvp / filter_custom_vjp ------------------------------------
+
+@eqx.filter_custom_jvp
+def _cj(x):
+    tx.set_state("cj_n", tx.get_state("cj_n", jnp.zeros((), jnp.int32)) + 1)
+    return x * tx.get_state("cj_scale", jnp.float32(1.0))
+
+
+@_cj.def_jvp
+def _cj_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _cj(x), 10.0 * t  # the rule runs the function once more (eagerly too)
+
+
+def test_filter_custom_jvp_state_in_body_grad_inside():
+    def f(x):
+        tx.set_state("cj_scale", jnp.float32(2.0))
+        return _cj(x), jax.grad(_cj)(x)
+
+    pure, s0 = tx.uncurry(f, 1.5)
+    (y, g), s1 = pure(s0, 1.5)
+    close(y, 3.0)
+    close(g, 10.0)
+    assert int(s1["cj_n"]) == 2  # eager: the body once, the rule's call once
+
+
+@eqx.filter_custom_vjp
+def _cv(x, scale_hint):
+    tx.set_state("cv_n", tx.get_state("cv_n", jnp.zeros((), jnp.int32)) + 1)
+    return jnp.sin(x) * tx.get_state("cv_scale", jnp.float32(1.0))
+
+
+@_cv.def_fwd
+def _cv_fwd(perturbed, x, scale_hint):
+    return _cv(x, scale_hint), x
+
+
+@_cv.def_bwd
+def _cv_bwd(residuals, g, perturbed, x, scale_hint):
+    return g * scale_hint * jnp.cos(residuals)
+
+
+def test_filter_custom_vjp_state_in_body_grad_inside():
+    def f(x):
+        tx.set_state("cv_scale", jnp.float32(2.0))
+        return _cv(x, 7.0), jax.grad(lambda x: _cv(x, 7.0))(x)
+
+    pure, s0 = tx.uncurry(f, 0.5)
+    (y, g), s1 = pure(s0, 0.5)
+    close(y, 2.0 * np.sin(0.5))
+    close(g, 7.0 * np.cos(0.5))
+    assert int(s1["cv_n"]) == 2  # eager: the call, and the fwd rule's call
+
+
+def test_filter_custom_vjp_grad_from_outside():
+    def f(x):
+        tx.set_state("cv_scale", jnp.float32(2.0))
+        return _cv(x, 7.0)
+
+    pure, s0 = tx.uncurry(f, 0.5)
+    out, s1 = pure(s0, 0.5)
+    close(out, 2.0 * np.sin(0.5))
+    assert int(s1["cv_n"]) == 1
+    close(jax.grad(lambda x: pure(s0, x)[0])(0.5), 7.0 * np.cos(0.5))
+
+
+def test_filter_custom_vjp_reap_sow_in_body():
+    @eqx.filter_custom_vjp
+    def fn(x):
+        return h.sow(jnp.sin(x), tag="fcv", name="s") * 2.0
+
+    fn.def_fwd(lambda perturbed, x: (fn(x), x))
+    fn.def_bwd(lambda r, g, perturbed, x: g * 2.0 * jnp.cos(r))
+    out, reaped = h.call_and_reap(fn, tag="fcv")(0.5)
+    close(reaped["s"], np.sin(0.5))
+    close(h.plant(fn, tag="fcv")({"s": 3.0}, 0.5), 6.0)
+
+
+# --- eqx.filter_jit of every taxpr transformation (issue F) -------------------
+
+def _sowing(x):
+    return h.sow(x * 2.0, tag="t", name="a") + 1.0
+
+
+def test_plant_signature_has_plants_first():
+    params = list(inspect.signature(h.plant(_sowing, tag="t")).parameters)
+    assert params[0] == "plants", params
+    params = list(inspect.signature(h.harvest(_sowing, tag="t")).parameters)
+    assert params[0] == "plants", params
+
+
+def test_filter_jit_of_plant():
+    assert float(eqx.filter_jit(h.plant(_sowing, tag="t"))({"a": 5.0}, 1.0)) == 6.0
+
+
+def test_filter_jit_of_harvest():
+    out, reaped = eqx.filter_jit(h.harvest(_sowing, tag="t"))({}, 1.5)
+    assert float(out) == 4.0 and float(reaped["a"]) == 3.0
+
+
+def test_filter_jit_of_reap_and_call_and_reap():
+    assert float(eqx.filter_jit(h.reap(_sowing, tag="t"))(1.5)["a"]) == 3.0
+    out, reaped = eqx.filter_jit(h.call_and_reap(_sowing, tag="t"))(1.5)
+    assert float(out) == 4.0 and float(reaped["a"]) == 3.0
+
+
+def test_filter_jit_of_uncurry_pure():
+    pure, s0 = tx.uncurry(_program_a, 1.0)
+    out, s1 = eqx.filter_jit(pure)(s0, 2.0)
+    assert float(out) == 4.0 and float(s1["n"]) == 2.0
+
+
+def test_filter_jit_of_seed():
+    f = tx.seed(lambda x: x + jax.random.normal(tx.next_key()), jax.random.key(3))
+    _, sub = jax.random.split(jax.random.key(3))
+    close(eqx.filter_jit(f)(1.0), 1.0 + jax.random.normal(sub))
+
+
+def test_filter_jit_of_pure_with_module_argument():
+    lin = eqx.nn.Linear(2, 2, key=jax.random.key(1))
+
+    def f(model, x):
+        y = model(x)
+        tx.set_state("fj_sum", tx.get_state("fj_sum", jnp.zeros(2)) + y)
+        return y
+
+    x = jnp.array([1.0, 2.0])
+    pure, s = tx.uncurry(f, lin, x)
+    for _ in range(2):
+        out, s = eqx.filter_jit(pure)(s, lin, x)
+    close(out, lin(x))
+    close(s["fj_sum"], 2.0 * lin(x))

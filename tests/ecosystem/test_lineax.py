@@ -1,0 +1,142 @@
+"""taxpr inside lineax: LU, CG and GMRES on a `FunctionLinearOperator`
+whose matvec reads a state, counts its calls in another, or sows; grad
+inside and from outside `pure`. Includes the issue's program C.
+
+References: dense NumPy solves, the same solve without taxpr with a
+`jax.debug.callback` count of matvecs.
+"""
+import pytest
+
+lx = pytest.importorskip("lineax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import taxpr as tx  # noqa: E402
+from taxpr import harvest as h  # noqa: E402
+
+from ecohelpers import Counter, close, eager_or_clear_error  # noqa: E402
+
+A = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+B = jnp.array([1.0, 2.0])
+SCALE = 2.0
+X_WANT = np.linalg.solve(SCALE * np.asarray(A), np.asarray(B))
+STRUCT = jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+def _solvers():
+    return {"lu": lx.LU(), "cg": lx.CG(rtol=1e-7, atol=1e-7),
+            "gmres": lx.GMRES(rtol=1e-7, atol=1e-7)}
+
+
+def _op(mv, solver):
+    tags = lx.positive_semidefinite_tag if solver == "cg" else ()
+    return lx.FunctionLinearOperator(mv, STRUCT, tags=tags)
+
+
+# --- the issue's program C ---------------------------------------------------
+
+def test_issue_program_c_reap_sow_in_matvec():
+    def solve(b):
+        mv = lambda x: h.sow(jnp.float32(1.0), tag="lin", name="scale") * (A @ x)  # noqa: E731
+        op = lx.FunctionLinearOperator(mv, jax.ShapeDtypeStruct((2,), jnp.float32),
+                                       tags=lx.positive_semidefinite_tag)
+        return lx.linear_solve(op, b, lx.CG(rtol=1e-7, atol=1e-7)).value
+
+    def check(reaped):
+        assert reaped == {"scale": 1.0}, reaped  # never {}
+
+    eager_or_clear_error(lambda: h.reap(solve, tag="lin")(jnp.ones(2)), check, "scale")
+
+
+# --- matvec reading state ----------------------------------------------------
+
+def _stateful(solver):
+    def f(b):
+        tx.set_state("lx_scale", jnp.float32(SCALE))
+
+        def mv(x):
+            return tx.get_state("lx_scale", jnp.float32(1.0)) * (A @ x)
+
+        return lx.linear_solve(_op(mv, solver), b, _solvers()[solver]).value
+    return f
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg", "gmres"])
+def test_matvec_reads_state(solver):
+    pure, s0 = tx.uncurry(_stateful(solver), B)
+    x, s1 = jax.jit(pure)(s0, B)
+    close(x, X_WANT, rtol=1e-4, atol=1e-5)
+    assert float(s1["lx_scale"]) == SCALE
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg", "gmres"])
+def test_grad_from_outside_pure(solver):
+    pure, s0 = tx.uncurry(_stateful(solver), B)
+    g = jax.grad(lambda b: pure(s0, b)[0].sum())(B)
+    # d sum(M^-1 b) / db = M^-T 1
+    close(g, np.linalg.solve((SCALE * np.asarray(A)).T, np.ones(2)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg", "gmres"])
+def test_grad_inside_pure(solver):
+    solve = _stateful(solver)
+    pure, s0 = tx.uncurry(lambda b: jax.grad(lambda b: solve(b).sum())(b), B)
+    g, s1 = pure(s0, B)
+    close(g, np.linalg.solve((SCALE * np.asarray(A)).T, np.ones(2)), rtol=1e-4, atol=1e-5)
+    assert float(s1["lx_scale"]) == SCALE
+
+
+@pytest.mark.parametrize("solver", ["cg", "gmres"])
+def test_matvec_counts_calls_in_state(solver):
+    def f(b):
+        def mv(x):
+            tx.set_state("lx_n", tx.get_state("lx_n", jnp.zeros((), jnp.int32)) + 1)
+            return SCALE * (A @ x)
+        return lx.linear_solve(_op(mv, solver), b, _solvers()[solver]).value
+
+    pure, s0 = tx.uncurry(f, B)
+    x, s1 = jax.jit(pure)(s0, B)
+
+    counter = Counter()
+
+    def mv(x):
+        counter.tick()
+        return SCALE * (A @ x)
+
+    ref = jax.jit(lambda b: lx.linear_solve(_op(mv, solver), b, _solvers()[solver]).value)(B)
+    jax.effects_barrier()
+    close(x, ref, rtol=1e-6)
+    close(x, X_WANT, rtol=1e-4, atol=1e-5)
+    assert counter.n > 0
+    assert int(s1["lx_n"]) == counter.n
+
+
+@pytest.mark.parametrize("solver", ["lu", "cg", "gmres"])
+def test_reap_and_plant_sow_in_matvec(solver):
+    def f(b):
+        mv = lambda x: h.sow(jnp.float32(1.0), tag="lx", name="lx_scale", mode="clobber") * (A @ x)  # noqa: E731
+        return lx.linear_solve(_op(mv, solver), b, _solvers()[solver]).value
+
+    out, reaped = h.call_and_reap(f, tag="lx")(B)
+    close(out, np.linalg.solve(np.asarray(A), np.asarray(B)), rtol=1e-4, atol=1e-5)
+    assert set(reaped) == {"lx_scale"} and float(reaped["lx_scale"]) == 1.0
+    planted = h.plant(f, tag="lx")({"lx_scale": jnp.float32(SCALE)}, B)
+    close(planted, X_WANT, rtol=1e-4, atol=1e-5)
+
+
+def test_vmap_over_states_cg():
+    pure, s0 = tx.uncurry(_stateful("cg"), B)
+
+    def g(b):  # the scale read inside the solve comes from the batch of states
+        def f(b):
+            def mv(x):
+                return tx.get_state("lx_scale", jnp.float32(1.0)) * (A @ x)
+            return lx.linear_solve(_op(mv, "cg"), b, _solvers()["cg"]).value
+        return f(b)
+
+    pure2, _ = tx.uncurry(g, B)
+    xs, _ = jax.vmap(pure2, in_axes=(0, None))({"lx_scale": jnp.array([1.0, 2.0])}, B)
+    close(xs[0], np.linalg.solve(np.asarray(A), np.asarray(B)), rtol=1e-4, atol=1e-5)
+    close(xs[1], X_WANT, rtol=1e-4, atol=1e-5)
