@@ -23,7 +23,76 @@ LIBRARIES = {
 }
 
 
+# Programs taxpr does not yet handle as eager Python would, each with what
+# happens instead. Strict: a program that starts to pass fails the run until
+# its entry is removed (docs/limitations.md lists the same gaps).
+_STATE_IN_RULES = ("a state used inside a custom_vjp/custom_jvp rule (diffrax's adjoints, "
+                   "optimistix's implicit adjoint, equinox's checkpointed loop) is a "
+                   "StateError when the pure function is differentiated from outside")
+_RECOMPUTING_BWD = ("a custom_vjp whose bwd recomputes the forward (checkpointed loop) "
+                    "sees the state after the forward: wrong gradient / counter")
+_CALLABLE_IN_PARAMS = ("lineax keeps the matvec as a Python function in linear_solve's "
+                       "params: a clear NotImplementedError instead of the eager value")
+_NO_RULE = "no thread rule for this primitive yet: a clear NotImplementedError"
+KNOWN_GAPS = {
+    "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_RULES,
+    "test_diffrax.py::test_grad_from_outside_pure[direct]": _STATE_IN_RULES,
+    "test_diffrax.py::test_grad_from_outside_pure[recursive]": _STATE_IN_RULES,
+    "test_diffrax.py::test_grad_wrt_state_read_in_vector_field": _STATE_IN_RULES,
+    "test_diffrax.py::test_grad_inside_pure[recursive]": _RECOMPUTING_BWD,
+    "test_diffrax.py::test_vector_field_reads_state_it_updates_grad_inside[recursive]":
+        _RECOMPUTING_BWD,
+    "test_diffrax.py::test_vmap_over_states": (
+        "vmap of pure over a batch of states through diffrax's batched loop counts more "
+        "vector-field evaluations than each member's own solve (silently)"),
+    "test_equinox.py::test_eqxi_while_loop_grad_inside[checkpointed]": _RECOMPUTING_BWD,
+    "test_equinox.py::test_eqxi_while_loop_grad_from_outside[checkpointed]": _STATE_IN_RULES,
+    "test_equinox.py::test_eqxi_while_loop_reap_append[bounded]": (
+        "equinox's bounded loop nests conds whose branches sow differently: harvest "
+        "raises 'Mismatching number of sows between branches'"),
+    "test_equinox.py::test_eqxi_while_loop_reap_plant_clobber[bounded]": (
+        "as reap_append[bounded]"),
+    "test_equinox.py::test_filter_custom_vjp_grad_from_outside": _STATE_IN_RULES,
+    "test_flax_linen.py::test_scan_broadcast_params_reap_carry_sow": (
+        "under reap tags are kept alive, so flax's nn.scan broadcast check sees the carry "
+        "used: a ValueError that says why, not the reaped values"),
+    "test_flax_linen.py::test_scan_broadcast_params_plant_carry_sow": (
+        "as reap_carry_sow"),
+    "test_flax_linen.py::test_scan_broadcast_params_init_inside_reap": (
+        "as reap_carry_sow"),
+    "test_jax_primitives.py::test_custom_linear_solve_matvec_reads_and_counts_state": _NO_RULE,
+    "test_jax_primitives.py::test_custom_linear_solve_reap_sow_in_matvec": _NO_RULE,
+    "test_jax_primitives.py::test_custom_vmap_reads_state": _NO_RULE,
+    "test_jax_primitives.py::test_custom_vmap_body_counts_state_unbatched": _NO_RULE,
+    "test_jax_primitives.py::test_pallas_interpret_kernel_reads_state": _NO_RULE,
+    "test_jax_primitives.py::test_pallas_interpret_kernel_counts_grid_steps": _NO_RULE,
+    "test_jax_primitives.py::test_scan3_state_and_sow": (
+        "jax_scan3's expansion is threaded, but its sow types differ"),
+    "test_jax_primitives.py::test_remat3_state_and_grad_inside": (
+        "jax_remat3 under grad inside: the remat rule recomputes with the state after"),
+    "test_lineax.py::test_matvec_reads_state[cg]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_matvec_reads_state[gmres]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_grad_from_outside_pure[cg]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_grad_from_outside_pure[gmres]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_grad_inside_pure[lu]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_grad_inside_pure[cg]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_grad_inside_pure[gmres]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_matvec_counts_calls_in_state[cg]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_matvec_counts_calls_in_state[gmres]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_reap_and_plant_sow_in_matvec[cg]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_reap_and_plant_sow_in_matvec[gmres]": _CALLABLE_IN_PARAMS,
+    "test_lineax.py::test_vmap_over_states_cg": _CALLABLE_IN_PARAMS,
+    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[newton]":
+        _STATE_IN_RULES,
+    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[levenberg_marquardt]":
+        _STATE_IN_RULES,
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in LIBRARIES and item.path.parent.name == "ecosystem":
             item.add_marker(pytest.mark.ecosystem)
+            reason = KNOWN_GAPS.get(f"{item.path.name}::{item.name}")
+            if reason is not None:
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
