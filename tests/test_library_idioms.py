@@ -1,0 +1,186 @@
+"""taxpr inside the idioms of real JAX code: derivative rules that refuse
+tangents JAX never passes, JAX's high-level primitives, operations that keep
+the user's function as a Python callable, ``ensure_compile_time_eval``,
+analyses that dead-code-eliminate a traced body, and wrappers that read
+signatures. References: the same program run eagerly with a dict."""
+
+import inspect
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax._src.interpreters import partial_eval as pe
+
+import taxpr as tx
+from taxpr import harvest as h
+
+f32 = jnp.float32
+
+
+def test_uncurry_of_a_program_holding_a_rule_that_refuses_tangents():
+    # equinox's nondifferentiable raises on any tangent: uncurry never runs it.
+    def f(x):
+        tx.set_state("n", tx.get_state("n", jnp.zeros(())) + x)
+        return eqxi.nondifferentiable(x * 2)
+
+    pure, s0 = tx.uncurry(f, 1.0)
+    out, s1 = pure(s0, f32(1.0))
+    assert float(out) == 2.0 and float(s1["n"]) == 1.0
+    outs, s1 = jax.vmap(pure, in_axes=(None, 0))(s0, jnp.arange(3.0))
+    np.testing.assert_allclose(outs, [0.0, 2.0, 4.0])
+
+
+def test_reap_under_grad_of_a_program_holding_a_rule_that_refuses_tangents():
+    def g(x):
+        return eqxi.nondifferentiable(jnp.sin(f32(2.0))) * h.sow(x * 2, tag="t", name="a")
+
+    grad = jax.grad(lambda x: h.call_and_reap(g, tag="t")(x)[0])(f32(1.0))
+    np.testing.assert_allclose(grad, 2 * np.sin(2.0), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(h.reap(g, tag="t"))(jnp.ones(3))["a"], [2.0] * 3)
+
+
+def test_state_in_a_rule_of_a_stateless_function_errors_when_jax_runs_the_rule():
+    @jax.custom_vjp
+    def cv(x):
+        return x * 2
+
+    def bwd(res, g):
+        tx.set_state("m", tx.get_state("m", 0.0) + 1.0)
+        return (g * 2,)
+    cv.defvjp(lambda x: (x * 2, x), bwd)
+
+    def k(x):
+        tx.set_state("n", tx.get_state("n", 0.0) + 1.0)
+        return cv(x)
+
+    pure, s0 = tx.uncurry(k, 1.0)
+    assert float(pure(s0, f32(1.0))[0]) == 2.0
+    with pytest.raises(tx.StateError, match=r"state 'm'.*custom_vjp\[bwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(1.0))
+
+
+def _newton(fn, y0):
+    return lax.fori_loop(0, 6, lambda i, y: y - fn(y) / (2 * y), y0)
+
+
+def test_custom_root_function_reading_and_counting_state_matches_eager():
+    def sqrt2x(S, x):
+        S["scale"] = jnp.float32(2.0)
+
+        def fn(y):
+            S["evals"] = S.get("evals", jnp.zeros((), jnp.int32)) + 1
+            return y ** 2 - x * S.get("scale", jnp.float32(1.0))
+        return lax.custom_root(fn, 1.0, _newton, lambda g, y: y / g(1.0))
+
+    class TxDict:
+        def __setitem__(self, k, v): tx.set_state(k, v)
+        def get(self, k, init): return tx.get_state(k, init)
+
+    pure, s0 = tx.uncurry(lambda x: sqrt2x(TxDict(), x), 2.0)
+    out, s1 = jax.jit(pure)(s0, f32(2.0))
+    # The eager program: the solver's six Python iterations with a dict.
+    ref, y = {"scale": 2.0, "evals": 0}, 1.0
+    for _ in range(6):
+        ref["evals"] += 1
+        y = y - (y ** 2 - 2.0 * ref["scale"]) / (2 * y)
+    np.testing.assert_allclose(out, y, rtol=1e-6)
+    assert int(s1["evals"]) == ref["evals"]
+    assert float(s1["scale"]) == ref["scale"]
+
+
+def test_custom_root_sows_are_found_reaped_and_planted():
+    def g(x):
+        def fn(y):
+            return y ** 2 - h.sow(x, tag="t", name="c", mode="clobber")
+        return lax.custom_root(fn, 1.0, _newton, lambda g, y: y / g(1.0))
+
+    out, reaps = h.call_and_reap(g, tag="t")(f32(2.0))
+    np.testing.assert_allclose(out, np.sqrt(2.0), rtol=1e-6)
+    assert float(reaps["c"]) == 2.0
+    np.testing.assert_allclose(h.plant(g, tag="t")({"c": f32(9.0)}, f32(2.0)), 3.0)
+    assert [s.params["name"] for s in tx.find_tags(jax.make_jaxpr(g)(f32(2.0)))] == ["c"]
+
+
+def test_a_tag_only_in_a_function_kept_as_a_python_callable_is_a_clear_error():
+    lx = pytest.importorskip("lineax")
+    A = jnp.array([[4.0, 1.0], [1.0, 3.0]])
+
+    def solve(b):
+        mv = lambda x: h.sow(f32(1.0), tag="lin", name="scale", mode="clobber") * (A @ x)
+        op = lx.FunctionLinearOperator(mv, jax.ShapeDtypeStruct((2,), jnp.float32),
+                                       tags=lx.positive_semidefinite_tag)
+        return lx.linear_solve(op, b, lx.CG(rtol=1e-7, atol=1e-7)).value
+
+    # The sow is also in a jaxpr lineax keeps in linear_solve's params, for
+    # which taxpr has no thread rule: an error naming the primitive.
+    with pytest.raises(NotImplementedError, match=r"'linear_solve'"):
+        h.reap(solve, tag="lin")(jnp.ones(2))
+
+    def stateful(b):
+        mv = lambda x: tx.get_state("k", f32(1.0)) * (A @ x)
+        op = lx.FunctionLinearOperator(mv, jax.ShapeDtypeStruct((2,), jnp.float32),
+                                       tags=lx.positive_semidefinite_tag)
+        return lx.linear_solve(op, b, lx.CG(rtol=1e-7, atol=1e-7)).value
+
+    with pytest.raises(NotImplementedError, match=r"name='k'.*'linear_solve'"):
+        tx.uncurry(stateful, jnp.ones(2))
+
+
+def test_state_under_ensure_compile_time_eval_matches_eager():
+    def f(x):
+        with jax.ensure_compile_time_eval():
+            n = tx.get_state("n", jnp.float32(0.0))
+            tx.set_state("n", n + 1)
+        return x + tx.get_state("n", jnp.float32(0.0))
+
+    pure, s0 = tx.uncurry(f, 1.0)
+    out, s1 = pure(s0, f32(1.0))
+    assert float(out) == 2.0 and float(s1["n"]) == 1.0
+    out, s2 = pure(s1, f32(1.0))
+    assert float(out) == 3.0 and float(s2["n"]) == 2.0
+    with jax.ensure_compile_time_eval():
+        reaps = h.reap(lambda x: h.sow(jnp.float32(3.0), tag="t", name="c") + x, tag="t")(1.0)
+    assert float(reaps["c"]) == 3.0
+
+
+def test_tags_nothing_consumes_are_dropped_by_dead_code_elimination():
+    def body(c):
+        tx.tag(c * 2.0, name="unused")
+        return jnp.ones(())
+
+    jaxpr = jax.make_jaxpr(body)(1.0)
+    dced, used = pe.dce_jaxpr(jaxpr.jaxpr, [True])
+    assert not any(used) and not dced.eqns
+    with tx.keep_tags():  # what a taxpr transformation traces: the tag is consumed
+        kept = jax.make_jaxpr(body)(1.0)
+    dced, used = pe.dce_jaxpr(kept.jaxpr, [True])
+    assert used == [True] and len(tx.find_tags(dced)) == 1
+
+
+def test_tags_left_in_a_differentiated_function_add_no_effect():
+    def f(x):
+        for i in range(5):
+            x = tx.tag(jnp.sin(x), name=i)
+        return x.sum()
+
+    assert not jax.make_jaxpr(jax.grad(f))(jnp.ones(3)).effects
+    np.testing.assert_allclose(jax.jit(jax.grad(f))(jnp.ones(3)),
+                               jax.grad(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(
+                                   jnp.sin(x))))).sum())(jnp.ones(3)), rtol=1e-6)
+
+
+def test_plant_and_harvest_signatures_take_plants_first():
+    def f(x, y=2.0):
+        return h.sow(x * 2, tag="t", name="a") + y
+
+    for wrap in (h.plant, h.harvest):
+        sig = inspect.signature(wrap(f, tag="t"))
+        assert list(sig.parameters) == ["plants", "x", "y"]
+        assert sig.parameters["plants"].kind is inspect.Parameter.POSITIONAL_ONLY
+    assert float(eqx.filter_jit(h.plant(f, tag="t"))({"a": f32(5.0)}, f32(1.0))) == 7.0
+    out, reaps = eqx.filter_jit(h.harvest(f, tag="t"))({}, f32(1.0))
+    assert float(out) == 4.0 and float(reaps["a"]) == 2.0
