@@ -126,8 +126,45 @@ def test_a_tag_only_in_a_function_kept_as_a_python_callable_is_a_clear_error():
                                        tags=lx.positive_semidefinite_tag)
         return lx.linear_solve(op, b, lx.CG(rtol=1e-7, atol=1e-7)).value
 
-    with pytest.raises(NotImplementedError, match=r"name='k'.*'linear_solve'"):
+    with pytest.raises(NotImplementedError, match=r"'linear_solve'"):
         tx.uncurry(stateful, jnp.ones(2))
+
+
+def _opaque_call_primitive():
+    """A primitive that keeps a Python function in its params and traces it
+    only to find its output type (and again when compiled), as equinox's
+    filter primitives do."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    call_p = Primitive("opaque_call")
+    call_p.def_impl(lambda x, *, fn: fn(x))
+    call_p.def_abstract_eval(
+        lambda x, *, fn: jax.core.ShapedArray(jax.eval_shape(fn, x).shape, x.dtype))
+    mlir.register_lowering(call_p, mlir.lower_fun(lambda x, *, fn: fn(x),
+                                                  multiple_results=False))
+    return call_p
+
+
+def test_a_tag_traced_only_into_a_primitive_keeping_a_callable_is_a_clear_error():
+    call_p = _opaque_call_primitive()
+
+    def scaled(x):
+        return h.sow(f32(2.0), tag="t", name="s", mode="clobber") * x
+
+    def f(x):
+        return call_p.bind(x, fn=scaled)
+
+    with pytest.raises(NotImplementedError, match=r"name='s'.*'opaque_call'.*Python function"):
+        h.reap(f, tag="t")(f32(1.0))
+
+    def stateful(x):
+        return tx.get_state("k", f32(3.0)) * x
+
+    with pytest.raises(NotImplementedError, match=r"name='k'.*'opaque_call'"):
+        tx.uncurry(lambda x: call_p.bind(x, fn=stateful), f32(1.0))
+    # Tags of other tags / no tags at all: nothing to refuse.
+    assert h.reap(f, tag="other")(f32(1.0)) == {}
 
 
 def test_state_under_ensure_compile_time_eval_matches_eager():
