@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax._src.interpreters import partial_eval as pe
 
 import taxpr as tx
 from taxpr import harvest as h
@@ -182,32 +181,6 @@ def test_state_under_ensure_compile_time_eval_matches_eager():
     with jax.ensure_compile_time_eval():
         reaps = h.reap(lambda x: h.sow(jnp.float32(3.0), tag="t", name="c") + x, tag="t")(1.0)
     assert float(reaps["c"]) == 3.0
-
-
-def test_tags_nothing_consumes_are_dropped_by_dead_code_elimination():
-    def body(c):
-        tx.tag(c * 2.0, name="unused")
-        return jnp.ones(())
-
-    jaxpr = jax.make_jaxpr(body)(1.0)
-    dced, used = pe.dce_jaxpr(jaxpr.jaxpr, [True])
-    assert not any(used) and not dced.eqns
-    with tx.keep_tags():  # what a taxpr transformation traces: the tag is consumed
-        kept = jax.make_jaxpr(body)(1.0)
-    dced, used = pe.dce_jaxpr(kept.jaxpr, [True])
-    assert used == [True] and len(tx.find_tags(dced)) == 1
-
-
-def test_tags_left_in_a_differentiated_function_add_no_effect():
-    def f(x):
-        for i in range(5):
-            x = tx.tag(jnp.sin(x), name=i)
-        return x.sum()
-
-    assert not jax.make_jaxpr(jax.grad(f))(jnp.ones(3)).effects
-    np.testing.assert_allclose(jax.jit(jax.grad(f))(jnp.ones(3)),
-                               jax.grad(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(
-                                   jnp.sin(x))))).sum())(jnp.ones(3)), rtol=1e-6)
 
 
 def test_plant_and_harvest_signatures_take_plants_first():

@@ -2,17 +2,17 @@
 
 Design (see docs/semantics.md, "How tags stay alive"):
 
-* A plain tag has no effect and no DCE rule: tracing (make_jaxpr, jit,
-  vmap, scan, cond, while) keeps an unused one, dead-code elimination drops
-  it as it drops any unused value, and a jitted function keeps JAX's fast
-  C++ dispatch path (an effect would disable it).
+* A plain tag has no effect and a DCE rule that always keeps it. That keeps
+  unused tags under make_jaxpr, jit, vmap, scan, cond, while and
+  ``pe.dce_jaxpr`` while a jitted function keeps JAX's fast C++ dispatch
+  path (an effect would disable it).
 * A *kept* tag (hidden param ``_taxpr_kept``) carries ``TagEffect``, which
-  every control-flow primitive and partial evaluation preserve. Tags are
-  kept under ``keep_tags()`` (which every taxpr transformation traces user
-  code with): then partial evaluation never drops, duplicates (``grad`` of
-  ``checkpoint``) or hoists (``grad`` of ``scan``) them, also when their
-  inputs are not differentiated. Outside it nothing will consume a tag, so
-  it stays plain (no effect: no dispatch cost, no blocked analysis).
+  every control-flow primitive and partial evaluation preserve. Tags become
+  kept when differentiated (the JVP and linearization rules re-bind them)
+  and, under ``keep_tags()`` (which every taxpr transformation traces user
+  code with), always: then partial evaluation never drops, duplicates
+  (``grad`` of ``checkpoint``) or hoists (``grad`` of ``scan``) them, also
+  when their inputs are not differentiated.
 * The tangent goes through ``tag_tangent_p`` (and the cotangent through
   ``tag_cotangent_p``) so that ``inject`` can give it the derivative of the
   injected program.
@@ -172,17 +172,8 @@ for _p in (tag_tangent_p, tag_cotangent_p):
 
 # ---- autodiff -----------------------------------------------------------------
 
-def _kept_if_consumed(params: dict) -> dict:
-    """A differentiated tag is kept (its effect stops partial evaluation
-    from dropping, hoisting or duplicating it) only inside a taxpr
-    transformation's trace (``keep_tags()``), where something will consume
-    it: an effect reaching a top-level ``jax.jit`` turns off JAX's fast
-    dispatch path, which tags nothing consumes must not cost."""
-    return dict(params, **{KEPT: True}) if _KEEP.value and not params.get(KEPT) else params
-
-
 def _tag_jvp(primals, tangents, **params):
-    primals_out = tag_p.bind(*primals, **_kept_if_consumed(params))
+    primals_out = tag_p.bind(*primals, **dict(params, **{KEPT: True}))
     n = n_values(params, len(primals))
     primals, tangents = primals[:n], tangents[:n]  # a guard has no tangent
     if all(type(t) is ad.Zero for t in tangents):
@@ -312,11 +303,11 @@ mlir.register_lowering(
     tag_cotangent_p, lambda ctx, *args, **params: list(args[len(args) // 2:]))
 
 
-# No DCE rule: a kept tag's effect keeps it through dead-code elimination
-# (a ``set_state`` whose result is unused still happens); a plain tag, which
-# nothing will consume, goes where its value goes, so that it blocks no
-# analysis of a traced body (flax's ``nn.scan`` checks with ``pe.dce_jaxpr``
-# which inputs its broadcast outputs need, as for flax's own ``sow``).
+def _keep_dce_rule(used_outputs, eqn):
+    return [True] * len(eqn.invars), eqn
+
+
+_compat.register_dce_rule(tag_p, _keep_dce_rule)
 
 
 def _tag_pp_rule(eqn, context, settings):
@@ -472,7 +463,7 @@ _compat.install_known_kept_tag_scopes(
 
 
 def _tag_linearized_primal(*primals, **params):
-    return tag_p.bind(*primals, **_kept_if_consumed(params))
+    return tag_p.bind(*primals, **dict(params, **{KEPT: True}))
 
 
 def _tag_linearized_tangent(primals, tangents, nzs, **params):
