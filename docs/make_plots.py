@@ -199,7 +199,7 @@ HEADLINE_ROWS: list[tuple[str, str, list[str]]] = [
      "{counts}", ["dropout MLP 6 layers SGD step: HLO instructions"]),
     ("dropout MLP: run time, forward and SGD step", "{}, {}",
      ["dropout MLP 6 layers forward: run time", "dropout MLP 6 layers SGD step: run time"]),
-    ("trace of an RNN in `lax.scan` (2,000 steps): `tx.make_jaxpr` / plain, "
+    ("trace of an RNN in `lax.scan` (2,000 steps): `tx.make_jaxpr_with_states` / plain, "
      "vs JAX refs + discharge / plain", "{} vs {}",
      ["trace rnn_scan: taxpr / plain", "trace rnn_scan: refs + discharge / plain"]),
     ("trace, 8 layers of state in one `lax.scan` (500 steps)", "{} vs {}",

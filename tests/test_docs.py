@@ -74,12 +74,19 @@ def test_every_page_is_in_the_navigation():
 
 
 def test_api_reference_covers_every_public_name():
+    # Each public name has an entry, except the compatibility names, which
+    # the "Compatibility names" table lists beside the name they equal.
     api = (DOCS / "api.md").read_text()
     documented = set(re.findall(r"^::: (taxpr(?:\.\w+)+)\s*$", api, re.MULTILINE))
+    aliases = {f"taxpr.{old}" for old in taxpr._COMPATIBILITY_NAMES}
     public = {f"taxpr.{n}" for n in taxpr.__all__ if n != "harvest"}
     public |= {f"taxpr.harvest.{n}" for n in harvest.__all__}
-    assert public - documented == set(), "add these to docs/api.md"
+    assert public - aliases - documented == set(), "add these to docs/api.md"
     assert documented - public == set(), "docs/api.md names non-public objects"
+    assert documented & aliases == set(), "document the recommended name, not the alias"
+    table = api.split("## Compatibility names", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `tx\.(\w+)[`(]", table, re.MULTILINE)
+    assert rows == list(taxpr._COMPATIBILITY_NAMES)
 
 
 def test_plot_data_is_read_from_the_committed_bench_results():
