@@ -4,7 +4,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # XLA may otherwise skip rounding bfloat16 intermediates inside a fusion, so
 # that the same bf16 computation rounds differently in two programs that
-# fuse differently (the ir fuzzer compares programs bit for bit; seed 576).
+# fuse differently (the ir fuzzer compares programs bit for bit:
+# test_ir_fuzz.py's test_bf16_chains_are_compared_without_xla_excess_precision).
 if "xla_allow_excess_precision" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_allow_excess_precision=false"
 

@@ -1,7 +1,7 @@
 """The documentation site (docs/, mkdocs.yml) stays true.
 
 * Every ```python block of every docs page runs: a page's blocks run in
-  order in one namespace (a page reads as one session), each page in a
+  order in one namespace (a page reads as one script), each page in a
   fresh one.
 * Every page is in the site's navigation, and every public name has an
   entry in the API reference.

@@ -2058,19 +2058,18 @@ test_long_raw_reap = _long_test(_raw_case, "raw")
 test_long_disable_jit = _long_test(_disable_jit_case, "disable_jit")
 
 
-# ---- regressions for bugs the fuzzer found --------------------------------------------
+# ---- append sows of one name in cond branches and outside -----------------------------
 
-# Found by the fuzzer (fixed in 558aa40): the cond rule passed the branches'
-# fed keys up unchanged, so plants of append sows in branches collided with
-# other append sows of the same name (reap gave 2 rows, plant wanted 1 and
-# planted the same row into both sites).
+# Each append sow in a cond's branches is its own row: plants of append sows
+# in branches must not collide with other append sows of the same name (one
+# row per site, each planted into its own site).
 
 def _cond_append(x):
     return lax.cond(x > 0, lambda x: h.sow(x * 2, tag=T, name="a", mode="append"),
                     lambda x: h.sow(x * 3, tag=T, name="a", mode="append"), x)
 
 
-def test_regression_plant_append_in_cond_after_direct_sow():
+def test_plant_append_in_cond_after_direct_sow():
     def f(x):
         h.sow(x, tag=T, name="a", mode="append")
         return _cond_append(x)
@@ -2079,7 +2078,7 @@ def test_regression_plant_append_in_cond_after_direct_sow():
     assert float(h.plant(f, tag=T)({"a": jnp.array([10.0, 20.0])}, 1.0)) == 20.0
 
 
-def test_regression_plant_append_in_two_conds():
+def test_plant_append_in_two_conds():
     def f(x):
         return _cond_append(x) + _cond_append(x) * 10
 
@@ -2088,7 +2087,7 @@ def test_regression_plant_append_in_two_conds():
 
 
 # ---------------------------------------------------------------------------------
-# Programs as users really run them (issue 10): warm trace caches, inits built
+# Programs as users really run them: warm trace caches, inits built
 # inside the trace, extra state entries
 # ---------------------------------------------------------------------------------
 # ``to_source_hoisted`` renders a program with every inner function (scan /
@@ -2375,8 +2374,8 @@ test_long_programs_as_users_run_them = _long_test(_as_users_run_case, "as_users_
 
 
 def test_state_set_in_cond_in_scan_under_vjp_is_kept():
-    # Found by this fuzzer's jax.vjp dimension: JAX's cond partial evaluation
-    # dropped the staged half of the cond (it holds only the set).
+    # JAX's cond partial evaluation must not drop the staged half of the
+    # cond (it holds only the set).
     def program(p0, n):
         def branch(f0):
             def step(f, _):

@@ -176,7 +176,7 @@ def test_algebraic_simplification_keeps_ieee_semantics(x):
 
 def test_algebraic_simplification_of_a_neg_whose_operand_became_a_literal():
     # -1.0 * 1.0 becomes the literal -1.0, which is then neg's operand (a
-    # Literal is unhashable on JAX 0.12: it crashed; ir long fuzz seed 7034).
+    # Literal is unhashable on JAX 0.12).
     def f(x):
         c = lax.mul(np.float32(-1.0), np.float32(1.0))
         return x + lax.neg(lax.neg(c)), x + lax.neg(c)

@@ -1,4 +1,4 @@
-"""Results never depend on JAX's trace caches (issue 10, class A).
+"""Results never depend on JAX's trace caches.
 
 JAX caches the traces of jitted functions, scan/while/cond bodies,
 checkpointed functions and custom_jvp/custom_vjp functions by function
