@@ -22,9 +22,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # differential fuzzer, the benchmark smoke run and the examples compile whole
 # programs many times: more than half of the full run), the cross product
 # of inject's predicates and programs (each program alone stays, in
-# test_matches_eager) and every `long` test. Marked here, in one place,
+# test_matches_eager), the rendering of the built site in Chromium
+# (test_site.py) and every `long` test. Marked here, in one place,
 # rather than in each module.
-SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py"})
+SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
+                          "test_site.py"})
 SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",
