@@ -118,6 +118,16 @@ def test_plot_data_is_read_from_the_committed_bench_results():
     table = mp.figures_table(results)
     assert table.count("\n| `bench_") == len(results["figures"])
 
+    # The performance page's summary: one row per headline figure, one
+    # column per committed run, each run's machine named.
+    runs = mp.load_all_results()
+    headline = mp.headline_table(runs)
+    rows = [line for line in headline.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(mp.HEADLINE_ROWS)
+    assert all(line.count(" | ") == len(runs) + 1 for line in rows)
+    assert all(r["machine"]["kind"] in headline for r in runs)
+    assert mp.dispatch_table(runs).count(" us / ") == 2 * len(runs)
+
 
 def test_docs_extra_pins_the_site_tools():
     pyproject = (ROOT / "pyproject.toml").read_text()
