@@ -77,10 +77,36 @@ def figures_of(name: str, result: dict) -> list[dict]:
     return rows
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """The machine the figures are measured on: ``kind`` (a phrase such as
+    ``"2-core x86_64 Linux machine, CPU backend"``, quoted wherever a figure
+    is), ``cpus``, ``cpu`` (the processor's model name), ``backend`` and
+    ``device`` (JAX's default backend and its first device's kind)."""
+    import jax
+
+    cpus = os.cpu_count() or 1
+    backend = jax.default_backend()
+    return {"kind": f"{cpus}-core {platform.machine()} {platform.system()} machine, "
+                    f"{backend.upper()} backend",
+            "cpus": cpus, "cpu": _cpu_model(), "backend": backend,
+            "device": jax.devices()[0].device_kind}
+
+
 def run_all(quick: bool = False, only: list[str] | None = None) -> dict:
     """Run the benchmarks; returns the dict written to ``results.json``.
 
-    Keys: ``quick``, ``python``, ``jax``, ``platform``, ``benches``
+    Keys: ``quick``, ``python``, ``jax``, ``platform``, ``machine`` (see
+    :func:`machine`), ``benches``
     (``{module: result}``; a module that raised has ``{"error": ...}``),
     ``seconds`` (``{module: wall time}``), ``figures`` (the table rows:
     ``{bench, name, value, target, pass}``), ``errors`` (modules that raised)
@@ -90,7 +116,7 @@ def run_all(quick: bool = False, only: list[str] | None = None) -> dict:
 
     out = {"quick": bool(quick), "python": platform.python_version(),
            "jax": jax.__version__, "platform": platform.platform(),
-           "benches": {}, "seconds": {}, "figures": []}
+           "machine": machine(), "benches": {}, "seconds": {}, "figures": []}
     for path in discover():
         name = path.stem
         if only and name not in only:
@@ -149,7 +175,8 @@ def table(results: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    head = (f"python {results['python']}, jax {results['jax']}"
+    head = (f"python {results['python']}, jax {results['jax']}, "
+            f"{results.get('machine', {}).get('kind', 'machine not recorded')}"
             f"{', quick' if results['quick'] else ''}")
     return head + "\n" + "\n".join(lines)
 

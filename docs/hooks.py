@@ -1,5 +1,7 @@
 """mkdocs hooks (mkdocs.yml ``hooks:``): draw the performance plots before
-every build and fill in the table of benchmark figures."""
+every build and fill in the performance page's tables, generated from the
+committed benchmark results (``bench/results*.json``), so that each number
+has one source."""
 
 from __future__ import annotations
 
@@ -11,8 +13,12 @@ _SPEC = importlib.util.spec_from_file_location(
 make_plots = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(make_plots)
 
-# Where a page asks for the generated table of bench/results.json's figures.
-FIGURES_TABLE = "<!-- bench-figures-table -->"
+# Where a page asks for a generated table: marker -> the table's Markdown.
+TABLES = {
+    "<!-- bench-figures-table -->": lambda: make_plots.figures_table(make_plots.load_results()),
+    "<!-- bench-headline-table -->": lambda: make_plots.headline_table(make_plots.load_all_results()),
+    "<!-- bench-dispatch-table -->": lambda: make_plots.dispatch_table(make_plots.load_all_results()),
+}
 
 
 def on_pre_build(config, **kwargs) -> None:
@@ -21,6 +27,7 @@ def on_pre_build(config, **kwargs) -> None:
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
-    if FIGURES_TABLE in markdown:
-        markdown = markdown.replace(FIGURES_TABLE, make_plots.figures_table(make_plots.load_results()))
+    for marker, table in TABLES.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, table())
     return markdown

@@ -1,8 +1,10 @@
 """Draw the performance page's plots from the committed benchmark results.
 
-Reads ``bench/results.json`` (``python bench/run.py``) and
-``bench/peers/results.json`` (``python bench/peers/run_peers.py``) and writes
-SVG files into ``docs/plots/``, which is not tracked: the site build
+Reads ``bench/results.json`` (``python bench/run.py``), the results of the
+same benchmarks on other JAX versions (``bench/results-jax-*.json``) and
+``bench/peers/results.json`` (``python bench/peers/run_peers.py``); writes
+SVG files into ``docs/plots/`` and the performance page's tables (through
+``docs/hooks.py``). The plots are written into ``docs/plots/``, which is not tracked: the site build
 (``mkdocs build``, through ``docs/hooks.py``) runs this script every time,
 so the plots always show the results that are committed, and a new
 benchmark run needs no separate step to update them.
@@ -32,6 +34,19 @@ Series = dict[str, tuple[list[int], list[float]]]
 def load_results(path: Path = RESULTS) -> dict:
     """The parsed JSON of ``bench/run.py``'s output file."""
     return json.loads(path.read_text())
+
+
+def load_all_results(bench_dir: Path = RESULTS.parent) -> list[dict]:
+    """``bench/results.json`` and then every ``bench/results-jax-*.json``
+    (full runs of ``bench/run.py --out ...`` on other JAX versions), sorted
+    by JAX version."""
+    runs = [load_results(bench_dir / "results.json")]
+    runs += [load_results(p) for p in bench_dir.glob("results-jax-*.json")]
+
+    def version(run: dict) -> tuple:
+        return tuple(int(n) if n.isdigit() else 0 for n in run["jax"].split("."))
+
+    return sorted(runs, key=version)
 
 
 def load_peer_results(path: Path = PEER_RESULTS) -> dict:
@@ -145,9 +160,137 @@ def target_series(results: dict) -> list[tuple[str, float, str, float, bool]]:
     return rows
 
 
+def measured_on(results: dict) -> str:
+    """Where and with what a results file was measured, as a phrase:
+    ``"JAX 0.10.2, Python 3.11.7, 2-core x86_64 Linux machine, CPU backend"``."""
+    kind = results.get("machine", {}).get("kind", "machine not recorded")
+    return f"JAX {results['jax']}, Python {results['python']}, {kind}"
+
+
+# The performance page's summary table: one row per headline figure, one
+# column per results file. Each row is (label, cell template, figure-name
+# prefixes): ``{}`` in the template takes the figures in order, formatted
+# as ratios (two decimals); ``{counts}`` takes the ``(a/b)`` instruction
+# counts from the first figure's name. The target is the first figure's.
+HEADLINE_ROWS: list[tuple[str, str, list[str]]] = [
+    ("dispatch of `jax.jit(f)`, 20 tags left in / no tags", "{}",
+     ["dispatch jit, 20 tags / none"]),
+    ("dispatch of `jax.jit(jax.grad(f))`, tags left in / no tags", "{}",
+     ["dispatch jit(grad), 20 tags / none"]),
+    ("`inject` / `make_jaxpr`, 1,600 tags", "{}", ["inject/make_jaxpr, 1600 tags"]),
+    ("`inject` / `make_jaxpr`, 10,000 tags", "{}", ["inject/make_jaxpr, 10000 tags"]),
+    ("`inject`, nested scans, time at depth 8 / depth 4", "{}", ["inject nested scan t8/t4"]),
+    ("`uncurry`, nested scans, depth 8 / depth 4", "{}", ["uncurry nested scan t8/t4"]),
+    ("`make_jaxpr(reap(f))`, nested scans, depth 8 / depth 4", "{}",
+     ['make_jaxpr(reap(f, tag="t")) nested scan t8/t4']),
+    ("`make_jaxpr(plant(f))`, nested scans, depth 8 / depth 4", "{}",
+     ['make_jaxpr(plant(f, tag="t")) nested scan t8/t4']),
+    ("peak memory of `inject` / of `make_jaxpr`, 100,000 equations", "{}",
+     ["inject/make_jaxpr peak memory, 100000 eqns"]),
+    ("RNN (state in raw `lax.scan`, 2,000 steps): HLO instructions, uncurry / hand-written",
+     "{counts}", ["RNN scan 2000: HLO instructions"]),
+    ("RNN: run time, uncurry / hand-written", "{}", ["RNN scan 2000: run time"]),
+    ("RNN: compile time, uncurry / hand-written", "{}", ["RNN scan 2000: compile time"]),
+    ("MLP with running statistics, SGD step: HLO instructions", "{counts}",
+     ["MLP running stats SGD step: HLO instructions"]),
+    ("MLP: run time", "{}", ["MLP running stats SGD step: run time"]),
+    ("MLP: compile time", "{}", ["MLP running stats SGD step: compile time"]),
+    ("dropout MLP (`tx.next_key`), SGD step: HLO instructions, uncurry / keys threaded by hand",
+     "{counts}", ["dropout MLP 6 layers SGD step: HLO instructions"]),
+    ("dropout MLP: run time, forward and SGD step", "{}, {}",
+     ["dropout MLP 6 layers forward: run time", "dropout MLP 6 layers SGD step: run time"]),
+    ("trace of an RNN in `lax.scan` (2,000 steps): `tx.make_jaxpr_with_states` / plain, "
+     "vs JAX refs + discharge / plain", "{} vs {}",
+     ["trace rnn_scan: taxpr / plain", "trace rnn_scan: refs + discharge / plain"]),
+    ("trace, 8 layers of state in one `lax.scan` (500 steps)", "{} vs {}",
+     ["trace layers_scan: taxpr / plain", "trace layers_scan: refs + discharge / plain"]),
+    ("trace, RNN unrolled in Python (1,000 steps)", "{} vs {}",
+     ["trace rnn_unrolled: taxpr / plain", "trace rnn_unrolled: refs + discharge / plain"]),
+    ("trace, the same three with the state starting at an input (as refs do)",
+     "{}, {}, {} vs {}, {}, {}",
+     [f"trace {p}, input init: {w} / plain" for w in ("taxpr", "refs + discharge")
+      for p in ("rnn_scan", "layers_scan", "rnn_unrolled")]),
+    ("trace, the same three starting at zeros in every version", "{}, {}, {} vs {}, {}, {}",
+     [f"trace {p}, zeros init everywhere: {w} / plain" for w in ("taxpr", "refs + discharge")
+      for p in ("rnn_scan", "layers_scan", "rnn_unrolled")]),
+    ("`uncurry` / first `jax.jit` call, the two scan programs, init from an input", "{}, {}",
+     ["uncurry / first jit call: rnn_scan, input init",
+      "uncurry / first jit call: layers_scan, input init"]),
+    ("`uncurry` / first `jax.jit` call, constant inits", "{}, {}",
+     ["uncurry / first jit call: rnn_scan, constant init",
+      "uncurry / first jit call: layers_scan, constant init"]),
+    ("`taxpr.ir.optimize_jaxpr` / `make_jaxpr`, 10,000 equations", "{}",
+     ["optimize_jaxpr/make_jaxpr at 10000 eqns"]),
+    ("`optimize_jaxpr`, time per doubling of the program, up to 40,000", "{}",
+     ["optimize_jaxpr time per doubling"]),
+    ("`taxpr.ir.to_dot` / `make_jaxpr`, 10,000 equations", "{}",
+     ["to_dot/make_jaxpr at 10000 eqns"]),
+]
+
+_COUNTS = re.compile(r"\((\d+)/(\d+)\)")
+
+
+def find_figure(results: dict, prefix: str) -> dict:
+    """The one figure of ``results`` whose name starts with ``prefix``."""
+    found = [f for f in results["figures"] if f["name"].startswith(prefix)]
+    if len(found) != 1:
+        raise KeyError(f"{len(found)} figures of JAX {results['jax']}'s results start "
+                       f"with {prefix!r}")
+    return found[0]
+
+
+def _cell(results: dict, template: str, prefixes: list[str]) -> str:
+    figures = [find_figure(results, p) for p in prefixes]
+    if template == "{counts}":
+        a, b = _COUNTS.search(figures[0]["name"]).groups()
+        return f"{int(a):,} / {int(b):,}"
+    return template.format(*(f"{f['value']:.2f}" for f in figures))
+
+
+def _target(figure: dict) -> str:
+    target = figure.get("target") or "(none)"
+    if target.replace(" ", "") == "==1.0":
+        return "equal"
+    # "<= 1.60 (refs + discharge)": the bound is the other measurement.
+    return re.sub(r"^<=\s*[0-9.]+\s*\((.*)\)$", r"<= \1", target)
+
+
+def headline_table(runs: list[dict]) -> str:
+    """The summary table (``HEADLINE_ROWS``) as Markdown: one column per
+    results file, each headed by its JAX and Python versions, then the
+    target; a line under it names the machine of each run."""
+    heads = [f"JAX {r['jax']} (Python {r['python'].rsplit('.', 1)[0]})" for r in runs]
+    lines = ["| figure | " + " | ".join(heads) + " | target |",
+             "|---|" + "---|" * len(runs) + "---|"]
+    for label, template, prefixes in HEADLINE_ROWS:
+        cells = [_cell(r, template, prefixes) for r in runs]
+        target = _target(find_figure(runs[0], prefixes[0]))
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {target} |")
+    lines.append("")
+    lines.append("Measured on: " + "; ".join(measured_on(r) for r in runs) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def dispatch_table(runs: list[dict]) -> str:
+    """Per-call dispatch time with tags left in and without, per run."""
+    heads = [f"JAX {r['jax']} (Python {r['python'].rsplit('.', 1)[0]})" for r in runs]
+    lines = ["| jitted function | " + " | ".join(heads) + " |",
+             "|---|" + "---|" * len(runs)]
+    for label, key in (("`jax.jit(f)`", "jit"), ("`jax.jit(jax.grad(f))`", "jit_grad")):
+        cells = []
+        for r in runs:
+            d = r["benches"]["bench_dispatch"][key]
+            cells.append(f"{d['tags_us']:.1f} us / {d['plain_us']:.1f} us = "
+                         f"**{d['ratio']:.2f}x**")
+        lines.append(f"| {label}, tags / no tags | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Measured on: " + "; ".join(measured_on(r) for r in runs) + ".")
+    return "\n".join(lines) + "\n"
+
+
 def figures_table(results: dict) -> str:
     """A Markdown table of every figure in ``bench/results.json``."""
-    lines = [f"Measured with JAX {results['jax']} on Python {results['python']} "
+    lines = [f"Measured with {measured_on(results)} "
              f"({'quick run' if results.get('quick') else 'full run'}).", "",
              "| benchmark | figure | value | target | met |", "|---|---|---|---|---|"]
     for fig in results["figures"]:

@@ -78,7 +78,7 @@ def main() -> None:
         assert int(got["calls"]) == want["calls"], (got, want)
 
     # The pure program as a jaxpr: states are explicit inputs and outputs.
-    jaxpr, states = tx.make_jaxpr(program)(xs)
+    jaxpr, states = tx.make_jaxpr_with_states(program)(xs)
     print("states in the pure jaxpr:", [(s.name, s.dtype.name, s.read, s.written)
                                         for s in states])
     assert not tx.find_tags(jaxpr), "uncurried programs keep no state tags"

@@ -7,6 +7,7 @@ from . import harvest as harvest
 from . import ir as ir
 
 from ._dataflow import (
+    fix_inputs as fix_inputs,
     partial as partial,
     partition_out as partition_out,
     strip_outputs as strip_outputs,
@@ -30,6 +31,7 @@ from ._state import (
     StateNotUncurriedWarning as StateNotUncurriedWarning,
     get_state as get_state,
     make_jaxpr as make_jaxpr,
+    make_jaxpr_with_states as make_jaxpr_with_states,
     set_state as set_state,
     uncurry as uncurry,
 )
@@ -41,10 +43,19 @@ from ._typed import (
 )
 from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
 
+# Compatibility names (taxpr 0.0.3's), each the same object as the name that
+# says what it is: ``_COMPATIBILITY_NAMES[old]`` is the recommended name.
+_COMPATIBILITY_NAMES = {
+    "make_jaxpr": "make_jaxpr_with_states",
+    "partial": "fix_inputs",
+    "tcj_transpose": "TypedClosedJaxpr.transpose",
+    "tcj_partition_out": "TypedClosedJaxpr.partition_out",
+}
+
 __all__ = [
     "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
-    "dissolve_tags", "find_tags", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
-    "keep_tags", "make_jaxpr", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
+    "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
+    "keep_tags", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "seed", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]

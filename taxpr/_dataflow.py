@@ -1,5 +1,5 @@
 """Parity with taxpr 0.0.3's utilities: ``transpose``, ``partition_out``,
-``partial``, ``strip_outputs`` (all correct through nested jaxprs)."""
+``fix_inputs``, ``strip_outputs`` (all correct through nested jaxprs)."""
 
 from __future__ import annotations
 
@@ -111,14 +111,16 @@ def strip_outputs(closed_jaxpr: Any, indices: Iterable[int]) -> Any:
     return partition_out(closed_jaxpr, [[i for i in range(n) if i not in drop]])[0]
 
 
-def partial(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
-    """Fix some inputs (like ``functools.partial``): ``args`` maps input
-    positions to values, which become consts of the result."""
+def fix_inputs(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
+    """Fix some inputs of a closed jaxpr: ``args`` maps input positions to
+    values, which become consts of the result (the jaxpr counterpart of
+    ``functools.partial``). ``tx.partial`` is the same function (taxpr
+    0.0.3's name)."""
     constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
     for i, v in args.items():
         aval = invars[i].aval
         if tuple(jax.numpy.shape(v)) != tuple(aval.shape) or jax.numpy.result_type(v) != aval.dtype:
-            raise ValueError(f"taxpr.partial: value for input {i} has type "
+            raise ValueError(f"taxpr.fix_inputs: value for input {i} has type "
                              f"{jax.numpy.result_type(v)}{list(jax.numpy.shape(v))}, "
                              f"expected {aval.str_short()}")
     fixed = [invars[i] for i in sorted(args)]
@@ -126,3 +128,6 @@ def partial(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
     rest = [v for i, v in enumerate(invars) if i not in args]
     return _compat.make_closed([*constvars, *fixed], [*consts, *values], rest, eqns, outvars,
                                effects, dbg)
+
+
+partial = fix_inputs  # taxpr 0.0.3's name

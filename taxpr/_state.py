@@ -871,10 +871,14 @@ def _hashable(x: Any) -> Any:
         return ("id", id(x))
 
 
-def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
-               static_argnames: str | Sequence[str] = (), axis_env=None,
-               return_shape: bool = False, return_only_write: bool = False):
+def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = (),
+                           static_argnames: str | Sequence[str] = (), axis_env=None,
+                           return_shape: bool = False, return_only_write: bool = False):
     """``jax.make_jaxpr`` for stateful functions: the pure program and its states.
+
+    Unlike ``jax.make_jaxpr``, the function it returns gives a pair
+    ``(jaxpr, states)``. ``tx.make_jaxpr`` is the same function (taxpr
+    0.0.3's name).
 
     Arguments:
         fun: a function that may use ``get_state`` / ``set_state``.
@@ -915,6 +919,9 @@ def make_jaxpr(fun: Callable, static_argnums: int | Sequence[int] = (),
         return (result, infos, out_shape) if return_shape else (result, infos)
 
     return wrapped
+
+
+make_jaxpr = make_jaxpr_with_states  # taxpr 0.0.3's name
 
 
 def _keep_written_outputs(closed: Any, infos: Sequence[StateInfo]) -> Any:

@@ -65,23 +65,26 @@ class TypedClosedJaxpr:
         return TypedClosedJaxpr(_to_shape((ctx, *self.in_shape)), closed,
                                 (self.out_shape, _to_shape(ctx)), self.static_argnums)
 
+    def transpose(self, predicate: Callable | None = None):
+        """``tx.transpose`` of this program: ``(typed, params_list)``; the
+        typed program has the same inputs and returns the list of tagged
+        values. ``tx.tcj_transpose(tcj)`` is the same (taxpr 0.0.3's name)."""
+        closed, params, structures = transpose(self.closed_jaxpr, predicate)
+        shapes = [jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), s)
+                  for s in structures]
+        return TypedClosedJaxpr(self.in_shape, closed, shapes, self.static_argnums), params
 
-def tcj_transpose(tcj: TypedClosedJaxpr):
-    """``transpose`` of a TypedClosedJaxpr: ``(typed, params_list)``; the
-    typed program returns the list of tagged values."""
-    closed, params, structures = transpose(tcj.closed_jaxpr)
-    shapes = [jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), s)
-              for s in structures]
-    return TypedClosedJaxpr(tcj.in_shape, closed, shapes, tcj.static_argnums), params
+    def partition_out(self, outvar_indices: list[list[int]]) -> list:
+        """``tx.partition_out`` of this program: one program per group of
+        output indices, each returning the list of its group's outputs.
+        ``tx.tcj_partition_out(tcj, ...)`` is the same (taxpr 0.0.3's name)."""
+        leaves, _ = jax.tree_util.tree_flatten(self.out_shape)
+        parts = partition_out(self.closed_jaxpr, outvar_indices)
+        return [TypedClosedJaxpr(self.in_shape, closed, [leaves[i] for i in group],
+                                 self.static_argnums)
+                for group, closed in zip(outvar_indices, parts)]
 
 
-def tcj_partition_out(tcj: TypedClosedJaxpr, outvar_indices: list[list[int]]) -> list:
-    """``partition_out`` of a TypedClosedJaxpr; each part's ``out_shape`` keeps
-    the leaves of its group (others None)."""
-    leaves, tree = jax.tree_util.tree_flatten(tcj.out_shape)
-    parts = partition_out(tcj.closed_jaxpr, outvar_indices)
-    out = []
-    for group, closed in zip(outvar_indices, parts):
-        kept = [leaves[i] for i in group]
-        out.append(TypedClosedJaxpr(tcj.in_shape, closed, kept, tcj.static_argnums))
-    return out
+# taxpr 0.0.3's names of the two methods above.
+tcj_transpose = TypedClosedJaxpr.transpose
+tcj_partition_out = TypedClosedJaxpr.partition_out

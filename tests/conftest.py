@@ -4,7 +4,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # XLA may otherwise skip rounding bfloat16 intermediates inside a fusion, so
 # that the same bf16 computation rounds differently in two programs that
-# fuse differently (the ir fuzzer compares programs bit for bit; seed 576).
+# fuse differently (the ir fuzzer compares programs bit for bit:
+# test_ir_fuzz.py's test_bf16_chains_are_compared_without_xla_excess_precision).
 if "xla_allow_excess_precision" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_allow_excess_precision=false"
 
@@ -21,9 +22,11 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # differential fuzzer, the benchmark smoke run and the examples compile whole
 # programs many times: more than half of the full run), the cross product
 # of inject's predicates and programs (each program alone stays, in
-# test_matches_eager) and every `long` test. Marked here, in one place,
+# test_matches_eager), the rendering of the built site in Chromium
+# (test_site.py) and every `long` test. Marked here, in one place,
 # rather than in each module.
-SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py"})
+SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
+                          "test_site.py"})
 SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",

@@ -1,7 +1,7 @@
 """The documentation site (docs/, mkdocs.yml) stays true.
 
 * Every ```python block of every docs page runs: a page's blocks run in
-  order in one namespace (a page reads as one session), each page in a
+  order in one namespace (a page reads as one script), each page in a
   fresh one.
 * Every page is in the site's navigation, and every public name has an
   entry in the API reference.
@@ -74,12 +74,19 @@ def test_every_page_is_in_the_navigation():
 
 
 def test_api_reference_covers_every_public_name():
+    # Each public name has an entry, except the compatibility names, which
+    # the "Compatibility names" table lists beside the name they equal.
     api = (DOCS / "api.md").read_text()
     documented = set(re.findall(r"^::: (taxpr(?:\.\w+)+)\s*$", api, re.MULTILINE))
+    aliases = {f"taxpr.{old}" for old in taxpr._COMPATIBILITY_NAMES}
     public = {f"taxpr.{n}" for n in taxpr.__all__ if n != "harvest"}
     public |= {f"taxpr.harvest.{n}" for n in harvest.__all__}
-    assert public - documented == set(), "add these to docs/api.md"
+    assert public - aliases - documented == set(), "add these to docs/api.md"
     assert documented - public == set(), "docs/api.md names non-public objects"
+    assert documented & aliases == set(), "document the recommended name, not the alias"
+    table = api.split("## Compatibility names", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `tx\.(\w+)[`(]", table, re.MULTILINE)
+    assert rows == list(taxpr._COMPATIBILITY_NAMES)
 
 
 def test_plot_data_is_read_from_the_committed_bench_results():
@@ -110,6 +117,16 @@ def test_plot_data_is_read_from_the_committed_bench_results():
     assert len(targets) >= 10
     table = mp.figures_table(results)
     assert table.count("\n| `bench_") == len(results["figures"])
+
+    # The performance page's summary: one row per headline figure, one
+    # column per committed run, each run's machine named.
+    runs = mp.load_all_results()
+    headline = mp.headline_table(runs)
+    rows = [line for line in headline.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(mp.HEADLINE_ROWS)
+    assert all(line.count(" | ") == len(runs) + 1 for line in rows)
+    assert all(r["machine"]["kind"] in headline for r in runs)
+    assert mp.dispatch_table(runs).count(" us / ") == 2 * len(runs)
 
 
 def test_docs_extra_pins_the_site_tools():

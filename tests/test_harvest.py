@@ -1782,8 +1782,8 @@ def test_append_sow_in_custom_rule_function_reap_plant_and_grads(kind):
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd", "jacrev", "jit_grad"])
 def test_plant_into_a_custom_jvp_whose_rule_is_its_jvp_differentiates_the_planted_function(
         transform):
-    # Found by the long fuzz profile: the rule (the JVP of the function, so
-    # it sows too) ran unplanted, adding the tangent of the replaced value.
+    # The rule (the JVP of the function, so it sows too) is planted too: it
+    # must not add the tangent of the replaced value.
     def body(x, y):
         return h.sow(x * 3.0, tag=T, name="c0", mode="clobber") + y, y
 

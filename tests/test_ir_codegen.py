@@ -74,8 +74,8 @@ def test_while_loop_whose_predicate_vmap_batched_loops_per_example():
     # vmap keeps a per-example predicate in while_p (its cond returns
     # bool[3]), which lax.while_loop refuses ("cond_fun must return a boolean
     # scalar"): the code loops while any example's holds, and an example
-    # whose predicate is false keeps its carry. Found by tests/test_ir_fuzz.py's
-    # batched programs.
+    # whose predicate is false keeps its carry (as in tests/test_ir_fuzz.py's
+    # batched programs).
     def f(x, n):
         def body(c):
             i, v = c

@@ -84,4 +84,3 @@ def test_the_rendered_graph_in_the_docs_is_committed_and_shown():
     svg = root / "docs" / "images" / "ir_graph.svg"
     assert svg.read_text().lstrip().startswith("<?xml") and "scan[length=4]" in svg.read_text()
     assert "images/ir_graph.svg" in (root / "docs" / "ir.md").read_text()
-    assert "docs/images/ir_graph.svg" in (root / "README.md").read_text()

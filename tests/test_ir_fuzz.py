@@ -222,7 +222,7 @@ def exec_stmt(s, env):
         # JAX 0.10's XLA traps (SIGFPE) when it evaluates at compile time an
         # integer division by a zero it can prove, in the original program
         # already: a literal 0, or e.g. ``i0 = i0 - i0; i1 = rem(1, i0);
-        # i0 = i1 + i1`` (seed 5033; an optimization barrier does not help on
+        # i0 = i1 + i1`` (PROVABLE_ZERO_DIVISOR; an optimization barrier does not help on
         # CPU, XLA expands it first). So literal divisors are nonzero and a
         # variable divisor is offset by the argument ``zero`` (0 at run time,
         # unknown to XLA and to taxpr); at run time x / 0 is defined.
@@ -347,8 +347,8 @@ def assert_bitwise_to_jit_or_eager(got, want, eager: _EagerReference,
     reference either: the variant evaluated eagerly must then equal the
     original evaluated eagerly. Seen on JAX 0.10.2's CPU backend: ``exp`` of
     a fused NaN constant (``exp(0.5 / nan + x)``) returns garbage that
-    changes from run to run (seeds 10015, 10272), in the original as in the
-    variant.
+    changes from run to run (``NAN_EXP_PROGRAMS``), in the original as in
+    the variant.
     """
     assert len(got) == len(want), what
     for i, (g, w) in enumerate(zip(got, want)):
@@ -425,8 +425,14 @@ def traced_program(seed: int, batched: bool = False, differentiated: bool = Fals
     return stmts, args, jax.make_jaxpr(fn)(*args)
 
 
-VMAP_REJECTS = ("IO effect not supported in vmap-of-cond"
-                "|Unordered IO effects not supported in while_loop with batched predicate")
+# What JAX's vmap raises for an io_callback in a cond or a while whose
+# predicate it batches: message -> exception type (JAX raises a bare
+# Exception for the while).
+VMAP_REJECTIONS = {
+    "IO effect not supported in vmap-of-cond": NotImplementedError,
+    "Unordered IO effects not supported in while_loop with batched predicate": Exception,
+}
+VMAP_REJECTS = "|".join(VMAP_REJECTIONS)
 
 
 def vmappable(stmts) -> bool:
@@ -547,57 +553,86 @@ def test_programs_vmap_rejects_are_exactly_those_with_an_io_callback_in_a_cond_o
         stmts = program(seed)
         if vmappable(stmts):
             continue
-        with pytest.raises(Exception, match=VMAP_REJECTS):
+        with pytest.raises(Exception, match=VMAP_REJECTS) as rejected:
             traced_program(seed, batched=True)
+        (message,) = [m for m in VMAP_REJECTIONS if m in str(rejected.value)]
+        assert type(rejected.value) is VMAP_REJECTIONS[message], (seed, rejected.value)
+
+
+# Generated programs kept as regression cases, by what they hold (the value
+# is the program's seed: ``program(seed)``).
+# ``rem(1, i0 - i0)``: an integer division by a zero XLA can prove.
+PROVABLE_ZERO_DIVISOR = 5033
+# A bfloat16 chain after a cond whose index constant folding decides.
+BF16_CHAIN_AFTER_FOLDED_COND = 576
+# An unused cond / scan / while whose body holds only (effect-free) tags,
+# which JAX's own DCE rules would drop.
+UNUSED_CALLS_OF_TAG_ONLY_JAXPRS = {"unused_call_of_tags_a": 324, "unused_call_of_tags_b": 493,
+                                   "unused_call_of_tags_c": 617, "unused_call_of_tags_d": 663}
+# A while holding only tags inside a jit that was jitted before (JAX 0.10
+# caches the DCE of a jit's callee).
+WHILE_OF_TAGS_IN_A_JIT_CALLED_TWICE = {"while_of_tags_in_jit_called_twice_a": 12590,
+                                       "while_of_tags_in_jit_called_twice_b": 13349}
+# A scan whose inputs are all constants constant_fold folds.
+SCAN_OF_FOLDED_CONSTANTS = 4777
+# Constants XLA's compile-time folding computes differently from eager
+# evaluation (program, the output that differs).
+XLA_FOLDING_DEPARTS_FROM_EAGER = {"negative_zero_minus_negative_zero": (835, 3),
+                                  "tanh_of_a_constant": (856, 0)}
+# ``exp`` of a fused NaN constant, which JAX 0.10.2's XLA CPU backend
+# computes as garbage (program, the output).
+NAN_EXP_PROGRAMS = {"exp_of_nan_constant_a": (10015, 1), "exp_of_nan_constant_b": (10272, 3)}
 
 
 def test_integer_division_by_a_zero_xla_can_prove_does_not_crash_the_fuzzer():
-    # Seed 5033 computes rem(1, i0 - i0): JAX 0.10's XLA folded it at compile
-    # time and the process died of SIGFPE (the original program, before any
-    # taxpr pass). Run in a subprocess, so a regression fails this test only.
+    # JAX 0.10's XLA folds rem(1, i0 - i0) at compile time and the process
+    # dies of SIGFPE (the original program, before any taxpr pass). Run in a
+    # subprocess, so that a crash fails this test only.
     import subprocess
     import sys
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import jax; "
             "jax.config.update('jax_enable_checks', True); import test_ir_fuzz; "
-            "test_ir_fuzz.check_program(5033)")
+            f"test_ir_fuzz.check_program({PROVABLE_ZERO_DIVISOR})")
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert ("ibin", "i0", "sub", "i0", "i0") in program(5033)
-    assert ("ibin", "i1", "rem", ("lit", 1), "i0") in program(5033)
+    assert ("ibin", "i0", "sub", "i0", "i0") in program(PROVABLE_ZERO_DIVISOR)
+    assert ("ibin", "i1", "rem", ("lit", 1), "i0") in program(PROVABLE_ZERO_DIVISOR)
 
 
 def test_bf16_chains_are_compared_without_xla_excess_precision():
-    # Seed 576: folding a cond index let XLA fuse a bfloat16 chain
-    # differently, and with excess precision allowed it skipped a bf16
-    # rounding in one program only (1.1992188 vs 1.203125). tests/conftest.py
-    # turns excess precision off, so both programs round every bf16 op.
+    # Folding a cond index lets XLA fuse a bfloat16 chain differently, and
+    # with excess precision allowed it skips a bf16 rounding in one program
+    # only (1.1992188 vs 1.203125). tests/conftest.py turns excess precision
+    # off, so both programs round every bf16 op.
     assert "--xla_allow_excess_precision=false" in os.environ["XLA_FLAGS"]
-    check_program(576)
+    check_program(BF16_CHAIN_AFTER_FOLDED_COND)
 
 
-@pytest.mark.parametrize("seed", [324, 493, 617, 663, 12590, 13349])
+@pytest.mark.parametrize("seed", [
+    *(pytest.param(seed, id=name) for name, seed in UNUSED_CALLS_OF_TAG_ONLY_JAXPRS.items()),
+    *(pytest.param(seed, id=name) for name, seed in WHILE_OF_TAGS_IN_A_JIT_CALLED_TWICE.items()),
+])
 def test_dce_keeps_unused_calls_of_jaxprs_holding_tags(seed):
-    # Found by the long profile: JAX's DCE rules drop an unused cond / scan /
-    # while whose body holds only (effect-free) tags, and JAX's caches of DCE
-    # results (filled while jitting the original) bypassed taxpr's rules
-    # (12590, 13349: JAX 0.10's cache of a jit's callee DCE, `while` inside).
+    # JAX's DCE rules drop an unused cond / scan / while whose body holds
+    # only (effect-free) tags, and JAX's caches of DCE results (filled while
+    # jitting the original) would bypass taxpr's rules.
     check_program(seed)
 
 
 def test_folding_a_computation_that_reads_known_constants_evaluates_it():
-    # Found by the long profile (seed 4777, JAX 0.12): a scan whose inputs
-    # are folded constants was evaluated with its inputs missing (0.12's DCE
-    # moved the constants into the jaxpr's inputs).
-    check_program(4777)
+    # A scan whose inputs are folded constants is evaluated with those
+    # inputs (JAX 0.12's DCE moves the constants into the jaxpr's inputs).
+    check_program(SCAN_OF_FOLDED_CONSTANTS)
 
 
-@pytest.mark.parametrize("seed, output", [(835, 3), (856, 0)])
+@pytest.mark.parametrize("seed, output", [pytest.param(*case, id=name) for name, case
+                                          in XLA_FOLDING_DEPARTS_FROM_EAGER.items()])
 def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
-    # Found by the long profile: XLA's compile-time folding of the original
-    # (seed 835: -0.0 - -0.0 -> -0.0; seed 856: tanh(1.5) 1 ulp off) differs
-    # from the same program evaluated eagerly; constant_fold follows eager.
+    # XLA's compile-time folding of the original (-0.0 - -0.0 -> -0.0;
+    # tanh(1.5) 1 ulp off) differs from the same program evaluated eagerly;
+    # constant_fold follows eager.
     _, args, j = traced_program(seed)
     folded = run(ir.constant_fold(j), *args)
     eager = run(j, *args, jit=False)
@@ -607,12 +642,13 @@ def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
     check_program(seed)
 
 
-@pytest.mark.parametrize("seed, output", [(10015, 1), (10272, 3)])
+@pytest.mark.parametrize("seed, output", [pytest.param(*case, id=name) for name, case
+                                          in NAN_EXP_PROGRAMS.items()])
 def test_outputs_xla_computes_wrongly_are_compared_eagerly(seed, output):
-    # Found by the long profile on JAX 0.10.2: XLA's CPU backend computes
-    # exp of a fused NaN constant as garbage, in the original program as in
-    # the folded one. Eagerly both give NaN, as IEEE says: constant_fold kept
-    # the program's meaning, and the fuzzer now judges it by that.
+    # JAX 0.10.2's XLA CPU backend computes exp of a fused NaN constant as
+    # garbage, in the original program as in the folded one. Eagerly both
+    # give NaN, as IEEE says: constant_fold keeps the program's meaning, and
+    # the fuzzer judges it by that.
     _, args, j = traced_program(seed)
     folded = ir.constant_fold(j)
     assert np.isnan(run(j, *args, jit=False)[output]).all()

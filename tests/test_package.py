@@ -37,3 +37,20 @@ def test_every_public_function_has_a_docstring():
     assert len(documented) >= len(objs) - 1  # all but the tag_p primitive object
     missing = [n for n, o in documented.items() if not (o.__doc__ or "").strip()]
     assert not missing, missing
+
+
+def test_compatibility_names_are_the_recommended_objects():
+    # taxpr 0.0.3's names keep working: each is the very object of the
+    # self-explaining name the documentation uses.
+    assert tx._COMPATIBILITY_NAMES == {
+        "make_jaxpr": "make_jaxpr_with_states",
+        "partial": "fix_inputs",
+        "tcj_transpose": "TypedClosedJaxpr.transpose",
+        "tcj_partition_out": "TypedClosedJaxpr.partition_out",
+    }
+    for old, new in tx._COMPATIBILITY_NAMES.items():
+        obj = tx
+        for part in new.split("."):
+            obj = getattr(obj, part)
+        assert getattr(tx, old) is obj, (old, new)
+        assert old in tx.__all__ and new.split(".")[0] in tx.__all__

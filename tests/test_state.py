@@ -928,7 +928,7 @@ def test_wrong_state_dict_passed_to_pure():
     with pytest.raises(tx.StateError, match="'b'|b"):
         pure({"a": s0["a"]}, x)  # missing key
     jax_still_works()
-    # An unknown key passes through unchanged, as in a dict (issue 10, G).
+    # An unknown key passes through unchanged, as in a dict .
     _, s1 = pure({**s0, "extra": f32(3.0)}, x)
     assert_close(s1["extra"], f32(3.0))
     with pytest.raises(tx.StateError, match="'a'"):

@@ -1,4 +1,4 @@
-"""Results never depend on JAX's trace caches (issue 10, class A).
+"""Results never depend on JAX's trace caches.
 
 JAX caches the traces of jitted functions, scan/while/cond bodies,
 checkpointed functions and custom_jvp/custom_vjp functions by function
@@ -13,6 +13,8 @@ run eagerly with Python control flow and a dict for state (``Eager``).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -127,13 +129,26 @@ def _program(make, S, under_grad: bool):
     return fn
 
 
-def _warm(fn, how: str, x, y):
-    if how == "jit":
-        jax.block_until_ready(jax.jit(fn)(x, y))
-    elif how == "eager":
-        jax.block_until_ready(fn(x, y))
-    else:
-        jax.make_jaxpr(fn)(x, y)
+def _warm(fn, how: str, x, y, warns: bool = True):
+    """Run ``fn`` as users do before transforming it. Run or compiled
+    without uncurry, a set_state is lost, and taxpr says so where ``warns``
+    (tracing with make_jaxpr loses nothing and says nothing)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", tx.StateNotUncurriedWarning)
+        if how == "jit":
+            jax.block_until_ready(jax.jit(fn)(x, y))
+        elif how == "eager":
+            jax.block_until_ready(fn(x, y))
+        else:
+            jax.make_jaxpr(fn)(x, y)
+    assert all(issubclass(w.category, tx.StateNotUncurriedWarning) for w in caught), caught
+    assert bool(caught) == (warns and how != "make_jaxpr"), caught
+
+
+def _warns(case: str, warm: str, under_grad: bool) -> bool:
+    # A set_state inside a custom derivative rule that jit differentiates
+    # runs in JAX's own trace of the rule, which taxpr does not see.
+    return not (case in ("custom_jvp", "custom_vjp") and warm == "jit" and under_grad)
 
 
 X, Y = f32(0.7), f32(2.0)
@@ -144,7 +159,7 @@ X, Y = f32(0.7), f32(2.0)
 @pytest.mark.parametrize("case", sorted(MAKERS))
 def test_uncurry_after_warm_up_matches_eager(case, warm, under_grad):
     fn = _program(MAKERS[case], TX, under_grad)
-    _warm(fn, warm, X, Y)
+    _warm(fn, warm, X, Y, warns=_warns(case, warm, under_grad))
     pure, s0 = tx.uncurry(fn, X, Y)
     ref = Eager()
     _program(MAKERS[case], ref, under_grad)(X, Y)
@@ -164,7 +179,7 @@ def test_uncurry_after_warm_up_matches_eager(case, warm, under_grad):
 @pytest.mark.parametrize("case", sorted(MAKERS))
 def test_make_jaxpr_after_warm_up_threads_every_state(case, warm, under_grad):
     fn = _program(MAKERS[case], TX, under_grad)
-    _warm(fn, warm, X, Y)
+    _warm(fn, warm, X, Y, warns=_warns(case, warm, under_grad))
     jaxpr, infos = tx.make_jaxpr(fn)(X, Y)
     check(jaxpr)
     assert [s.name for s in infos] == ["last", "n"]
@@ -200,7 +215,7 @@ def _sow_reference(x, y):
 @pytest.mark.parametrize("warm", ["jit", "eager", "make_jaxpr"])
 def test_reap_and_plant_after_warm_up_match_eager(warm, under_grad):
     fn = _program(make_sowing, TX, under_grad)
-    _warm(fn, warm, X, Y)
+    _warm(fn, warm, X, Y, warns=False)  # no state
     reaped = h.reap(fn, tag="t")(X, Y)
     assert_close(reaped, _sow_reference(X, Y))
     # Planting the rows changes nothing else; planting "lastc" is a no-op on

@@ -1,5 +1,5 @@
-"""State semantics a new user relies on (issue 10, classes C, D, E, G, H, I):
-each compared with the same program run eagerly with Python control flow
+"""State semantics a new user relies on (unreached states, every dtype as
+state, custom derivative rules, vmap, per-device values, ...): each compared with the same program run eagerly with Python control flow
 and a dict for state (``Eager`` from test_state), or a clear error."""
 
 from __future__ import annotations
@@ -239,11 +239,10 @@ def test_unreached_state_starts_at_its_init_computed_exactly(where, init):
 
 @pytest.mark.parametrize("n_branches, how", [(3, "switch"), (2, "switch"), (2, "cond")])
 def test_unreached_state_with_different_inits_starts_at_the_first_traced(n_branches, how):
-    # Found by the long fuzz (0.12, seed 6000): a state read with init 0.5
-    # in branch 0 of a 3-way switch and with -0.5 in branch 1, neither taken
-    # by the example, started at -0.5: the first-get search visited every
-    # cond's branches backwards, as lax.cond traces them (true first), but
-    # lax.switch traces its branches in index order.
+    # A state read with a different init in each branch of a switch or
+    # cond, none taken by the example, starts at the init of the first read
+    # JAX traces: lax.cond traces its branches backwards (true first),
+    # lax.switch in index order.
     traced = []
 
     def prog(n, x):
@@ -613,7 +612,7 @@ def test_state_written_in_a_loop_invariant_custom_rule_function_of_a_differentia
 def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_error():
     """harvest looks into custom JVP rules for sows when JAX may differentiate
     (any non-jit trace, vmap included): a rule with state must not make that
-    look fail; the error belongs to differentiating it (found by the fuzzer)."""
+    look fail; the error belongs to differentiating it."""
     from taxpr import harvest as h
 
     def body(x):
@@ -642,7 +641,7 @@ def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_e
 def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_program_matches_eager():
     """uncurry looks into custom_vjp fwd rules for state; a fwd that vmap
     lifted (its function holds an array constant) refuses to be traced as if
-    differentiated w.r.t. that constant (found by the fuzzer)."""
+    differentiated w.r.t. that constant."""
     def with_const(x, v):
         return x, jnp.array([0.5, 1.5, -1.0], f32) + 0.0 * v
 
@@ -692,9 +691,9 @@ def _sowing_custom_jvp(kind: str):
 
 @pytest.mark.parametrize("kind", ["direct", "cond", "scan"])
 def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager(kind):
-    # Found by the long fuzz profile: taxpr staged kept tags whose inputs are
-    # known also where JAX linearizes a custom_jvp from its rule, leaving the
-    # rule's primal output unknown ("Linearization failed").
+    # Kept tags whose inputs are known are not staged where JAX linearizes a
+    # custom_jvp from its rule (staging them leaves the rule's primal output
+    # unknown: "Linearization failed").
     from taxpr import harvest as h
 
     fn, (grad, sown) = _sowing_custom_jvp(kind)
@@ -726,7 +725,7 @@ def test_state_read_and_written_in_a_custom_jvp_rule_under_grad_inside_the_funct
 
 
 def test_a_custom_jvp_whose_rule_cannot_be_traced_does_not_stop_uncurry():
-    # Found by the long fuzz profile: uncurry looks into custom rules for
+    # uncurry looks into custom rules for
     # state; a rule taking the JVP of a custom_vjp function cannot be traced
     # at all (JAX's TypeError). Undifferentiated the program is fine, so
     # must be uncurry; differentiated, JAX's own error comes.

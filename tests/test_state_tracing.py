@@ -1,4 +1,4 @@
-"""Tracing cost of state (issue 13): what the fast paths do, and that results
+"""Tracing cost of state: what the fast paths do, and that results
 stay those of the eager program.
 
 * A callable ``init`` is called once per trace and state (``get_state``

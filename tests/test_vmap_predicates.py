@@ -455,8 +455,7 @@ def test_grad_of_a_sowing_custom_jvp_in_a_cond_with_a_batched_predicate_matches_
 def test_reap_of_vmap_whose_branches_sow_batched_and_unbatched_values_is_a_clear_error():
     # reap outside the vmap: one branch sows a value vmap batches, the other
     # one it does not (the predicate is not batched). The reaped value has no
-    # single type; the error says why and what to do (found by the fuzzer's
-    # vmap-inside check with reaps; it was oryx's bare shape message).
+    # single type; the error says why and what to do.
     from jax import lax
 
     def f(x, c):
@@ -478,9 +477,8 @@ def test_reap_of_vmap_of_a_sow_cond_whose_predicate_alone_is_batched_is_per_exam
     # reap outside the vmap: sow_cond of a value vmap does not batch, under a
     # predicate it does. Per example the reap is that example's value where
     # its predicate held (cond_clobber), so the reaped value is batched in
-    # both branches of the unbatched cond (found by the fuzzer's vmap-inside
-    # check: the ctx kept the value's unbatched type and the threaded
-    # program was invalid).
+    # both branches of the unbatched cond (the ctx takes the value's batched
+    # type, so the threaded program is valid).
     from jax import lax
 
     def f(x, c, n):
@@ -502,7 +500,7 @@ def test_reap_of_vmap_of_a_switch_sowing_per_example_and_shared_values_is_a_clea
     # Three branches: a batched value, an unbatched value under a batched
     # predicate (per example: batched too) and an unbatched value under an
     # unbatched predicate. The third has no per-example type; the error says
-    # it is about vmap (found by the fuzzer; it was the bare shape message).
+    # it is about vmap.
     from jax import lax
 
     def f(x, c, n):
@@ -545,9 +543,8 @@ def _clobber_batched_in_a_jitted_while_then_unbatched(x, c):
     (_clobber_batched_in_a_jitted_while_then_unbatched, [5.0, 5.0])])
 def test_reap_of_vmap_of_sows_of_batched_and_unbatched_values_of_one_name_is_a_clear_error(f, want):
     # reap outside the vmap: one name sown with a value vmap batches and with
-    # one it does not; the reap has no single type (found by the long fuzz:
-    # append was a bare TypeError from concatenate, clobber through a jitted
-    # while an invalid threaded program). Per example (inside the vmap) it
+    # one it does not; the reap has no single type (a clear ValueError for
+    # append and for clobber through a jitted while). Per example (inside the vmap) it
     # is what eager gives.
     xs = jnp.array([1.0, 2.0], jnp.float32)
     c = jnp.float32(5.0)
@@ -561,8 +558,7 @@ def test_reap_of_vmap_of_sows_of_batched_and_unbatched_values_of_one_name_is_a_c
 
 def test_reap_of_vmap_of_a_strict_sow_in_both_branches_of_a_batched_cond_says_why():
     # vmap runs both branches of a cond whose predicate it batches, so a
-    # strict sow in each branch is sown twice; the error says where and why
-    # (found by the long fuzz: it was oryx's bare message).
+    # strict sow in each branch is sown twice; the error says where and why.
     from jax import lax
 
     def f(x):
