@@ -67,6 +67,10 @@ KNOWN_GAPS = {
         "as reap_carry_sow"),
     "test_jax_primitives.py::test_custom_linear_solve_matvec_reads_and_counts_state": _NO_RULE,
     "test_jax_primitives.py::test_custom_linear_solve_reap_sow_in_matvec": _NO_RULE,
+    "test_jax_primitives.py::test_custom_root_grad_inside": (
+        "jax.grad inside of a custom_root whose f writes state: the linearization of "
+        "JAX's CustomRoot runs f's set_state outside taxpr's trace "
+        "(StateNotUncurriedWarning, an error in the suite)"),
     "test_jax_primitives.py::test_custom_vmap_reads_state": _NO_RULE,
     "test_jax_primitives.py::test_custom_vmap_body_counts_state_unbatched": _NO_RULE,
     "test_jax_primitives.py::test_pallas_interpret_kernel_reads_state": _NO_RULE,
