@@ -183,7 +183,7 @@ def test_filter_vmap_axis_name_psum_and_state():
 # --- eqx.nn.BatchNorm: equinox's own state kept in taxpr state -----------------
 
 def _bn():
-    return eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, axis_name="batch")
+    return eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, axis_name="batch", mode="ema")
 
 
 def test_batchnorm_state_in_taxpr_state():
