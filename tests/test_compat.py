@@ -28,8 +28,10 @@ def test_detected_dce_rule_arity_is_that_of_every_rule_jax_registers():
     arities = {p.name: _compat._positional_arity(rule) for p, rule in pe.dce_rules.items()}
     expected = 3 if _compat.DCE_RULES_TAKE_LIVE_INPUTS else 2
     assert arities and set(arities.values()) == {expected}, arities
-    # The rule taxpr registers keeps unused tags through pe.dce_jaxpr.
-    closed = jax.make_jaxpr(lambda x: (tx.tag(x, op="unused"), x)[1])(1.0)
+    # A kept tag (traced as taxpr's transformations trace) stays through
+    # pe.dce_jaxpr.
+    with tx.keep_tags():
+        closed = jax.make_jaxpr(lambda x: (tx.tag(x, op="unused"), x)[1])(1.0)
     open_jaxpr, _ = _compat.open_with_constvars(closed)
     pruned, _ = pe.dce_jaxpr(open_jaxpr, [True])
     assert [e.params["op"] for e in pruned.eqns if e.primitive is tx.tag_p] == ["unused"]

@@ -585,7 +585,8 @@ def p_vmap_inside(B, x):
 
 def trace(prog: Prog, args, predicate=None, ctx=None):
     ctx = ctx0() if ctx is None else ctx
-    closed, shape = jax.make_jaxpr(functools.partial(prog.fn, LAX), return_shape=True)(*args)
+    with tx.keep_tags():  # the tags will be consumed by inject
+        closed, shape = jax.make_jaxpr(functools.partial(prog.fn, LAX), return_shape=True)(*args)
     new = tx.inject(closed, injector, ctx, predicate)
     check(new)
     return closed, new, jax.tree_util.tree_structure(shape)

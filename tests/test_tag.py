@@ -305,7 +305,10 @@ def test_unused_tag_survives(case):
 
 
 def test_unused_tag_survives_pe_dce_jaxpr():
-    j = jax.make_jaxpr(lambda x: (h(x), jnp.cos(tx.tag(x, op="unused2"))))(X)
+    # Traced under keep_tags(), as a taxpr transformation (or a user passing
+    # the jaxpr to inject) traces: the tag will be consumed.
+    with tx.keep_tags():
+        j = jax.make_jaxpr(lambda x: (h(x), jnp.cos(tx.tag(x, op="unused2"))))(X)
     open_jaxpr = j.jaxpr
     dced, used_inputs = pe.dce_jaxpr(open_jaxpr, [True, True])
     assert n_tags(dced, op="unused") == 1
@@ -313,6 +316,21 @@ def test_unused_tag_survives_pe_dce_jaxpr():
     # Also when the only output using the input is dropped.
     dced, used_inputs = pe.dce_jaxpr(open_jaxpr, [True, False])
     assert n_tags(dced, op="unused") == 1
+    check(dced)
+
+
+def test_unconsumed_unused_tag_is_dropped_by_pe_dce_jaxpr():
+    # Outside keep_tags() nothing will consume the tag: dead-code elimination
+    # drops it like any unused value, so it blocks no analysis of a body
+    # (flax's nn.scan broadcast check), as flax's own sow does.
+    def body(c):
+        tx.tag(c * 2.0, op="unused")
+        return jnp.ones(())
+
+    j = jax.make_jaxpr(body)(1.0)
+    assert n_tags(j, op="unused") == 1  # tracing keeps it
+    dced, used_inputs = pe.dce_jaxpr(j.jaxpr, [True])
+    assert used_inputs == [False] and n_tags(dced) == 0
     check(dced)
 
 
@@ -349,12 +367,16 @@ GRAD_CASES = {
 def test_tag_exactly_once_under_grad(case, body):
     g = GRAD_CASES[case](body)
     op = "unused" if body is h else "used"
-    jg = jax.make_jaxpr(jax.grad(lambda x: g(x).sum()))(X)
+    with tx.keep_tags():  # traced as a taxpr transformation traces
+        jg = jax.make_jaxpr(jax.grad(lambda x: g(x).sum()))(X)
+        jv = jax.make_jaxpr(lambda x, t: jax.jvp(g, (x,), (t,)))(X, X)
     check(jg)
     assert n_tags(jg, op=op) == 1, jg
-    jv = jax.make_jaxpr(lambda x, t: jax.jvp(g, (x,), (t,)))(X, X)
     check(jv)
     assert n_tags(jv, op=op) == 1, jv
+    # Outside a taxpr transformation the differentiated tags stay plain: no
+    # effect reaches the jitted function (JAX's fast dispatch path stays on).
+    assert not jax.make_jaxpr(jax.grad(lambda x: g(x).sum()))(X).effects
     # And the values are right.
     plain = GRAD_CASES[case](jnp.sin)
     np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(X),
@@ -362,17 +384,20 @@ def test_tag_exactly_once_under_grad(case, body):
 
 
 def test_grad_checkpoint_not_duplicated():
-    jg = jax.make_jaxpr(jax.grad(lambda x: jax.checkpoint(h)(x).sum()))(X)
+    with tx.keep_tags():
+        jg = jax.make_jaxpr(jax.grad(lambda x: jax.checkpoint(h)(x).sum()))(X)
     assert n_tags(jg) == 1
 
 
 def test_grad_scan_path():
-    jg = jax.make_jaxpr(jax.grad(lambda x: _scan(h, 5)(x).sum()))(X)
+    with tx.keep_tags():
+        jg = jax.make_jaxpr(jax.grad(lambda x: _scan(h, 5)(x).sum()))(X)
     assert tag_paths(jg) == [("scan[length=5]",)]
 
 
 def test_vmap_of_grad_keeps_tag():
-    jg = jax.make_jaxpr(jax.vmap(jax.grad(lambda x: _scan(h)(x).sum())))(jnp.ones((2, 5)))
+    with tx.keep_tags():
+        jg = jax.make_jaxpr(jax.vmap(jax.grad(lambda x: _scan(h)(x).sum())))(jnp.ones((2, 5)))
     check(jg)
     assert n_tags(jg, op="unused") == 1
 

@@ -2,17 +2,20 @@
 
 Design (see docs/semantics.md, "How tags stay alive"):
 
-* A plain tag has no effect and a DCE rule that always keeps it. That keeps
-  unused tags under make_jaxpr, jit, vmap, scan, cond, while and
-  ``pe.dce_jaxpr`` while a jitted function keeps JAX's fast C++ dispatch
-  path (an effect would disable it).
+* A plain tag (traced outside any taxpr transformation: nothing will
+  consume it) has no effect and no DCE rule: tracing (make_jaxpr, jit, vmap,
+  scan, cond, while) keeps an unused one, dead-code elimination drops it as
+  it drops any unused value, and differentiation leaves it plain. So tags
+  nothing consumes cost nothing: no dispatch cost (an effect turns off
+  JAX's fast C++ dispatch path) and no blocked analysis of a traced body.
 * A *kept* tag (hidden param ``_taxpr_kept``) carries ``TagEffect``, which
-  every control-flow primitive and partial evaluation preserve. Tags become
-  kept when differentiated (the JVP and linearization rules re-bind them)
-  and, under ``keep_tags()`` (which every taxpr transformation traces user
-  code with), always: then partial evaluation never drops, duplicates
-  (``grad`` of ``checkpoint``) or hoists (``grad`` of ``scan``) them, also
-  when their inputs are not differentiated.
+  every control-flow primitive, partial evaluation and dead-code
+  elimination preserve. Every tag traced under ``keep_tags()`` is kept
+  (every taxpr transformation traces user code with it, and a user passing
+  ``jax.make_jaxpr``'s result to ``inject`` uses it): then partial
+  evaluation never drops, duplicates (``grad`` of ``checkpoint``) or hoists
+  (``grad`` of ``scan``) them, also when their inputs are not
+  differentiated.
 * The tangent goes through ``tag_tangent_p`` (and the cotangent through
   ``tag_cotangent_p``) so that ``inject`` can give it the derivative of the
   injected program.
@@ -131,6 +134,11 @@ def _identity_impl(*args, **params):
     return args[:n_values(params, len(args))]
 
 
+def _wants_to_be_told(params: dict) -> bool:
+    """Whether the ``op`` param wants ``on_untransformed`` calls."""
+    return getattr(params.get("op"), "on_untransformed", None) is not None
+
+
 def _tell_untransformed(params: dict, how: str) -> None:
     """Call the ``op`` param's ``on_untransformed(user_params, how)`` hook,
     if it has one: the tag ran or compiled with nothing rewriting it."""
@@ -172,8 +180,17 @@ for _p in (tag_tangent_p, tag_cotangent_p):
 
 # ---- autodiff -----------------------------------------------------------------
 
+def _kept_if_consumed(params: dict) -> dict:
+    """A differentiated tag is kept (its effect stops partial evaluation
+    from dropping, hoisting or duplicating it) only inside a taxpr
+    transformation's trace (``keep_tags()``), where something will consume
+    it: an effect reaching a top-level ``jax.jit`` turns off JAX's fast
+    dispatch path, which tags nothing consumes must not cost."""
+    return dict(params, **{KEPT: True}) if _KEEP.value and not params.get(KEPT) else params
+
+
 def _tag_jvp(primals, tangents, **params):
-    primals_out = tag_p.bind(*primals, **dict(params, **{KEPT: True}))
+    primals_out = tag_p.bind(*primals, **_kept_if_consumed(params))
     n = n_values(params, len(primals))
     primals, tangents = primals[:n], tangents[:n]  # a guard has no tangent
     if all(type(t) is ad.Zero for t in tangents):
@@ -303,11 +320,20 @@ mlir.register_lowering(
     tag_cotangent_p, lambda ctx, *args, **params: list(args[len(args) // 2:]))
 
 
-def _keep_dce_rule(used_outputs, eqn):
-    return [True] * len(eqn.invars), eqn
+def _tag_dce_rule(used_outputs, eqn):
+    """A kept tag's effect keeps it through dead-code elimination (a
+    ``set_state`` whose result is unused still happens). A plain tag, which
+    nothing will consume, goes where its value goes, so that it blocks no
+    analysis of a traced body (flax's ``nn.scan`` asks ``pe.dce_jaxpr`` which
+    inputs its broadcast outputs need, as it does for flax's own ``sow``);
+    except one whose ``op`` must be told when it is compiled untransformed
+    (a ``set_state`` without ``uncurry`` warns)."""
+    if any(used_outputs) or eqn.params.get(KEPT) or _wants_to_be_told(eqn.params):
+        return [True] * len(eqn.invars), eqn
+    return [False] * len(eqn.invars), None
 
 
-_compat.register_dce_rule(tag_p, _keep_dce_rule)
+_compat.register_dce_rule(tag_p, _tag_dce_rule)
 
 
 def _tag_pp_rule(eqn, context, settings):
@@ -463,7 +489,7 @@ _compat.install_known_kept_tag_scopes(
 
 
 def _tag_linearized_primal(*primals, **params):
-    return tag_p.bind(*primals, **dict(params, **{KEPT: True}))
+    return tag_p.bind(*primals, **_kept_if_consumed(params))
 
 
 def _tag_linearized_tangent(primals, tangents, nzs, **params):

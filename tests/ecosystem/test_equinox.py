@@ -81,6 +81,29 @@ def test_eqxi_while_loop_forward(kind):
     assert float(s2["wl_n"]) == 6.0
 
 
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations(kind):
+    # Each example's loop runs a different number of times; its counter
+    # counts its own iterations (a Python loop per example).
+    def f(x):
+        def body(c):
+            tx.set_state("vw_n", tx.get_state("vw_n", jnp.zeros((), jnp.int32)) + 1)
+            return c + tx.get_state("vw_k", jnp.float32(1.0))
+        return eqxi.while_loop(lambda c: c < 3.0, body, x, max_steps=16, kind=kind)
+
+    pure, s0 = tx.uncurry(f, jnp.float32(0.0))
+    ks = [0.5, 1.0, 3.0]
+    batch = {"vw_k": jnp.array(ks), "vw_n": jnp.zeros(3, jnp.int32)}
+    _, s1 = jax.vmap(pure, in_axes=(0, None))(batch, jnp.float32(0.0))
+    expected = []
+    for k in ks:
+        c, n = 0.0, 0
+        while c < 3.0:
+            c, n = c + k, n + 1
+        expected.append(n)
+    assert [int(n) for n in s1["vw_n"]] == expected
+
+
 @pytest.mark.parametrize("kind", ["checkpointed", "bounded"])
 def test_eqxi_while_loop_grad_inside(kind):
     loss = _loop_loss(kind)
