@@ -6,9 +6,9 @@ the same function without tags, in one process, with interleaved repetitions
 
 * ``jit``: ``jax.jit(f)``: plain tags carry no effect, so the function keeps
   JAX's fast C++ dispatch path. Target: ratio <= 1.2.
-* ``jit_grad``: ``jax.jit(jax.grad(f))``: under differentiation the tags are
-  re-bound as *kept* tags carrying ``TagEffect`` (see docs/semantics.md, "How tags
-  stay alive"). Reported separately.
+* ``jit_grad``: ``jax.jit(jax.grad(f))``: outside a taxpr transformation a
+  differentiated tag stays plain too (see docs/semantics.md, "How tags stay
+  alive"). Target: ratio <= 1.2.
 
 Run: ``python bench/bench_dispatch.py [--quick]``.
 """
@@ -85,10 +85,9 @@ def run(quick: bool = False) -> dict:
     out["figures"] = [
         {"name": f"dispatch jit, {NUM_TAGS} tags / none", "value": out["jit"]["ratio"],
          "target": f"<= {TARGET}", "pass": out["jit"]["ratio"] <= TARGET},
-        # No target: kept tags carry TagEffect, which turns off JAX's
-        # C++ fast dispatch path for the jitted gradient.
         {"name": f"dispatch jit(grad), {NUM_TAGS} tags / none",
-         "value": out["jit_grad"]["ratio"], "target": None, "pass": None},
+         "value": out["jit_grad"]["ratio"], "target": f"<= {TARGET}",
+         "pass": out["jit_grad"]["ratio"] <= TARGET},
     ]
     return out
 
