@@ -17,7 +17,8 @@ an exact cast (so typed values flow through carries and outputs),
 ``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
 bounds, ``while_loop`` whose cond reads state (and may sow, and may write a
 typed state: one run more than the body), ``cond``,
-``switch``, ``jax.jit`` and ``jax.checkpoint`` (each called once or twice)
+``switch``, ``jax.jit``, ``jax.checkpoint``, custom_jvp / custom_vjp functions,
+``lax.custom_root`` and equinox's checkpointed ``while_loop`` (each called once or twice)
 nested up to depth 4. Every op keeps values in [-2, 2] and is 1-Lipschitz.
 
 Each program has two interpreters:
@@ -294,6 +295,26 @@ class CustomVjp:
 
 
 @dataclass(frozen=True)
+class Root:
+    """``lax.custom_root`` whose ``solve`` runs the function once (newer JAX
+    binds it as a high-level primitive holding the traced functions). Reads
+    only its arguments, as a custom function."""
+    uid: int
+    body: tuple
+    calls: int = 1
+
+
+@dataclass(frozen=True)
+class EqxLoop:
+    """equinox's checkpointed ``while_loop`` (a custom_vjp around a while
+    loop) running the function once: only clobber modes inside. Reads only
+    its arguments."""
+    uid: int
+    body: tuple
+    calls: int = 1
+
+
+@dataclass(frozen=True)
 class Bump:
     """A typed state: ``y = get_state(state, init)``, then ``set_state(state,
     op(y))`` with an update the reference computes bit for bit in the same
@@ -309,7 +330,8 @@ class Bump:
 
 
 # The function statements: their kind in generated names.
-FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp", CustomVjp: "cvjp"}
+FUNCTION_KINDS = {Jit: "jit", Ckpt: "ckpt", CustomJvp: "cjvp", CustomVjp: "cvjp", Root: "root",
+                  EqxLoop: "eqxloop"}
 FUNCTIONS = tuple(FUNCTION_KINDS)
 # How a custom function gets its rules, given its name ``{f}`` (the custom
 # function) and ``{f}_fn`` (the plain one).
@@ -318,6 +340,22 @@ CUSTOM_RULES = {
     "cvjp": ("jax.custom_vjp", "{f}.defvjp(lambda *p: ({f}_fn(*p), p), "
                                "lambda p, ct: jax.vjp({f}_fn, *p)[1](ct))"),
 }
+# Functions called through a library's higher-order operation, given the
+# plain one ``{f}_fn(*env, *rest)``: ``{f}(*env, *rest)`` runs it once.
+CALL_WRAPPERS = {
+    "root": ("lambda *a: lax.custom_root(lambda y: jax.tree_util.tree_map(jnp.zeros_like, y), "
+             "a[:4], lambda _, y: {f}_fn(*y, *a[4:]), lambda g, y: y)"),
+    "eqxloop": ("lambda *a: eqxi.while_loop(lambda c: c[0] < 1, "
+                "lambda c: (c[0] + 1, {f}_fn(*c[1], *a[4:])), (jnp.int32(0), a[:4]), "
+                "max_steps=1, kind=\"checkpointed\")[1]"),
+}
+# Reads only its arguments: JAX's custom derivatives (and custom_root) do
+# not support closing over traced values.
+ARGUMENTS_ONLY = (*CUSTOM_RULES, *CALL_WRAPPERS)
+# Derivatives through these are not the eager ones: custom_root's implicit
+# derivative ignores the initial guess; the checkpointed loop recomputes the
+# forward (a known gap, docs/limitations.md).
+NOT_DIFFERENTIATED = (Root, EqxLoop)
 
 
 @dataclass(frozen=True, repr=False)
@@ -471,6 +509,7 @@ def append_name(base: str, scan_lens: tuple, kind: str) -> str:
 HEADER = """\
 import jax, jax.numpy as jnp, ml_dtypes, numpy as np
 from jax import lax
+import equinox.internal as eqxi
 import taxpr as tx
 from taxpr import harvest as h
 T, OTHER = "fuzz", "other"
@@ -661,8 +700,8 @@ def rstmt(s, ind: str, out: list) -> None:
         w(branch_call(s, ENV_S))
     elif isinstance(s, FUNCTIONS):
         kind = FUNCTION_KINDS[type(s)]
-        custom = kind in CUSTOM_RULES
-        if not custom:
+        custom = kind in ARGUMENTS_ONLY
+        if kind in ("jit", "ckpt"):
             w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
         # A custom function takes ``n`` as an argument: closing over a traced
         # value is not supported by JAX's custom derivatives.
@@ -672,10 +711,13 @@ def rstmt(s, ind: str, out: list) -> None:
         out.append(f"{i2}return {ENV_S}")
         if custom:
             f = f"{kind}{s.uid}"
-            wrap, rules = CUSTOM_RULES[kind]
             w(f"{f}_fn = {f}")
-            w(f"{f} = {wrap}({f}_fn)")
-            w(rules.format(f=f))
+            if kind in CALL_WRAPPERS:
+                w(f"{f} = " + CALL_WRAPPERS[kind].format(f=f))
+            else:
+                wrap, rules = CUSTOM_RULES[kind]
+                w(f"{f} = {wrap}({f}_fn)")
+                w(rules.format(f=f))
         for _ in range(s.calls):
             w(f"{ENV_S} = {kind}{s.uid}({params})")
     else:
@@ -1150,7 +1192,7 @@ THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
 SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "bump")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
-              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp")
+              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp", "root", "eqxloop")
 
 
 class Gen:
@@ -1336,11 +1378,13 @@ class Gen:
                 return Cond(uid, self.pred(ctx), bodies)
             return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
                           bodies)
-        if k in ("jit", "ckpt", "cjvp", "cvjp"):
+        if k in FUNCTION_KINDS.values():
             calls = self.pick((1, 2))
             sub = dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1)
-            if k in CUSTOM_RULES:  # reads only its arguments (see rblock)
+            if k in ARGUMENTS_ONLY:  # reads only its arguments (see rblock)
                 sub = dataclasses.replace(sub, fvars=(), ivars=("n",))
+            if k == "eqxloop":  # a while loop: only clobber modes
+                sub = dataclasses.replace(sub, no_strict=True, in_while=True)
             body = self.block(sub, 3)
             kinds = {kind: cls for cls, kind in FUNCTION_KINDS.items()}
             return kinds[k](uid, body, calls)
@@ -1668,6 +1712,9 @@ def check_derivatives(program, args, seed: int, variant: str):
     # (incl. fori with traced bounds) are not supported by JAX.
     can_jvp = not any(isinstance(s, CustomVjp) for s in walk(program.body))
     can_grad = not any(isinstance(s, (While, Fori)) for s in walk(program.body))
+    if any(isinstance(s, NOT_DIFFERENTIATED) for s in walk(program.body)):
+        _event("derivatives: not checked through custom_root / a checkpointed loop")
+        return
     if stateful_custom_rules(program):
         if can_jvp or can_grad:
             with pytest.raises(tx.StateError, match=r"custom_(jvp|vjp)\["):
@@ -1986,13 +2033,13 @@ def insert(stmts: tuple, path: tuple, pos: int, new) -> tuple:
     return (*stmts[:i], s, *stmts[i + 1:])
 
 
-_LOOPS = (Scan, Fori, While)
+_LOOPS = (Scan, Fori, While, EqxLoop)
 VIOLATIONS = {
     # kind: (where it may go, the sow, the messages it may raise)
     "strict_in_scan": (lambda owners: any(isinstance(o, Scan) for o in owners), "strict",
                        r"Cannot use strict mode for 'z' inside `scan`\.|"
                        r"Must use clobber or cond_clobber mode for 'z' inside of a `while_loop`\."),
-    "append_in_while": (lambda owners: any(isinstance(o, (While, Fori)) for o in owners),
+    "append_in_while": (lambda owners: any(isinstance(o, (While, Fori, EqxLoop)) for o in owners),
                         "append", r"Must use clobber or cond_clobber mode for 'z' inside of a "
                                   r"`while_loop`\."),
     "strict_twice": (lambda owners: not any(isinstance(o, (*_LOOPS, Cond, Switch)) for o in owners),
@@ -2248,11 +2295,14 @@ class _Hoisted:
             f = f"{kind}{s.uid}"
             self.function(f"def {f}_fn({ENV_S}, ex):", scope,
                           [*self.body(s.body, scope), f"    return {ENV_S}"])
-            wrap, rules = CUSTOM_RULES.get(kind, ({"jit": "jax.jit", "ckpt": "jax.checkpoint"}
-                                                  .get(kind), None))
-            self.defs.append(f"{f} = {wrap}({f}_fn)")
-            if rules:
-                self.defs.append(rules.format(f=f))
+            if kind in CALL_WRAPPERS:
+                self.defs.append(f"{f} = " + CALL_WRAPPERS[kind].format(f=f))
+            else:
+                wrap, rules = CUSTOM_RULES.get(kind, ({"jit": "jax.jit", "ckpt": "jax.checkpoint"}
+                                                      .get(kind), None))
+                self.defs.append(f"{f} = {wrap}({f}_fn)")
+                if rules:
+                    self.defs.append(rules.format(f=f))
             self.defs.append("")
             for _ in range(s.calls):
                 w(f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})")
@@ -2370,7 +2420,7 @@ def _as_users_run_case(data):
     # Reverse mode of a while loop (incl. fori with traced bounds) is not
     # supported (as in check_derivatives); nor a custom_jvp rule with state.
     linearize = data.draw(st.booleans()) and not any(
-        isinstance(s, (While, Fori)) for s in walk(program.body)
+        isinstance(s, (While, Fori, *NOT_DIFFERENTIATED)) for s in walk(program.body)
     ) and not stateful_custom_rules(program)
     event(f"warm-up {warm}")
     event(f"init {init_style}")
@@ -2447,7 +2497,43 @@ TYPED_NESTS = {
     "while_fori_cjvp_cvjp": Program((While(
         1, (Fori(2, (CustomJvp(3, _all_typed_bumps(100)),), "n", 0, 2),), "carry", 2),
         CustomVjp(4, _all_typed_bumps(200), calls=2))),
+    "root_eqxloop": Program((Root(1, _all_typed_bumps(100)),
+                             EqxLoop(2, _all_typed_bumps(200), calls=2))),
 }
+
+
+# Programs inside library operations: custom_root (a high-level primitive on
+# newer JAX) and equinox's checkpointed while loop, each with state reads and
+# writes, sows and key draws, called once and twice.
+LIBRARY_NESTS = {
+    "root": Program((
+        Get("f0", "s0", 0.5),
+        Root(1, (Get("f1", "s1", -1.0), Set("s0", Bin("avg", Var("f0"), Var("f1"))),
+                 Sow(2, "f2", Var("f0"), "t0", "strict"),
+                 Sow(3, None, Var("f1"), "c0", "clobber"), Draw("f1"))),
+        Root(4, (Set("s1", Un("sin", Var("f2"))), Sow(5, None, Var("f2"), "c1", "clobber")),
+             calls=2),
+        Set("s1", Var("f2")))),
+    "eqxloop": Program((
+        EqxLoop(1, (Get("f0", "s0", 0.25), Set("s0", AddC(Var("f0"), 1.0)),
+                    Sow(2, "f1", Var("f0"), "c0", "clobber"), Draw("f2")), calls=2),
+        Set("s1", Var("f1")))),
+    "nested": Program((
+        EqxLoop(1, (Root(2, (Get("f0", "s0", 1.5), Set("s0", Un("sin", Var("f0"))),
+                             Sow(3, None, Var("f0"), "c0", "clobber"))),)),)),
+}
+
+
+@pytest.mark.parametrize("nest", sorted(LIBRARY_NESTS))
+def test_programs_inside_library_operations_match_reference(nest):
+    """uncurry, reap, harvest / plant and vmap over states of programs inside
+    custom_root and equinox's checkpointed loop match the eager reference."""
+    program = LIBRARY_NESTS[nest]
+    check_uncurry(program, ARGS, ARGS2, jit=True)
+    check_reap(program, ARGS, jit=False, compose="reap(pure)", filt=(None, ()))
+    check_reap(program, ARGS2, jit=True, compose="uncurry(reap)", filt=(None, ()))
+    check_harvest(program, ARGS, 0, jit=False)
+    check_vmap(program, ARGS2, ARGS, with_reap=True)
 
 
 @pytest.mark.parametrize("nest", sorted(TYPED_NESTS))
