@@ -62,9 +62,12 @@ CLOSED_CALL_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
 try:
     from jax._src import hijax as _hijax
     call_hi_primitive_p: Any = _hijax.call_hi_primitive_p
-    HI_PRIM_TYPE: type | None = _hijax.HiPrim
 except (ImportError, AttributeError):
-    call_hi_primitive_p, HI_PRIM_TYPE = None, None
+    _hijax, call_hi_primitive_p = None, None
+# The operation objects' base classes (``HiPrim``; earlier ``VJPHiPrimitive``).
+HI_PRIM_TYPE: tuple[type, ...] = tuple(
+    getattr(_hijax, name) for name in ("HiPrim", "VJPHiPrimitive")
+    if _hijax is not None and isinstance(getattr(_hijax, name, None), type))
 try:
     from jax._src.stages import Traced as _Traced
     TRACED_TYPE: type | None = _Traced if hasattr(_Traced, "jaxpr") else None

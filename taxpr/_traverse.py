@@ -140,7 +140,7 @@ def _jaxprs_in(value: Any, seen: set) -> Iterator[Any]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from _jaxprs_in(v, seen)
-    elif _compat.HI_PRIM_TYPE is not None and isinstance(value, _compat.HI_PRIM_TYPE):
+    elif isinstance(value, _compat.HI_PRIM_TYPE):
         yield from _jaxprs_in(value.params, seen)
     elif _compat.TRACED_TYPE is not None and isinstance(value, _compat.TRACED_TYPE):
         yield value.jaxpr
