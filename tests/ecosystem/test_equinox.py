@@ -142,15 +142,21 @@ def test_eqxi_while_loop_grad_from_outside(kind):
     close(g, dy)
 
 
+def _sowing_loop(kind, name, mode):
+    """Three iterations doubling ``y``, each sowing the new value."""
+    def f(x):
+        def body(c):
+            i, y = c
+            return i + 1, h.sow(y * 2.0, tag="wl", name=name, mode=mode)
+        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3, kind=kind)[1]
+    return f
+
+
 @pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
 def test_eqxi_while_loop_reap_append(kind):
     # An append sow in a while loop: the Python loop's rows, or (oryx's rule:
     # non-clobber sows in a while_loop) a clear error naming the sow.
-    def f(x):
-        def body(c):
-            i, y = c
-            return i + 1, h.sow(y * 2.0, tag="wl", name="wl_rows", mode="append")
-        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3, kind=kind)[1]
+    f = _sowing_loop(kind, "wl_rows", "append")
 
     def check(res):
         out, reaped = res
@@ -162,12 +168,7 @@ def test_eqxi_while_loop_reap_append(kind):
 
 @pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
 def test_eqxi_while_loop_reap_plant_clobber(kind):
-    def f(x):
-        def body(c):
-            i, y = c
-            return i + 1, h.sow(y * 2.0, tag="wl", name="last", mode="clobber")
-        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3, kind=kind)[1]
-
+    f = _sowing_loop(kind, "last", "clobber")
     out, reaped = h.call_and_reap(f, tag="wl")(1.0)
     close(out, 8.0)
     close(reaped["last"], 8.0)  # the last value sown, as a Python loop's dict
