@@ -133,15 +133,35 @@ def make_jaxpr_like(
     An open ``like`` cannot hold consts: callers hoist them first.
     """
     debug_info = _fit_debug_info(debug_info, len(invars), len(outvars))
+    high = is_high(eqns)
     if MERGED_JAXPR:
         return core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns),
-                          effects, debug_info, consts=list(consts))
+                          effects, debug_info, high, consts=list(consts))
     jaxpr = core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns),
-                       effects, debug_info)
+                       effects, debug_info, high)
     if isinstance(like, core.ClosedJaxpr) or like is None:
         return core.ClosedJaxpr(jaxpr, list(consts))
     assert not consts, "open jaxpr cannot carry consts"
     return jaxpr
+
+
+def is_high(eqns: Sequence[core.JaxprEqn]) -> bool:
+    """Whether a jaxpr of ``eqns`` is *high*: it holds a high-level primitive
+    (``call_hi_primitive``), directly or in a nested jaxpr. JAX lowers such a
+    jaxpr to ordinary primitives before compiling only when it is marked so,
+    so every jaxpr taxpr builds carries the mark of its equations."""
+    if call_hi_primitive_p is None:
+        return False
+    for e in eqns:
+        if e.primitive is call_hi_primitive_p:
+            return True
+        for v in e.params.values():
+            if isinstance(v, JAXPR_TYPES):
+                if v.is_high:
+                    return True
+            elif type(v) is tuple and any(isinstance(x, JAXPR_TYPES) and x.is_high for x in v):
+                return True
+    return False
 
 
 def _fit_debug_info(dbg: Any, n_in: int, n_out: int) -> Any:
@@ -316,7 +336,7 @@ def varying_axes(aval: Any) -> frozenset:
 def used_invars(closed: Any) -> list[bool]:
     """Which of a closed jaxpr's (non-const) inputs its outputs depend on."""
     constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
-    open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects, dbg)
+    open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects, dbg, is_high(eqns))
     _, used = pe.dce_jaxpr(open_j, [True] * len(outvars))
     return list(used[len(constvars):])
 
@@ -331,7 +351,7 @@ def open_with_constvars(closed: Any) -> tuple[Any, list]:
     constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
     dbg = _fit_debug_info(dbg, len(constvars) + len(invars) if MERGED_JAXPR else len(invars),
                           len(outvars))
-    return core.Jaxpr(constvars, invars, outvars, eqns, effects, dbg), list(consts)
+    return core.Jaxpr(constvars, invars, outvars, eqns, effects, dbg, is_high(eqns)), list(consts)
 
 
 def trace_custom_vjp_fwd(eqn: core.JaxprEqn) -> Any:
@@ -417,7 +437,8 @@ def dce_closed(closed: Any, used_outputs: Sequence[bool]) -> Any:
     (nested jaxprs pruned by JAX's own DCE rules); inputs are all kept."""
     constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
     open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects,
-                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)))
+                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)),
+                        is_high(eqns))
     new, _ = pe.dce_jaxpr(open_j, list(used_outputs), instantiate=True)
     nc = len(constvars)
     return make_closed(new.invars[:nc], consts, new.invars[nc:], new.eqns, new.outvars,
@@ -690,7 +711,8 @@ def dce_level(constvars, invars, eqns, outvars, effects, dbg):
     """JAX's DCE of one jaxpr keeping every input (nested equations are
     pruned by ``pe.dce_rules``): ``(used_constvars, eqns, effects)``."""
     open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects,
-                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)))
+                        _fit_debug_info(dbg, len(constvars) + len(invars), len(outvars)),
+                        is_high(eqns))
     instantiate = [False] * len(constvars) + [True] * len(invars)
     new, used = pe.dce_jaxpr(open_j, [True] * len(outvars), instantiate)
     return list(used[:len(constvars)]), new.eqns, new.effects

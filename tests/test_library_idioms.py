@@ -194,3 +194,31 @@ def test_plant_and_harvest_signatures_take_plants_first():
     assert float(eqx.filter_jit(h.plant(f, tag="t"))({"a": f32(5.0)}, f32(1.0))) == 7.0
     out, reaps = eqx.filter_jit(h.harvest(f, tag="t"))({}, f32(1.0))
     assert float(out) == 4.0 and float(reaps["a"]) == 2.0
+
+
+def test_custom_root_without_tags_inside_a_rewritten_loop_compiles():
+    # A rewritten jaxpr keeps the mark JAX needs to lower a high-level
+    # primitive (custom_root on newer JAX) that holds no tag.
+    def f(x):
+        def body(carry):
+            k, y = carry
+            tx.set_state("s", y)
+            y = lax.custom_root(lambda z: z - z, y, lambda _, z: z * 0.5, lambda g, z: z)
+            return k + 1, y
+        return lax.while_loop(lambda c: c[0] < 2, body, (0, x))[1]
+
+    pure, s0 = tx.uncurry(f, f32(1.0))
+    out, s1 = jax.jit(pure)(s0, f32(1.0))
+    assert float(out) == 0.25 and float(s1["s"]) == 0.5
+
+
+def test_custom_root_without_tags_inside_a_reaped_loop_compiles():
+    def f(x):
+        def body(y, _):
+            h.sow(y, tag="t", name="y", mode="append")
+            y = lax.custom_root(lambda z: z - z, y, lambda _, z: z * 0.5, lambda g, z: z)
+            return y, None
+        return lax.scan(body, x, length=2)[0]
+
+    out, reaps = jax.jit(h.call_and_reap(f, tag="t"))(f32(1.0))
+    assert float(out) == 0.25 and [float(v) for v in reaps["y"]] == [1.0, 0.5]

@@ -61,7 +61,8 @@ def eqns_to_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Var] | No
         outvars = unread
     dbg = _compat._fit_debug_info(_compat.debug_info("eqns_to_jaxpr"), len(invars),
                                   len(outvars))
-    return core.Jaxpr(constvars, list(invars), list(outvars), list(eqns), _effects(eqns), dbg)
+    return core.Jaxpr(constvars, list(invars), list(outvars), list(eqns), _effects(eqns), dbg,
+                      _compat.is_high(eqns))
 
 
 def eqns_to_closed_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Var] | None = None,

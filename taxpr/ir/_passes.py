@@ -531,7 +531,7 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
     # The known consts enter as inputs: DCE keeps (and prunes) inputs the
     # same way on every JAX (0.12's moves constvars into the inputs).
     jaxpr = core.Jaxpr([], used_known, level.outvars, level.eqns, effects,
-                       _compat.debug_info("constant_fold"))
+                       _compat.debug_info("constant_fold"), _compat.is_high(level.eqns))
     jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
     args = [known[v] for v in jaxpr.invars]
     if len(jaxpr.eqns) <= _EAGER_FOLD_MAX:
