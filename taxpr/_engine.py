@@ -201,6 +201,22 @@ class Hooks:
 
     checks_rules = False  # whether rule_site can raise (tracing bwd to look costs a trace)
 
+    # Whether a function's custom rule, when JAX runs it instead of the
+    # function (the rewritten program differentiated from outside), is
+    # threaded in its place: ctx flows through the custom_jvp rule or the
+    # custom_vjp fwd, so that the effects of what runs happen once, in program
+    # order (the state layer). Otherwise the function's own effects stand and
+    # selected tags in rules go to ``rule_site`` (harvest: oryx's semantics).
+    threads_rules = False
+
+    def describe_ctx(self, index: int) -> str:
+        """How an error names ctx leaf ``index``."""
+        return f"the context's entry {index}"
+
+    def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
+        """Called with a threaded rule (``threads_rules``) before it runs:
+        raise for tags left in it that the layer owns but could not thread."""
+
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
         if len(set(collects)) > 1:
             raise ValueError(f"taxpr: cond branches at {format_path(path)} collect "
@@ -740,6 +756,17 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     rule_path = level.path + ("custom_jvp[rule]",)
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)
+    if engine.hooks.threads_rules:
+        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user, n_out,
+                                              level.path + ("custom_jvp[jvp rule]",),
+                                              rule_context)
+        ctx_out = engine.fresh_ctx()
+        # Symbolic zeros: JAX then tells the rule which inputs (ctx
+        # included) it differentiates, as it decides whether to run a rule.
+        _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars, *feeds],
+                      [*eqn.outvars, *ctx_out, *collects], num_consts=0, symbolic_zeros=True,
+                      jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
+        return ctx_out
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
@@ -797,7 +824,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 
 
 def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
-    """A custom JVP rule's jaxpr, threaded (ctx in first, out last)."""
+    """A custom rule's jaxpr (a JVP rule, or a custom_vjp fwd), threaded (ctx
+    in first, out last)."""
     closed = _compat.close_traced(jvp_jaxpr, jvp_consts)
     closed = engine.hooks.prepare_rule(engine, closed, n_primals)
     rule = engine.thread_jaxpr(closed, path, 0, len(_compat.jaxpr_parts(closed).outvars),
@@ -805,10 +833,120 @@ def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
     ch = engine.channels(rule)
     if ch.collects or ch.feeds:
         raise NotImplementedError(
-            f"taxpr: tags in the custom_jvp rule at {format_path(path)} collect or are fed "
+            f"taxpr: tags in the custom rule at {format_path(path)} collect or are fed "
             f"values per site ({(ch.collects or ch.feeds)[0][0]!r}); only values carried in "
-            f"ctx (e.g. non-append sows) are supported in a JVP rule")
+            f"ctx (e.g. non-append sows) are supported in a derivative rule")
+    engine.hooks.check_rule(rule, path)
     return rule
+
+
+def _inexact(aval) -> bool:
+    return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+
+
+def _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user: slice, n_out: int,
+                          path, context):
+    """The ``jvp_jaxpr_fun`` of a rewritten custom_jvp function for a layer
+    whose rules run in the function's place (``Hooks.threads_rules``), as
+    eagerly:
+
+    - where some of the function's own inputs have nonzero tangents, its
+      rule runs instead of it, threaded with the ctx before the call: the
+      outputs, the ctx after the call and the outputs' tangents w.r.t. the
+      inputs come from the rule. What the rule writes is a constant w.r.t.
+      the inputs (a rule runs on primal values); tangents through ctx (of
+      the outputs and ctx w.r.t. the ctx before) are autodiff's of the rule
+      w.r.t. ctx, in which nested calls of the function see zero tangents
+      for their inputs and so run the function, not the rule;
+    - where only ctx has nonzero tangents (``_DIFFERENTIATING_CTX_ONLY``, or
+      symbolic zeros for every input), the function runs (JAX calls no rule
+      when no input is differentiated): autodiff of the threaded function
+      w.r.t. ctx.
+
+    ``in_avals`` are ``[*ctx, *consts, *inputs, *feeds]``; the rule takes
+    ``in_avals[user]`` (the inputs)."""
+    n = len(engine.ctx_avals)
+    k = len(in_avals)
+    cache: dict = {}
+
+    def jvp_jaxpr_fun(*zeros):
+        zeros = tuple(zeros)
+        by_function = all(zeros[user]) or _DIFFERENTIATING_CTX_ONLY.get()
+        key = (zeros, by_function)
+        if key in cache:
+            return cache[key]
+        nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
+        ctx_t_in = not all(zeros[:n])
+
+        def tangents_of(args):
+            primals, tangents = args[:k], iter(args[k:])
+            return primals, [_zeros(a.to_tangent_aval()) if z else next(tangents)
+                             for a, z in zip(in_avals, zeros)]
+
+        if by_function:
+            def f(*args):
+                primals, per_input = tangents_of(args)
+                # Tangents through ctx and fed values only (consts held, as
+                # for a rule: JAX differentiates a custom function's inputs).
+                through = [_zeros(a.to_tangent_aval()) if n <= i < user.stop else t
+                           for i, (t, a) in enumerate(zip(per_input, in_avals))]
+                outs, outs_t = jax.jvp(threaded_fn, list(primals), through)
+                return [*outs, *outs_t]
+        else:
+            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
+            n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
+            rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start, path,
+                                context)
+            rule_fn = _compat.jaxpr_as_fun(rule)
+
+            def f(*args):
+                primals, per_input = tangents_of(args)
+                user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
+                ins = list(primals[user])
+
+                def run(*c):
+                    return rule_fn(*c, *ins, *user_t)
+
+                outs = run(*primals[:n])
+                via_ctx = None
+                if ctx_t_in:
+                    # Through the function, not the rule: a rule may hold
+                    # what forward mode cannot differentiate again (the JVP
+                    # of a custom_vjp in it), and the function's tangents
+                    # w.r.t. ctx are what eagerly flows through a closure.
+                    rest = list(primals[n:])
+                    through = [*per_input[:n], *(_zeros(a.to_tangent_aval())
+                                                 for a in in_avals[n:])]
+                    token = _DIFFERENTIATING_CTX_ONLY.set(True)
+                    try:
+                        _, via_ctx = jax.jvp(threaded_fn, [*primals[:n], *rest], through)
+                    finally:
+                        _DIFFERENTIATING_CTX_ONLY.reset(token)
+                rule_t = iter(outs[n_out:n_rule])
+                out_t = []
+                for i, z in enumerate(out_zeros):
+                    t = _zeros(core.typeof(outs[i]).to_tangent_aval()) if z else next(rule_t)
+                    out_t.append(t if via_ctx is None else _add_ct(t, via_ctx[i]))
+                ctx_t = (list(via_ctx[n_out:n_out + n]) if via_ctx is not None else
+                         [_zeros(a.to_tangent_aval()) for a in engine.ctx_avals])
+                return [*outs[:n_out], *outs[n_rule:], *out_t, *ctx_t]
+
+        closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
+        n_rest = (len(_compat.jaxpr_parts(closed).outvars) - 2 * n_out) // 2
+        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n_rest))
+        cache[key] = result
+        return result
+
+    return jvp_jaxpr_fun
+
+
+# Set while a rule is differentiated w.r.t. ctx alone (its inputs held): the
+# custom functions it calls see zero tangents for their inputs and run their
+# bodies, not their rules (JAX calls no rule then, and a rule that calls its
+# own function would otherwise recurse without end). JAX instantiates zero
+# tangents before calling a rule, so this cannot be read off the tangents.
+_DIFFERENTIATING_CTX_ONLY = contextvars.ContextVar("taxpr_differentiating_ctx_only",
+                                                   default=False)
 
 
 def _jvp_split(fn, primals, tangents, n_out):
@@ -852,16 +990,30 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 jax.tree_util.tree_structure((res, ones(n_all + n_x))),
                 [*fwds, *range(n_all + n_x)])
 
+    fwd_path = level.path + ("custom_vjp[fwd]",)
+    threads_fwd = engine.hooks.threads_rules
+    # With ``threads_rules`` the user's fwd, threaded, runs in the function's
+    # place: ``(*ctx, *inputs) -> (*residuals, *outputs, *ctx)``; the ctx
+    # flows of the backward pass are the function's (``_bwd_through_ctx``).
+
     def fwd_jaxpr_thunk(*nonzeros):
         nonzeros = tuple(nonzeros)
         if nonzeros in fwd_cache:
             return fwd_cache[nonzeros]
         fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
-        _reject_rule_sites(engine, fwd_jaxpr, level.path + ("custom_vjp[fwd]",))
+        if threads_fwd:
+            rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
+            _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
+            rule_fn = _compat.jaxpr_as_fun(rule)
 
-        def f(*primals):
-            res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
-            return [*res_and_outs[:len(res_and_outs) - n_out], *threaded_fn(*primals)]
+            def f(*primals):
+                return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
+        else:
+            _reject_rule_sites(engine, fwd_jaxpr, fwd_path)
+
+            def f(*primals):
+                res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
+                return [*res_and_outs[:len(res_and_outs) - n_out], *threaded_fn(*primals)]
 
         result = _compat.open_with_constvars(_compat.trace_flat(f, in_avals))
         fwd_cache[nonzeros] = result
@@ -873,6 +1025,11 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
         with guarding_tags(_rule_site_check(engine, level.path + ("custom_vjp[bwd]",))):
             user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
+        if threads_fwd:
+            return _compat.custom_vjp_bwd_result(
+                _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest,
+                                 [v.aval for v in eqn.outvars], engine.ctx_avals, nc, n_all),
+                logs)
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         out_avals = [v.aval for v in eqn.outvars]
         via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
@@ -888,6 +1045,49 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
     return ctx_out
+
+
+def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> None:
+    """Derivatives w.r.t. ctx entries that a threaded custom_vjp fwd reads
+    (a state differentiated from outside, read inside the function) would
+    reach them only through the VJP of the function, which libraries' custom
+    VJPs (equinox's checkpointed loops, diffrax's adjoints) do not provide:
+    rather than a zero gradient, an error naming the entry."""
+    used = _compat.used_invars(rule)[:len(nonzeros)]
+    for i, (nz, u, aval) in enumerate(zip(nonzeros, used, engine.ctx_avals)):
+        if nz and u and _inexact(aval):
+            raise NotImplementedError(
+                f"taxpr: differentiating w.r.t. {engine.hooks.describe_ctx(i)}, which the "
+                f"custom_vjp function at {format_path(path)} reads, is not supported: the "
+                f"function's own rules give no derivative for it. Differentiate w.r.t. the "
+                f"function's arguments (pass the value in), or hold the state constant "
+                f"(jax.lax.stop_gradient) around the call")
+
+
+def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals, ctx_avals,
+                     nc, n_all):
+    """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx]``
+    whose fwd ran in its place: the args' from the user's bwd (what the fwd
+    wrote to ctx is a constant w.r.t. them, as eagerly), ctx's from the VJP
+    of the threaded function ``threaded_fn(*consts, *args, *ctx) -> (*outputs,
+    *ctx)`` w.r.t. ctx, taken only where a nonzero cotangent flows there."""
+    n = len(ctx_avals)
+    in_avals = [core.typeof(p) for p in primals]
+    held = [_zeros_like_ct(a) for a in in_avals[:nc]]
+    args_ct = [_instantiate(c, a) for c, a in zip(user_cts, in_avals[nc:n_all])]
+    if not any(_inexact(a) for a in ctx_avals) or (
+            all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_ctx))):
+        return [*held, *args_ct, *(_zeros_like_ct(a) for a in in_avals[n_all:])]
+    fixed, rest = primals[:n_all], primals[n_all + n:]
+    _, vjp_fn = jax.vjp(lambda *c: threaded_fn(*fixed, *c, *rest), *primals[n_all:n_all + n])
+    ctx_ct = vjp_fn([*map(_instantiate, ct_outs, out_avals),
+                     *map(_instantiate, ct_ctx, ctx_avals)])
+    return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
+
+
+def _is_zero_ct(ct) -> bool:
+    return (ct is None or type(ct) is ad.Zero or type(ct).__name__ == "SymbolicZero"
+            or getattr(ct, "dtype", None) == jax.dtypes.float0)
 
 
 class RuleNotTraceable(Exception):

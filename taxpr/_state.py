@@ -456,12 +456,20 @@ def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
 
 
 def _rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
+    where = f"{op.kind}_state({name!r}) at {format_path(path)}"
+    if any(p.startswith("custom_vjp[bwd]") for p in path):
+        return StateError(
+            f"taxpr: state {name!r}: {where} is in a custom_vjp backward pass, which runs "
+            f"after uncurry's pure function has returned its states (under jax.grad from "
+            f"outside): a read there cannot see the state the forward pass saw, and a write "
+            f"would be lost. Access the state in the function or its fwd rule")
     return StateError(
-        f"taxpr: state {name!r}: {op.kind}_state({name!r}) at {format_path(path)} is inside "
-        f"a derivative rule, which runs instead of the function when uncurry's pure "
-        f"function is differentiated from outside; taxpr cannot thread state there (a "
-        f"read would see the init, a write would be lost). Access the state in the "
-        f"function itself, outside the rule, or differentiate inside the function")
+        f"taxpr: state {name!r}: {where} is in the derivative rule of a function whose "
+        f"body uses no state. Such a rule runs instead of the function when uncurry's pure "
+        f"function is differentiated from outside, and taxpr threads state through a rule "
+        f"only where the function's body uses state too (a read would see the init, a "
+        f"write would be lost). Access the state in the function itself, or differentiate "
+        f"inside the function")
 
 
 def _state_direct(names: Sequence[str]) -> Callable:
@@ -517,14 +525,45 @@ def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict
 
 
 class _StateHooks(Hooks):
-    """State accesses in a derivative rule that runs only when the pure
-    function is differentiated from outside are an error (see
-    ``guard_custom_rules``)."""
+    """When the pure function is differentiated from outside, the custom_jvp
+    rule or custom_vjp fwd of a function whose body uses state runs in its
+    place with the state threaded through it (as eagerly). Accesses in a
+    custom_vjp bwd (it runs after the forward returned its states), and sets
+    of states the function never touches, are errors.
+
+    Arguments:
+        names: the states threaded (``None``: another layer may own the
+            states it leaves, e.g. ``seed`` inside ``uncurry``).
+    """
 
     checks_rules = True
+    threads_rules = True
+
+    def __init__(self, names: Sequence[str] | None = None):
+        self.names = None if names is None else frozenset(names)
+        self.leaf_names = None if names is None else list(names)
 
     def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
         return _rule_error(params["name"], params["op"], path)
+
+    def describe_ctx(self, index: int) -> str:
+        if self.names is None or self.leaf_names is None:
+            return super().describe_ctx(index)
+        return f"state {self.leaf_names[index]!r}"
+
+    def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
+        if self.names is None:
+            return
+        for eqn, sub in _traverse.iter_eqns(rule, path):
+            if (eqn.primitive is tag_p and _is_state(eqn.params) and eqn.params["op"] is SET
+                    and eqn.params["name"] not in self.names):
+                name = eqn.params["name"]
+                raise StateError(
+                    f"taxpr: state {name!r}: set_state({name!r}) at {format_path(sub)} is in a "
+                    f"derivative rule, and the function itself never touches {name!r}, so "
+                    f"uncurry's pure function has no such state to write it to (its states "
+                    f"are {sorted(self.names)}). Give the state a place in the function: a "
+                    f"get_state({name!r}, init) there makes uncurry thread it")
 
 
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
@@ -532,8 +571,11 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     ctx = _state_ctx(states)
     # ctx leaves are in the flattened dict's (sorted) key order.
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
-    return inject(guard_custom_rules(closed), _state_injector, ctx, predicate=_is_state,
-                  hooks=_StateHooks(), _direct=_state_direct(names))
+    # A state read only in a derivative rule is not among them: it reads its
+    # init there (nothing in the program writes it).
+    return inject(guard_custom_rules(closed), _state_injector, ctx,
+                  predicate=lambda p, _shape=None: _is_state(p) and p["name"] in ctx,
+                  hooks=_StateHooks(names), _direct=_state_direct(names))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:

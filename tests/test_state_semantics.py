@@ -427,19 +427,19 @@ def test_custom_jvp_rule_reading_state_under_grad_inside_the_function_matches_ea
         assert_states(s1, ref.state)
 
 
-def test_custom_jvp_rule_reading_state_is_fine_until_differentiated_from_outside():
+def test_custom_jvp_rule_reading_state_sees_the_current_value_when_differentiated_from_outside():
     fn = functools.partial(_cjvp_prog, TX)
     pure, s0 = tx.uncurry(fn, f32(0.3))
     out, s1 = pure(s0, f32(0.5))
     ref = Eager(s0)
     assert_close(out, _cjvp_prog(ref, f32(0.5)))
     assert_states(s1, ref.state)
-    # Eagerly, grad would run the rule with the current "k" (2.0); the rule
-    # is traced after the rewrite, so taxpr refuses rather than read the init.
-    for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
-        with pytest.raises(tx.StateError, match=r"state .k.*custom_jvp\[jvp rule\]"):
-            diff(lambda x: pure(s0, x)[0])(f32(0.5))
-        jax_still_works()
+    # Eagerly, grad runs the rule with the current "k" (2.0 from s0's 1.0).
+    for start in (s0, {"k": f32(4.0)}):
+        want = jax.grad(lambda x: _cjvp_prog(Eager(start), x))(f32(0.5))
+        assert_close(want, 5.0 * np.cos(0.5) if start is not s0 else 2.0 * np.cos(0.5))
+        for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+            assert_close(diff(lambda x: pure(start, x)[0])(f32(0.5)), want)
 
 
 def test_custom_jvp_rule_with_state_around_a_stateless_body_is_an_error_when_jax_runs_it():
@@ -459,7 +459,7 @@ def test_custom_jvp_rule_with_state_around_a_stateless_body_is_an_error_when_jax
         jax_still_works()
 
 
-def _cvjp_prog(S, x, body_state=True, fwd_state=False):
+def _cvjp_prog(S, x, body_state=True, fwd_state=False, bwd_state=True):
     @jax.custom_vjp
     def f(x):
         if body_state:
@@ -472,7 +472,8 @@ def _cvjp_prog(S, x, body_state=True, fwd_state=False):
         return x * 2.0, x
 
     def bwd(res, g):
-        S.set("last_ct", g)  # the bwd writes a state
+        if bwd_state:
+            S.set("last_ct", g)  # the bwd writes a state
         return (g * 2.0,)
     f.defvjp(fwd, bwd)
     S.set("last_ct", S.get("last_ct", f32(0.0)))
@@ -503,9 +504,25 @@ def test_custom_vjp_bwd_setting_state_is_an_error_not_a_lost_update():
     jax_still_works()
 
 
-def test_custom_vjp_fwd_with_state_is_an_error_when_differentiated_from_outside():
-    fn = functools.partial(_cvjp_prog, TX, fwd_state=True)
-    pure, s0 = tx.uncurry(fn, f32(0.3))
+def test_custom_vjp_fwd_with_state_runs_instead_of_the_function_when_differentiated_from_outside():
+    prog = functools.partial(_cvjp_prog, fwd_state=True, bwd_state=False)
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), f32(0.3))
+    for start in (s0, {**s0, "calls": jnp.asarray(5, i32)}):
+        ref = Eager(start)
+        want, vjp = jax.vjp(lambda x: prog(ref, x), f32(0.5))
+        (out, s1), got_vjp = jax.vjp(lambda x: pure(start, x), f32(0.5))
+        assert_close(out, want)
+        assert_states(s1, ref.state)
+        assert int(s1["calls"]) == int(start["calls"]) + 1  # the fwd's count, once
+        zero_cts = jax.tree_util.tree_map(
+            lambda v: np.zeros(v.shape, jax.dtypes.float0) if v.dtype == i32
+            else jnp.zeros_like(v), s1)
+        assert_close(got_vjp((f32(1.0), zero_cts))[0], vjp(f32(1.0))[0])
+    # A fwd with state around a body without it: the body is not rewritten,
+    # so its rules are not threaded (only checked when JAX runs them).
+    prog = functools.partial(_cvjp_prog, body_state=False, fwd_state=True, bwd_state=False)
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), f32(0.3))
+    assert sorted(s0) == ["last_ct"]
     with pytest.raises(tx.StateError, match=r"state 'calls'.*custom_vjp\[fwd\]"):
         jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
     jax_still_works()
@@ -609,7 +626,7 @@ def test_state_written_in_a_loop_invariant_custom_rule_function_of_a_differentia
     assert_states(s1, ref.state)
 
 
-def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_error():
+def test_reaping_a_custom_jvp_with_state_under_vmap_and_grad_matches_eager():
     """harvest looks into custom JVP rules for sows when JAX may differentiate
     (any non-jit trace, vmap included): a rule with state must not make that
     look fail; the error belongs to differentiating it."""
@@ -633,9 +650,15 @@ def test_reaping_a_custom_jvp_with_state_under_vmap_works_and_grad_is_still_an_e
         assert_close(out[row], want)
         assert_close(fin["s"][row], ref.state["s"])
         assert_close(reaps["a"][row], 3.0 * x)
-    with pytest.raises(tx.StateError, match=r"state 's'.*custom_jvp\[jvp rule\]"):
-        jax.grad(lambda x: h.call_and_reap(pure, tag="t")(s0, x)[0][0])(f32(1.0))
-    jax_still_works()
+    # Differentiated, the rule (the function's JVP) runs in its place once:
+    # d(x * s)/dx with s the state before the call; the sow is reaped from it.
+    ((out, fin), reaps), ((out_t, fin_t), reaps_t) = jax.jvp(
+        h.call_and_reap(pure, tag="t"), (s0, f32(2.0)),
+        (jax.tree_util.tree_map(jnp.zeros_like, s0), f32(1.0)))
+    assert_close((out, fin["s"], reaps["a"]), (f32(1.0), f32(2.5), f32(6.0)))
+    assert_close((out_t, fin_t["s"], reaps_t["a"]), (f32(0.5), f32(0.0), f32(3.0)))
+    assert_close(jax.grad(lambda x: h.call_and_reap(pure, tag="t")(s0, x)[0][0])(f32(1.0)),
+                 f32(0.5))
 
 
 def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_program_matches_eager():

@@ -152,7 +152,22 @@ def _tag_abstract_eval(*avals, **params):
     return list(avals[:n_values(params, len(avals))]), effs
 
 
-tag_p = Primitive("tag")
+class _TagPrimitive(Primitive):
+    """The tag primitive: every bind runs the active ``guarding_tags``
+    checks, including binds that evaluate a jaxpr holding tags (a library's
+    backward pass replaying a traced loop body), not only ``tag`` calls."""
+
+    def bind(self, *args, **params):
+        if _TAG_GUARDS.get():
+            values = list(args[:n_values(params, len(args))])
+            tree = params.get(TREE)
+            value = (jax.tree_util.tree_unflatten(tree, values)
+                     if tree is not None and tree.num_leaves == len(values) else values)
+            _run_guards(user_params(params), value)
+        return super().bind(*args, **params)
+
+
+tag_p = _TagPrimitive("tag")
 tag_p.multiple_results = True
 tag_p.def_impl(_identity_impl)
 tag_p.def_effectful_abstract_eval(_tag_abstract_eval)
@@ -382,6 +397,13 @@ def guarding_tags(check: Callable[[dict, Any], Exception | None]) -> Iterator[No
         _TAG_GUARDS.reset(token)
 
 
+def _run_guards(params: dict, value: Any) -> None:
+    for check in _TAG_GUARDS.get():
+        error = check(params, value)
+        if error is not None:
+            raise error
+
+
 # While a taxpr transformation traces a program: the params (as a frozenset
 # of items) of every tag user code binds, with its value's avals.
 _RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -423,10 +445,7 @@ def tag(value: Any, **params: Any) -> Any:
     leaves, tree = jax.tree_util.tree_flatten(value)
     if not leaves:
         return value
-    for check in _TAG_GUARDS.get():
-        error = check(params, value)
-        if error is not None:
-            raise error
+    _run_guards(params, value)
     recorded = _RECORDING.get()
     if recorded is not None:
         key = frozenset(params.items())

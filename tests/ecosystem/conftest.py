@@ -26,19 +26,22 @@ LIBRARIES = {
 # Programs taxpr does not yet handle as eager Python would, each with what
 # happens instead. Strict: a program that starts to pass fails the run until
 # its entry is removed (docs/limitations.md lists the same gaps).
-_STATE_IN_RULES = ("a state used inside a custom_vjp/custom_jvp rule (diffrax's adjoints, "
-                   "optimistix's implicit adjoint, equinox's checkpointed loop) is a "
-                   "StateError when the pure function is differentiated from outside")
+_STATE_IN_BWD = ("a custom_vjp bwd that runs the function again (diffrax's adjoints, equinox's "
+                 "checkpointed loop) touches state after the forward pass returned it: a clear "
+                 "StateError (recomputing needs the states the forward pass saw)")
+_STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP = (
+    "differentiating w.r.t. a state that a custom_vjp fwd reads (diffrax's solve): a clear "
+    "NotImplementedError (the library's rules give no derivative for it)")
 _RECOMPUTING_BWD = ("a custom_vjp whose bwd recomputes the forward (checkpointed loop) "
                     "sees the state after the forward: wrong gradient / counter")
 _CALLABLE_IN_PARAMS = ("lineax keeps the matvec as a Python function in linear_solve's "
                        "params: a clear NotImplementedError instead of the eager value")
 _NO_RULE = "no thread rule for this primitive yet: a clear NotImplementedError"
 KNOWN_GAPS = {
-    "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_RULES,
-    "test_diffrax.py::test_grad_from_outside_pure[direct]": _STATE_IN_RULES,
-    "test_diffrax.py::test_grad_from_outside_pure[recursive]": _STATE_IN_RULES,
-    "test_diffrax.py::test_grad_wrt_state_read_in_vector_field": _STATE_IN_RULES,
+    "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_BWD,
+    "test_diffrax.py::test_grad_from_outside_pure[recursive]": _STATE_IN_BWD,
+    "test_diffrax.py::test_grad_wrt_state_read_in_vector_field":
+        _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP,
     "test_diffrax.py::test_grad_inside_pure[recursive]": _RECOMPUTING_BWD,
     "test_diffrax.py::test_vector_field_reads_state_it_updates_grad_inside[recursive]":
         _RECOMPUTING_BWD,
@@ -55,13 +58,12 @@ KNOWN_GAPS = {
     "[checkpointed]": "as test_diffrax.py::test_vmap_over_states",
     "test_equinox.py::test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations"
     "[bounded]": "as test_diffrax.py::test_vmap_over_states",
-    "test_equinox.py::test_eqxi_while_loop_grad_from_outside[checkpointed]": _STATE_IN_RULES,
+    "test_equinox.py::test_eqxi_while_loop_grad_from_outside[checkpointed]": _STATE_IN_BWD,
     "test_equinox.py::test_eqxi_while_loop_reap_append[bounded]": (
         "equinox's bounded loop nests conds whose branches sow differently: harvest "
         "raises 'Mismatching number of sows between branches'"),
     "test_equinox.py::test_eqxi_while_loop_reap_plant_clobber[bounded]": (
         "as reap_append[bounded]"),
-    "test_equinox.py::test_filter_custom_vjp_grad_from_outside": _STATE_IN_RULES,
     "test_flax_linen.py::test_scan_broadcast_params_reap_carry_sow": (
         "under reap tags are kept alive, so flax's nn.scan broadcast check sees the carry "
         "used: a ValueError that says why, not the reaped values"),
@@ -91,10 +93,10 @@ KNOWN_GAPS = {
     "test_lineax.py::test_reap_and_plant_sow_in_matvec[cg]": _CALLABLE_IN_PARAMS,
     "test_lineax.py::test_reap_and_plant_sow_in_matvec[gmres]": _CALLABLE_IN_PARAMS,
     "test_lineax.py::test_vmap_over_states_cg": _CALLABLE_IN_PARAMS,
-    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[newton]":
-        _STATE_IN_RULES,
-    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[levenberg_marquardt]":
-        _STATE_IN_RULES,
+    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[newton]": (
+        "the implicit adjoint's JVP rule, threaded, holds lineax's linear_solve: " + _NO_RULE),
+    "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[levenberg_marquardt]": (
+        "as [newton]"),
 }
 
 

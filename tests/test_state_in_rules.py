@@ -1,0 +1,270 @@
+"""State and keys in custom derivative rules, differentiated from outside.
+
+When uncurry's pure function is differentiated (``jax.grad(lambda x:
+pure(s, x)[0])``), JAX runs a custom_jvp rule or a custom_vjp fwd instead
+of the function. The reference is the same program run eagerly with a
+Python dict under the same JAX differentiation (``Eager``): the rule's
+effects happen once, with the states as they stand at the call.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import taxpr as tx
+
+from test_state import TX, Eager, assert_close, assert_states, jax_still_works
+
+f32, i32 = jnp.float32, jnp.int32
+
+
+def _scaled_sin(S):
+    """The rule calls the function itself (JAX's canonical idiom)."""
+    @jax.custom_jvp
+    def scaled_sin(x):
+        S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return S.get("scale", f32(2.0)) * jnp.sin(x)
+
+    @scaled_sin.defjvp
+    def _(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        return scaled_sin(x), 3.0 * jnp.cos(x) * dx
+
+    return scaled_sin
+
+
+def _rule_calls_function(S, x):
+    return _scaled_sin(S)(x)
+
+
+def _eager_value_and_grad(prog, start, x):
+    ref = Eager(start)
+    out, g = jax.value_and_grad(lambda x: prog(ref, x))(x)
+    return out, g, ref.state
+
+
+def test_rule_calling_the_function_runs_once_with_the_current_state():
+    pure, s0 = tx.uncurry(functools.partial(_rule_calls_function, TX), f32(0.5))
+    for start in (s0, {"calls": jnp.asarray(4, i32), "scale": f32(-1.5)}):
+        want_out, want_g, want_state = _eager_value_and_grad(_rule_calls_function, start,
+                                                             f32(0.5))
+        assert int(want_state["calls"]) == int(start["calls"]) + 1
+        assert_close(want_g, 3.0 * np.cos(0.5))
+        for diff in (jax.value_and_grad, lambda f, **kw: jax.jit(jax.value_and_grad(f, **kw))):
+            (out, s1), g = diff(lambda x: pure(start, x), has_aux=True)(f32(0.5))
+            assert_close((out, g), (want_out, want_g))
+            assert_states(s1, want_state)
+    jax_still_works()
+
+
+def test_rule_calling_the_function_under_jvp_jacrev_and_hessian():
+    pure, s0 = tx.uncurry(functools.partial(_rule_calls_function, TX), f32(0.5))
+    x = f32(0.5)
+    (out, s1), (out_t, s1_t) = jax.jvp(lambda x: pure(s0, x), (x,), (f32(1.0),))
+    ref = Eager(s0)
+    want, want_t = jax.jvp(lambda x: _rule_calls_function(ref, x), (x,), (f32(1.0),))
+    assert_close((out, out_t), (want, want_t))
+    assert_states(s1, ref.state)
+    assert_close(s1_t["scale"], f32(0.0))
+    # Second order: the rule's tangent 3 cos(x), differentiated again.
+    assert_close(jax.hessian(lambda x: pure(s0, x)[0])(x), -3.0 * np.sin(0.5))
+    assert_close(jax.hessian(lambda x: _rule_calls_function(Eager(s0), x))(x),
+                 -3.0 * np.sin(0.5))
+    # Derivatives w.r.t. a state flow through the function's body.
+    d_scale, d_x = jax.jacrev(lambda sc, x: pure({**s0, "scale": sc}, x)[0],
+                              argnums=(0, 1))(s0["scale"], x)
+    assert_close((d_scale, d_x), (np.sin(0.5), 3.0 * np.cos(0.5)))
+
+
+def _rule_reads_a_scale(S, x):
+    """A rule reads a state that the program sets before and after the call:
+    the tangent uses the value at the call."""
+    @jax.custom_jvp
+    def clipped(x):
+        S.set("seen", S.get("seen", jnp.zeros((), i32)) + 1)
+        return jnp.tanh(x)
+
+    @clipped.defjvp
+    def _(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        return clipped(x), S.get("grad_scale", f32(1.0)) * dx
+
+    S.set("grad_scale", S.get("grad_scale", f32(1.0)) * 3.0)
+    y = clipped(x)
+    S.set("grad_scale", f32(100.0))
+    return y * 2.0
+
+
+def test_rule_reading_a_state_uses_its_value_at_the_call():
+    pure, s0 = tx.uncurry(functools.partial(_rule_reads_a_scale, TX), f32(0.5))
+    for start in (s0, {"seen": jnp.asarray(1, i32), "grad_scale": f32(0.25)}):
+        want_out, want_g, want_state = _eager_value_and_grad(_rule_reads_a_scale, start,
+                                                             f32(0.5))
+        assert_close(want_g, 2.0 * 3.0 * start["grad_scale"])
+        (out, s1), g = jax.jit(jax.value_and_grad(lambda x: pure(start, x), has_aux=True))(
+            f32(0.5))
+        assert_close((out, g), (want_out, want_g))
+        assert_states(s1, want_state)
+
+
+def _rule_without_the_function(S, x):
+    """The rule computes the JVP without calling the function: under
+    differentiation the body's count does not happen (as eagerly)."""
+    @jax.custom_jvp
+    def f(x):
+        S.set("body_calls", S.get("body_calls", jnp.zeros((), i32)) + 1)
+        return jnp.sin(x)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+    return f(x) + f(2.0 * x)
+
+
+def test_rule_not_calling_the_function_replaces_its_effects():
+    pure, s0 = tx.uncurry(functools.partial(_rule_without_the_function, TX), f32(0.5))
+    out, s1 = pure(s0, f32(0.5))
+    assert int(s1["body_calls"]) == 2
+    want_out, want_g, want_state = _eager_value_and_grad(_rule_without_the_function, s0,
+                                                         f32(0.5))
+    assert int(want_state["body_calls"]) == 0
+    (out, s1), g = jax.value_and_grad(lambda x: pure(s0, x), has_aux=True)(f32(0.5))
+    assert_close((out, g), (want_out, want_g))
+    assert_states(s1, want_state)
+
+
+def _rule_in_a_scan(S, xs):
+    f = _scaled_sin(S)
+
+    def body(c, x):
+        S.set("scale", S.get("scale", f32(2.0)) + 1.0)
+        return c + f(x * c), None
+
+    return S.scan(body, f32(1.0), xs)[0]
+
+
+def test_rule_in_a_jitted_scan_sees_each_step_state():
+    xs = jnp.array([0.3, -0.2, 0.7], f32)
+    pure, s0 = tx.uncurry(functools.partial(_rule_in_a_scan, TX), xs)
+    want_out, want_g, want_state = _eager_value_and_grad(_rule_in_a_scan, s0, xs)
+    assert int(want_state["calls"]) == 3
+    (out, s1), g = jax.jit(jax.value_and_grad(lambda xs: pure(s0, xs), has_aux=True))(xs)
+    assert_close((out, g), (want_out, want_g))
+    assert_states(s1, want_state)
+
+
+def _dropout(x):
+    @jax.custom_vjp
+    def drop(x):
+        keep = jax.random.bernoulli(tx.next_key(), 0.5, x.shape)
+        return jnp.where(keep, x * 2.0, 0.0)
+
+    def fwd(x):
+        keep = jax.random.bernoulli(tx.next_key(), 0.5, x.shape)
+        return jnp.where(keep, x * 2.0, 0.0), keep
+
+    def bwd(keep, g):
+        return (jnp.where(keep, g * 2.0, 0.0),)
+
+    drop.defvjp(fwd, bwd)
+    y = drop(x)
+    return jnp.sum(y * y), jax.random.normal(tx.next_key(), ())
+
+
+def test_custom_vjp_fwd_drawing_a_key_advances_the_stream_once():
+    x = jnp.linspace(0.5, 2.0, 16, dtype=f32)
+    seeded = tx.seed(_dropout, jax.random.key(3))
+    # Undifferentiated, the body draws; differentiated, the fwd draws the
+    # same key (its position in the stream), and the next draw follows it.
+    loss, after = seeded(x)
+    (g_loss, g_after), g = jax.value_and_grad(seeded, has_aux=True)(x)
+    assert_close((g_loss, g_after), (loss, after))
+    kept = np.asarray(g) != 0.0
+    assert 0 < kept.sum() < x.size
+    np.testing.assert_allclose(np.asarray(g)[kept], 8.0 * np.asarray(x)[kept], rtol=1e-6)
+    # The same key drawn by hand: split once for the mask, once after.
+    key, sub = jax.random.split(jax.random.key(3))
+    assert (np.asarray(jax.random.bernoulli(sub, 0.5, x.shape)) == kept).all()
+    _, sub = jax.random.split(key)
+    assert_close(after, jax.random.normal(sub, ()))
+
+
+def test_uncurry_of_a_fwd_drawing_keys_matches_the_undifferentiated_stream():
+    x = jnp.linspace(0.5, 2.0, 16, dtype=f32)
+    pure, s0 = tx.uncurry(_dropout, x)
+    (loss, (after, s1)), g = jax.jit(jax.value_and_grad(
+        lambda x: (lambda o: (o[0][0], (o[0][1], o[1])))(pure(s0, x)), has_aux=True))(x)
+    (want_loss, want_after), want_s1 = pure(s0, x)
+    assert_close((loss, after), (want_loss, want_after))
+    assert (jax.random.key_data(s1["rng"]) == jax.random.key_data(want_s1["rng"])).all()
+    kept = np.asarray(g) != 0.0
+    assert 0 < kept.sum() < x.size
+
+
+def test_a_state_only_a_rule_sets_is_an_error_naming_it():
+    @jax.custom_jvp
+    def f(x):
+        tx.set_state("n", tx.get_state("n", jnp.zeros((), i32)) + 1)
+        return jnp.sin(x)
+
+    @f.defjvp
+    def _(p, t):
+        tx.set_state("tangent_norm", jnp.abs(t[0]))
+        return f(p[0]), jnp.cos(p[0]) * t[0]
+
+    pure, s0 = tx.uncurry(f, f32(0.5))
+    assert sorted(s0) == ["n"]
+    with pytest.raises(tx.StateError, match=r"state 'tangent_norm'.*custom_jvp\[jvp rule\]"
+                                            r".*function itself never touches"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+
+
+def test_a_state_only_a_rule_reads_gives_its_init():
+    @jax.custom_jvp
+    def f(x):
+        tx.set_state("n", tx.get_state("n", jnp.zeros((), i32)) + 1)
+        return jnp.sin(x)
+
+    @f.defjvp
+    def _(p, t):
+        return f(p[0]), tx.get_state("only_in_rule", f32(4.0)) * t[0]
+
+    pure, s0 = tx.uncurry(f, f32(0.5))
+    (out, s1), g = jax.value_and_grad(lambda x: pure(s0, x), has_aux=True)(f32(0.5))
+    assert_close((out, g), (np.sin(0.5), f32(4.0)))
+    assert sorted(s1) == ["n"] and int(s1["n"]) == 1
+
+
+def test_without_differentiation_rules_do_not_run():
+    def prog(x):
+        return lax.fori_loop(0, 3, lambda i, c: _scaled_sin(TX)(c), x)
+
+    pure, s0 = tx.uncurry(prog, f32(0.5))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    want = _scaled_sin(ref)(_scaled_sin(ref)(_scaled_sin(ref)(f32(0.5))))
+    assert_close(out, want)
+    assert_states(s1, ref.state)
+
+
+def test_differentiating_a_state_a_custom_vjp_fwd_reads_is_a_clear_error():
+    @jax.custom_vjp
+    def f(x):
+        return x * tx.get_state("k", f32(1.0))
+
+    def fwd(x):
+        k = tx.get_state("k", f32(1.0))
+        return x * k, k
+
+    f.defvjp(fwd, lambda k, g: (g * k,))
+    pure, s0 = tx.uncurry(f, f32(2.0))
+    # W.r.t. the argument: the user's rules, with the state at the call.
+    assert_close(jax.grad(lambda x: pure({"k": f32(3.0)}, x)[0])(f32(2.0)), f32(3.0))
+    with pytest.raises(NotImplementedError, match=r"w\.r\.t\. state 'k'.*custom_vjp\[fwd\]"):
+        jax.grad(lambda k: pure({"k": k}, f32(2.0))[0])(f32(3.0))
+    jax_still_works()
