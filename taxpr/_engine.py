@@ -757,7 +757,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)
     if engine.hooks.threads_rules:
-        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user, n_out,
+        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded_fn,
+                                              in_avals, user, n_out,
                                               level.path + ("custom_jvp[jvp rule]",),
                                               rule_context)
         ctx_out = engine.fresh_ctx()
@@ -844,8 +845,8 @@ def _inexact(aval) -> bool:
     return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 
-def _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user: slice, n_out: int,
-                          path, context):
+def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in_avals,
+                          user: slice, n_out: int, path, context):
     """The ``jvp_jaxpr_fun`` of a rewritten custom_jvp function for a layer
     whose rules run in the function's place (``Hooks.threads_rules``), as
     eagerly:
@@ -893,7 +894,9 @@ def _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user: slice, 
                 outs, outs_t = jax.jvp(threaded_fn, list(primals), through)
                 return [*outs, *outs_t]
         else:
-            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
+            # A rule defined without symbolic zeros gets them instantiated.
+            user_zeros = zeros[user] if user_symbolic else (False,) * (user.stop - user.start)
+            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
             n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
             rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start, path,
                                 context)
@@ -901,7 +904,7 @@ def _jvp_of_threaded_rule(engine, user_jvp, threaded_fn, in_avals, user: slice, 
 
             def f(*args):
                 primals, per_input = tangents_of(args)
-                user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
+                user_t = [t for t, z in zip(per_input[user], user_zeros) if not z]
                 ins = list(primals[user])
 
                 def run(*c):
