@@ -856,9 +856,9 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
       outputs, the ctx after the call and the outputs' tangents w.r.t. the
       inputs come from the rule. What the rule writes is a constant w.r.t.
       the inputs (a rule runs on primal values); tangents through ctx (of
-      the outputs and ctx w.r.t. the ctx before) are autodiff's of the rule
-      w.r.t. ctx, in which nested calls of the function see zero tangents
-      for their inputs and so run the function, not the rule;
+      the outputs and ctx w.r.t. the ctx before) are autodiff's of the
+      function w.r.t. ctx, in which nested custom functions see zero
+      tangents for their inputs and so run their bodies, not their rules;
     - where only ctx has nonzero tangents (``_DIFFERENTIATING_CTX_ONLY``, or
       symbolic zeros for every input), the function runs (JAX calls no rule
       when no input is differentiated): autodiff of the threaded function
@@ -1089,8 +1089,7 @@ def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals,
 
 
 def _is_zero_ct(ct) -> bool:
-    return (ct is None or type(ct) is ad.Zero or type(ct).__name__ == "SymbolicZero"
-            or getattr(ct, "dtype", None) == jax.dtypes.float0)
+    return _is_symbolic_zero(ct) or getattr(ct, "dtype", None) == jax.dtypes.float0
 
 
 class RuleNotTraceable(Exception):
@@ -1149,10 +1148,12 @@ def _zeros_like_ct(aval) -> Any:
     return _zeros(aval.to_tangent_aval())
 
 
+def _is_symbolic_zero(ct) -> bool:
+    return ct is None or type(ct) is ad.Zero or type(ct).__name__ == "SymbolicZero"
+
+
 def _instantiate(ct, aval) -> Any:
-    if ct is None or type(ct) is ad.Zero or type(ct).__name__ == "SymbolicZero":
-        return _zeros_like_ct(aval)
-    return ct
+    return _zeros_like_ct(aval) if _is_symbolic_zero(ct) else ct
 
 
 def _add_ct(a, b) -> Any:
