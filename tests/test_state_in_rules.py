@@ -269,3 +269,42 @@ def test_differentiating_a_state_a_custom_vjp_fwd_reads_is_a_clear_error():
     with pytest.raises(NotImplementedError, match=r"w\.r\.t\. state 'k'.*custom_vjp\[fwd\]"):
         jax.grad(lambda k: pure({"k": k}, f32(2.0))[0])(f32(3.0))
     jax_still_works()
+
+
+def test_rule_under_vmap_and_warm_caches_matches_eager_per_example():
+    pure, s0 = tx.uncurry(functools.partial(_rule_reads_a_scale, TX), f32(0.5))
+    grad = jax.jit(jax.vmap(jax.value_and_grad(lambda s, x: pure(s, x), argnums=1, has_aux=True),
+                            in_axes=(None, 0)))
+    xs = jnp.array([-0.4, 0.1, 0.9], f32)
+    # Called twice with different states: the second call reuses every trace.
+    for start in (s0, {"seen": jnp.asarray(7, i32), "grad_scale": f32(-2.0)}):
+        (outs, s1), gs = grad(start, xs)
+        for row, x in enumerate(np.asarray(xs)):
+            want_out, want_g, want_state = _eager_value_and_grad(_rule_reads_a_scale, start,
+                                                                 f32(x))
+            assert_close((outs[row], gs[row]), (want_out, want_g))
+            assert_states({k: v[row] for k, v in s1.items()}, want_state)
+
+
+def test_equinox_filter_custom_jvp_rule_calling_the_function():
+    import equinox as eqx
+
+    @eqx.filter_custom_jvp
+    def counted(x):
+        tx.set_state("calls", tx.get_state("calls", jnp.zeros((), i32)) + 1)
+        return jnp.tanh(x) * tx.get_state("gain", f32(1.5))
+
+    @counted.def_jvp
+    def _(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        return counted(x), 0.5 * dx  # a deliberately different tangent
+
+    def prog(x):
+        tx.set_state("gain", f32(2.0))
+        return counted(x) + counted(2.0 * x)
+
+    pure, s0 = tx.uncurry(prog, f32(0.3))
+    (out, s1), g = jax.jit(jax.value_and_grad(lambda x: pure(s0, x), has_aux=True))(f32(0.3))
+    # Hand-threaded: two calls, gain 2.0, the rule's tangents 0.5 and 2 * 0.5.
+    assert_close((out, g), (2.0 * np.tanh(0.3) + 2.0 * np.tanh(0.6), f32(1.5)))
+    assert int(s1["calls"]) == int(s0["calls"]) + 2 and float(s1["gain"]) == 2.0
