@@ -24,7 +24,7 @@ from ._find import (
     find_tags as find_tags,
     iter_tags as iter_tags,
 )
-from ._inject import inject as inject, injected as injected
+from ._inject import Injected as Injected, inject as inject, injected as injected
 from ._state import (
     StateError as StateError,
     StateInfo as StateInfo,
@@ -53,7 +53,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "InjectError", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
+    "InjectError", "Injected", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "seed", "ThreadRule",

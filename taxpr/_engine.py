@@ -29,9 +29,9 @@ import numpy as np
 from jax._src import core
 from jax.interpreters import ad
 
-from . import _compat, _traverse
+from . import _compat, _per_example, _traverse
 from ._find import TAG_PRIMITIVES, is_selected, tag_shape
-from .primitives._tag import (TREE, guarding_tags, tag_cotangent_p, tag_p, tag_tangent_p,
+from .primitives._tag import (TREE, tag_cotangent_p, tag_p, tag_tangent_p,
                               user_params)
 
 
@@ -213,6 +213,25 @@ class Hooks:
         """How an error names ctx leaf ``index``."""
         return f"the context's entry {index}"
 
+    def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
+        """The error for a custom_vjp bwd whose cotangents depend on ctx
+        leaf ``index``, which the forward pass changes."""
+        return NotImplementedError(
+            f"taxpr: the custom_vjp bwd at {format_path(path)} recomputes the forward pass "
+            f"with {self.describe_ctx(index)}, which the forward pass changes: what it reads "
+            f"there depends on the order in which the bwd recomputes (a checkpointed loop "
+            f"restarts from saved steps), which taxpr cannot see")
+
+    def replay_write(self, index: int, path: tuple[str, ...]) -> Exception:
+        """The error for a custom_vjp bwd (run as a replay of its forward
+        pass) that writes ctx leaf ``index``, which the forward does not."""
+        return NotImplementedError(
+            f"taxpr: the custom_vjp bwd at {format_path(path)} changes "
+            f"{self.describe_ctx(index)}, which the function's forward pass does not: a "
+            f"backward pass replays the forward pass (it sees what the forward saw and its "
+            f"effects are not repeated), so an effect of its own has no place in the "
+            f"program's order")
+
     def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
         """Called with a threaded rule (``threads_rules``) before it runs:
         raise for tags left in it that the layer owns but could not thread."""
@@ -322,6 +341,16 @@ class Engine:
         self.ctx_avals = list(ctx_avals)
         self._selected: dict[int, tuple[Any, bool]] = {}
         self._threaded: dict[tuple, tuple[Any, Any]] = {}
+        # The ctx leaves that a site inside each threaded jaxpr changes
+        # (``writes``), collected while threading: one set per jaxpr being
+        # threaded, innermost last.
+        self._written: dict[int, frozenset[int]] = {}
+        self._writing: list[set[int]] = []
+
+    def writes(self, threaded: Any) -> frozenset[int]:
+        """The ctx leaves a site in ``threaded`` (a result of ``thread_jaxpr``)
+        may change, in it or in any jaxpr nested in it."""
+        return self._written.get(id(threaded), frozenset())
 
     # ---- selection ----------------------------------------------------------
     def has_selected(self, jaxpr: Any) -> bool:
@@ -348,7 +377,11 @@ class Engine:
             prim = eqn.primitive
             if prim is tag_p or prim is tag_tangent_p or prim is tag_cotangent_p:
                 if is_selected(eqn, self.predicate):
-                    ctx = self.site_rule(self, eqn, level, ctx)
+                    new_ctx = self.site_rule(self, eqn, level, ctx)
+                    if self._writing:
+                        self._writing[-1].update(
+                            i for i, (a, b) in enumerate(zip(ctx, new_ctx)) if a is not b)
+                    ctx = new_ctx
                     continue
             else:
                 subs = _traverse.subjaxprs(eqn)
@@ -374,6 +407,8 @@ class Engine:
         key = (id(jaxpr), in_pos, out_pos, id(context))
         hit = self._threaded.get(key)
         if hit is not None:
+            if self._writing:
+                self._writing[-1].update(self.writes(hit[1]))
             return hit[1]
         constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
         if consts is None:
@@ -381,7 +416,13 @@ class Engine:
                 f"taxpr: open jaxpr with free constvars at {format_path(path)}")
         level = Level(path, context)
         ctx_in = [_compat.new_var(a) for a in self.ctx_avals]
-        ctx_out = self.thread_eqns(eqns, level, ctx_in)
+        self._writing.append(set())
+        try:
+            ctx_out = self.thread_eqns(eqns, level, ctx_in)
+        finally:
+            written = frozenset(self._writing.pop())
+        if self._writing:
+            self._writing[-1].update(written)
         outs = [level.atom(v) for v in outvars]
         if level.dropped:
             level.eqns = drop_unused_producers(
@@ -401,6 +442,7 @@ class Engine:
                 tuple((k, tuple(_aval(a) for a in atoms)) for k, atoms in level.collected),
                 tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
         self._threaded[key] = (jaxpr, result, context)
+        self._written[id(result)] = written
         return result
 
     def thread_read_only(self, jaxpr: Any, path: tuple[str, ...], in_pos: int,
@@ -588,7 +630,9 @@ def _with_unused_inputs(closed, at: int, avals) -> Any:
 def _while_rule(engine, eqn, level, ctx, subs):
     """The cond runs before each iteration and once more at the end, so with
     tags in the cond the loop carries ``(ctx, pred, carry)`` and the body
-    re-evaluates the cond (as checkify does)."""
+    re-evaluates the cond (as checkify does). A cond that reduces its
+    predicate over a vmap batch (equinox's loops) also carries the predicate
+    per example, which masks the body's ctx updates (``_per_example``)."""
     p = eqn.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = (eqn.invars[:cc], eqn.invars[cc:cc + bc], eqn.invars[cc + bc:])
@@ -596,7 +640,9 @@ def _while_rule(engine, eqn, level, ctx, subs):
                                level.context)
     engine.pass_channels(level, body, where="while_loop")
     ctx_out = engine.fresh_ctx()
-    if not engine.has_selected(p["cond_jaxpr"]):
+    over_batch = any(e.primitive in _per_example.OVER_BATCH_PRIMITIVES
+                     for e in _compat.jaxpr_parts(p["cond_jaxpr"]).eqns)
+    if not over_batch and not engine.has_selected(p["cond_jaxpr"]):
         cond = _with_unused_inputs(p["cond_jaxpr"], cc, engine.ctx_avals)
         _emit_rebuilt(level, eqn, {("cond_jaxpr", None): cond, ("body_jaxpr", None): body},
                       [*cconsts, *bconsts, *ctx, *carry], [*ctx_out, *eqn.outvars])
@@ -604,34 +650,71 @@ def _while_rule(engine, eqn, level, ctx, subs):
     cond = engine.thread_jaxpr(p["cond_jaxpr"], level.path + ("while[cond]",), cc, 1,
                                level.context)
     engine.pass_channels(level, cond, where="while_loop")
+    # With a per-example predicate the cond returns (pred, *ctx, pred per example).
+    per_example_cond = _per_example.with_per_example_output(cond, 0) if over_batch else None
+    masked = per_example_cond is not None
+    cond = per_example_cond if masked else cond
     n = len(ctx)
     # Before the loop: evaluate the cond once.
-    pred0, *ctx1 = inline(level, cond, [*map(level.atom, cconsts), *ctx, *map(level.atom, carry)])
-    # New body: (cconsts, bconsts, ctx, pred, carry) -> (ctx, pred, carry).
+    pred0, *rest = inline(level, cond, [*map(level.atom, cconsts), *ctx, *map(level.atom, carry)])
+    ctx1, keep0 = rest[:n], rest[n:]
+    # New body: (cconsts, bconsts, ctx, pred, [keep,] carry) -> (ctx, pred, [keep,] carry).
     inner = Level(level.path + ("while[body]",), level.context)
     v_cc = [_compat.new_var(v.aval) for v in cconsts]
     v_bc = [_compat.new_var(v.aval) for v in bconsts]
     v_ctx = engine.fresh_ctx()
     v_pred = _compat.new_var(core.ShapedArray((), jax.numpy.bool_))
+    v_keep = [_compat.new_var(v_pred.aval) for _ in keep0]
     v_carry = [_compat.new_var(v.aval) for v in carry]
     outs = inline(inner, body, [*v_bc, *v_ctx, *v_carry])
     ctx2, carry2 = outs[:n], outs[n:]
-    pred2, *ctx3 = inline(inner, cond, [*v_cc, *ctx2, *carry2])
+    pred2, *rest2 = inline(inner, cond, [*v_cc, *ctx2, *carry2])
+    ctx3, keep2 = rest2[:n], rest2[n:]
+    if masked:
+        # An example whose own predicate was false ran this step only because
+        # another one had not finished: its ctx stays as it was.
+        ctx3 = _keep_where(inner, lambda keep: keep, v_keep, ctx3, v_ctx)
     hv, hc = inner.hoisted()
     body_effects = _traverse.effects_of_eqns(inner.eqns)
-    new_body = _compat.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_carry], inner.eqns,
-                                   [*ctx3, pred2, *carry2], body_effects,
+    new_body = _compat.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_keep, *v_carry],
+                                   inner.eqns, [*ctx3, pred2, *keep2, *carry2], body_effects,
                                    _compat.jaxpr_parts(p["body_jaxpr"]).debug_info)
     c_ctx = engine.fresh_ctx()
     c_pred = _compat.new_var(v_pred.aval)
+    c_keep = [_compat.new_var(v.aval) for v in v_keep]
     c_carry = [_compat.new_var(v.aval) for v in carry]
-    new_cond = _compat.make_closed([], [], [*c_ctx, c_pred, *c_carry], [], [c_pred],
+    new_cond = _compat.make_closed([], [], [*c_ctx, c_pred, *c_keep, *c_carry], [], [c_pred],
                                    core.no_effects, _compat.jaxpr_parts(p["cond_jaxpr"]).debug_info)
     _emit_rebuilt(level, eqn, {("cond_jaxpr", None): new_cond, ("body_jaxpr", None): new_body},
-                  [*cconsts, *bconsts, *ctx1, pred0, *carry],
-                  [*ctx_out, core.DropVar(v_pred.aval), *eqn.outvars],
+                  [*cconsts, *bconsts, *ctx1, pred0, *keep0, *carry],
+                  [*ctx_out, core.DropVar(v_pred.aval), *(core.DropVar(v.aval) for v in v_keep),
+                   *eqn.outvars],
                   cond_nconsts=0, body_nconsts=cc + bc)
     return ctx_out
+
+
+def _keep_where(level: Level, keep_fn: Callable, keep_atoms: Sequence[Any], new: Sequence[Any],
+                old: Sequence[Any]) -> list:
+    """``new`` where ``keep_fn(*keep_atoms)`` (a boolean scalar) holds, else
+    ``old``, leaf by leaf; leaves that did not change are passed through."""
+    changed = [i for i, (a, b) in enumerate(zip(new, old)) if a is not b]
+    if not changed:
+        return list(new)
+    k = len(keep_atoms)
+
+    def select(*args):
+        keep = keep_fn(*args[:k])
+        news, olds = args[k:k + len(changed)], args[k + len(changed):]
+        return [jax.lax.select(keep, a, b) for a, b in zip(news, olds)]
+
+    avals = [*(_aval(a) for a in keep_atoms), *(_aval(new[i]) for i in changed),
+             *(_aval(old[i]) for i in changed)]
+    selected = inline(level, level.trace(select, avals),
+                      [*keep_atoms, *(new[i] for i in changed), *(old[i] for i in changed)])
+    result = list(new)
+    for i, v in zip(changed, selected):
+        result[i] = v
+    return result
 
 
 register_thread_rule(_compat.while_p, _while_rule)
@@ -661,6 +744,25 @@ def _cond_rule(engine, eqn, level, ctx, subs):
         collects.extend(vs)
     _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:], *feeds],
                   [*eqn.outvars, *ctx_out, *collects])
+    # A branch index reduced over a vmap batch (equinox's bounded loop runs a
+    # step while any example runs): an example whose own index is false took
+    # the first branch eagerly, so its ctx is that branch's.
+    index = level.atom(eqn.invars[0])
+    per_example = _per_example.per_example_value(level.eqns, index, level.eqns.append)
+    if per_example is not None:
+        own_ctx = ctx
+        if engine.has_selected(branches[0]):
+            first = threaded[0]
+            if _compat.jaxpr_parts(first).effects or chans[0] != NO_CHANNELS:
+                raise NotImplementedError(
+                    f"taxpr: the cond at {format_path(level.path)} takes one branch for a "
+                    f"whole vmap batch (its index is reduced over the batch); an example "
+                    f"whose own index is false takes the first branch eagerly, and that "
+                    f"branch has effects or collects values that cannot be given per example")
+            n_out = len(eqn.outvars)
+            own_ctx = inline(level, first, [*ctx, *map(level.atom, eqn.invars[1:])])[n_out:]
+        ctx_out = _keep_where(level, lambda own, batch: own == batch, [per_example, index],
+                              ctx_out, own_ctx)
     return ctx_out
 
 
@@ -995,6 +1097,9 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
 
     fwd_path = level.path + ("custom_vjp[fwd]",)
     threads_fwd = engine.hooks.threads_rules
+    # The ctx leaves JAX differentiates the call w.r.t. (seen by the fwd):
+    # only their cotangents are computed through the function.
+    differentiated_ctx: set[int] = set()
     # With ``threads_rules`` the user's fwd, threaded, runs in the function's
     # place: ``(*ctx, *inputs) -> (*residuals, *outputs, *ctx)``; the ctx
     # flows of the backward pass are the function's (``_bwd_through_ctx``).
@@ -1007,6 +1112,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         if threads_fwd:
             rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
             _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
+            differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
             rule_fn = _compat.jaxpr_as_fun(rule)
 
             def f(*primals):
@@ -1026,12 +1132,14 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         n_res = len(args) - n_out - n_y
         user_res, primals = args[:n_res - n_all - n_x], args[n_res - n_all - n_x:n_res]
         ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
-        with guarding_tags(_rule_site_check(engine, level.path + ("custom_vjp[bwd]",))):
-            user_cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*user_res, *ct_outs])
+        user_cts, logs = _replayed_bwd(engine, user_bwd, user_res, ct_outs, primals[n_all:],
+                                       threaded, level.path + ("custom_vjp[bwd]",),
+                                       level.context)
         if threads_fwd:
             return _compat.custom_vjp_bwd_result(
                 _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest,
-                                 [v.aval for v in eqn.outvars], engine.ctx_avals, nc, n_all),
+                                 [v.aval for v in eqn.outvars], engine.ctx_avals, nc, n_all,
+                                 differentiated_ctx),
                 logs)
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         out_avals = [v.aval for v in eqn.outvars]
@@ -1048,6 +1156,76 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
     return ctx_out
+
+
+def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
+                  ctx_and_feeds: Sequence[Any], fn_threaded: Any, path: tuple[str, ...],
+                  context: Callable | None) -> tuple[list, Any]:
+    """Run a custom_vjp's bwd as a replay of its forward pass: ``(cts, logs)``.
+
+    A bwd that runs the function again (``jax.vjp(f, ...)`` in it, equinox's
+    checkpointed loops, diffrax's adjoints) recomputes the forward pass, so its
+    tags see what the forward saw: the ctx at the call (``ctx_and_feeds``
+    starts with it) and the values fed to the function (planted values).
+    Its effects already happened in the forward pass: what it writes to ctx
+    and collects is dropped, and a bwd that writes a ctx entry or collects a
+    value the function does not is an error (an effect of the backward pass
+    itself, which has no place in the program's order)."""
+    shape: dict = {}
+
+    def flat():
+        # The bwd gets the very values JAX passes (closed over: concrete
+        # values stay concrete, as when JAX calls it).
+        cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*res, *ct_outs])
+        shape["cts"] = [c if _is_symbolic_zero(c) else None for c in cts]
+        log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
+        return [*(c for c in cts if not _is_symbolic_zero(c)), *log_leaves]
+
+    closed = trace_in(context, flat, [])
+    n_outs = len(_compat.jaxpr_parts(closed).outvars)
+    if engine.has_selected(closed):
+        outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)
+    else:
+        outs = _compat.jaxpr_as_fun(closed)()
+    given = iter(outs)
+    cts = [next(given) if c is None else c for c in shape["cts"]]
+    return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
+
+
+def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_threaded: Any,
+                path: tuple[str, ...], context: Callable | None) -> list:
+    """``closed`` (a traced bwd) threaded from the ctx and fed values of its
+    function's call; its own ctx writes and collected values dropped."""
+    n = len(engine.ctx_avals)
+    threaded = engine.thread_jaxpr(closed, path, 0, n_outs, context)
+    parts = _compat.jaxpr_parts(threaded)
+    fn_channels, channels = engine.channels(fn_threaded), engine.channels(threaded)
+    written = engine.writes(fn_threaded)
+    for i in sorted(engine.writes(threaded) - written):
+        raise engine.hooks.replay_write(i, path)
+    # A replay reads the ctx of the call's entry; a leaf the forward pass
+    # changes reads right only if the bwd recomputes in the forward's order,
+    # from the start (checkpointed loops restart from saved steps): so the
+    # cotangents may depend only on leaves the forward leaves unchanged.
+    n_rest = len(parts.outvars) - n_outs
+    used = _compat.used_invars(_compat.dce_closed(threaded, [True] * n_outs + [False] * n_rest))
+    for i in range(n):
+        if used[i] and i in written:
+            raise engine.hooks.replay_read(i, path)
+    fn_collected = {k for k, _ in fn_channels.collects}
+    fed: dict = {}
+    values = iter(ctx_and_feeds[n:])
+    for k, avals in fn_channels.feeds:
+        fed[k] = [next(values) for _ in avals]
+    for k in [k for k, _ in channels.collects if k not in fn_collected] + [
+            k for k, _ in channels.feeds if k not in fed]:
+        raise NotImplementedError(
+            f"taxpr: the custom_vjp bwd at {format_path(path)} collects or is fed values "
+            f"({k!r}) that its function's forward pass does not: a backward pass replays the "
+            f"forward pass, and a value of its own cannot be reaped or planted")
+    feeds = [v for k, _ in channels.feeds for v in fed[k]]
+    outs = _compat.jaxpr_as_fun(threaded)(*ctx_and_feeds[:n], *feeds)
+    return list(outs[:n_outs])
 
 
 def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> None:
@@ -1068,23 +1246,33 @@ def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> 
 
 
 def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals, ctx_avals,
-                     nc, n_all):
+                     nc, n_all, differentiated: set[int]):
     """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx]``
     whose fwd ran in its place: the args' from the user's bwd (what the fwd
     wrote to ctx is a constant w.r.t. them, as eagerly), ctx's from the VJP
     of the threaded function ``threaded_fn(*consts, *args, *ctx) -> (*outputs,
-    *ctx)`` w.r.t. ctx, taken only where a nonzero cotangent flows there."""
+    *ctx)`` w.r.t. the ctx leaves JAX differentiates (``differentiated``),
+    taken only where a nonzero cotangent flows there."""
     n = len(ctx_avals)
     in_avals = [core.typeof(p) for p in primals]
     held = [_zeros_like_ct(a) for a in in_avals[:nc]]
     args_ct = [_instantiate(c, a) for c, a in zip(user_cts, in_avals[nc:n_all])]
-    if not any(_inexact(a) for a in ctx_avals) or (
-            all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_ctx))):
-        return [*held, *args_ct, *(_zeros_like_ct(a) for a in in_avals[n_all:])]
-    fixed, rest = primals[:n_all], primals[n_all + n:]
-    _, vjp_fn = jax.vjp(lambda *c: threaded_fn(*fixed, *c, *rest), *primals[n_all:n_all + n])
-    ctx_ct = vjp_fn([*map(_instantiate, ct_outs, out_avals),
-                     *map(_instantiate, ct_ctx, ctx_avals)])
+    wrt = [i for i in sorted(differentiated) if _inexact(ctx_avals[i])]
+    ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:n_all + n]]
+    if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_ctx))):
+        return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
+    fixed, ctx, rest = primals[:n_all], list(primals[n_all:n_all + n]), primals[n_all + n:]
+
+    def through(*leaves):
+        full = list(ctx)
+        for i, leaf in zip(wrt, leaves):
+            full[i] = leaf
+        return threaded_fn(*fixed, *full, *rest)
+
+    _, vjp_fn = jax.vjp(through, *(ctx[i] for i in wrt))
+    cts = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_instantiate, ct_ctx, ctx_avals)])
+    for i, ct in zip(wrt, cts):
+        ctx_ct[i] = ct
     return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
 
 
@@ -1128,20 +1316,6 @@ def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
                 if _SPECULATIVE.get():
                     raise RuleNotTraceable(str(error)) from error
                 raise error
-
-
-def _rule_site_check(engine, path: tuple[str, ...]) -> Callable:
-    """``_reject_rule_sites`` for user code JAX runs with values rather than
-    tracing it (a custom_vjp bwd), as a ``guarding_tags`` check: a selected
-    tag bound while it runs is the error, raised where it is bound."""
-    def check(params: dict, value: Any) -> Exception | None:
-        if not engine.hooks.checks_rules:
-            return None
-        if engine.predicate is not None and not engine.predicate(
-                params, jax.tree_util.tree_map(core.typeof, value)):
-            return None
-        return engine.hooks.rule_site(params, path)
-    return check
 
 
 def _zeros_like_ct(aval) -> Any:

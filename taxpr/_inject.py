@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 from jax._src import core
@@ -19,7 +19,26 @@ from ._hi import expand_hi_primitives
 from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
                               recording_tags, tag_cotangent_p, tag_p, user_params)
 
-Injector = Callable[[Any, Any, dict], tuple[Any, Any]]
+class Injected(NamedTuple):
+    """What an injector returns: the tag's new value and the new context.
+
+    taxpr passes a context in first and returns it last everywhere: an
+    injector is called as ``injector(ctx, value, params)`` and returns
+    ``Injected(value=..., ctx=...)``, as ``uncurry``'s
+    ``pure(state, *args)`` returns ``(out, state)`` and ``inject``'s result
+    maps ``(*ctx, *inputs)`` to ``(*outputs, *ctx)``. A plain
+    ``(value, ctx)`` tuple is the same thing.
+
+    Attributes:
+        value: replaces the tagged value (same structure, shapes, dtypes).
+        ctx: the context after this tag (same structure, shapes, dtypes).
+    """
+
+    value: Any
+    ctx: Any
+
+
+Injector = Callable[[Any, Any, dict], "Injected | tuple[Any, Any]"]
 
 
 def _aval_str(a) -> str:
@@ -69,7 +88,8 @@ class _InjectSites:
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise InjectError(
                     f"taxpr.inject: the injector for {_describe(params, path)} must return "
-                    f"(new_token, new_ctx), got {type(out).__name__}")
+                    f"tx.Injected(value=..., ctx=...) (or a (value, ctx) tuple), got "
+                    f"{type(out).__name__}")
             return out
 
         if kind == "primal":
@@ -123,13 +143,13 @@ class _InjectSites:
         where = _describe(params, path)
         out_avals = [v.aval for v in _compat.jaxpr_parts(closed).outvars]
         if found["token"] != tree:
-            raise InjectError(f"taxpr.inject: the injector for {where} returned a token of "
+            raise InjectError(f"taxpr.inject: the injector for {where} returned a value of "
                               f"structure {found['token']}, expected {tree}")
         if found["ctx"] != self.ctx_tree:
             raise InjectError(f"taxpr.inject: the injector for {where} returned a ctx of "
                               f"structure {found['ctx']}, expected {self.ctx_tree}")
         ntok = len(token_avals)
-        for kind, got, want in (("token", out_avals[:ntok], token_avals),
+        for kind, got, want in (("value", out_avals[:ntok], token_avals),
                                 ("ctx", out_avals[ntok:], self.ctx_avals)):
             for i, (g, w) in enumerate(zip(got, want)):
                 if g.shape != w.shape or g.dtype != w.dtype:
@@ -409,10 +429,10 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     Arguments:
         closed_jaxpr: the program (a ``ClosedJaxpr``; a plain ``Jaxpr`` is
             taken as closed with no consts).
-        injector: ``injector(ctx, token, params) -> (new_token, new_ctx)``;
-            ``token`` has the tagged pytree's structure, ``params`` is the
-            tag's params dict. It must return a token and ctx of the same
-            structure, shapes and dtypes.
+        injector: ``injector(ctx, value, params) -> Injected(value, ctx)``
+            (a ``(value, ctx)`` tuple is the same); ``value`` is the tagged
+            pytree, ``params`` the tag's params dict. It must return a value
+            and a ctx of the same structures, shapes and dtypes.
         ctx: a pytree of arrays (or ``jax.ShapeDtypeStruct``) giving the
             context's structure and types.
         predicate: ``predicate(params, shape) -> bool`` selects tags; the rest

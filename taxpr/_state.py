@@ -551,6 +551,26 @@ class _StateHooks(Hooks):
             return super().describe_ctx(index)
         return f"state {self.leaf_names[index]!r}"
 
+    def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
+        name = self.describe_ctx(index)
+        return StateError(
+            f"taxpr: {name}: the custom_vjp backward pass at {format_path(path)} recomputes "
+            f"the forward pass and its derivatives depend on {name}, which the forward pass "
+            f"changes. What the recomputation reads depends on the order in which the bwd "
+            f"recomputes (a checkpointed loop, e.g. equinox's or diffrax's "
+            f"RecursiveCheckpointAdjoint, restarts from saved steps), which taxpr cannot see. "
+            f"Keep the state constant in the function (read it, set it before), or pass the "
+            f"value in as an argument")
+
+    def replay_write(self, index: int, path: tuple[str, ...]) -> Exception:
+        name = self.describe_ctx(index)
+        return StateError(
+            f"taxpr: {name}: the custom_vjp backward pass at {format_path(path)} sets it, and "
+            f"the function's forward pass does not. taxpr runs a backward pass as a replay of "
+            f"the forward pass (it reads the states the forward pass saw; the writes it "
+            f"repeats are not applied twice), so a write of its own would be lost. Set the "
+            f"state in the function or its fwd rule")
+
     def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
         if self.names is None:
             return

@@ -68,7 +68,7 @@ CASES = {
         r"op='a'.*scan\[length=2\].*structure"),
     "injector token shape": (
         _inject(lambda c, t, p: (jnp.zeros(3), c)), tx.InjectError,
-        r"op='a'.*scan\[length=2\].*token leaf 0.*float32\[3\]"),
+        r"op='a'.*scan\[length=2\].*value leaf 0.*float32\[3\]"),
     "injector token dtype": (
         _inject(lambda c, t, p: (t.astype(jnp.int32), c)), tx.InjectError,
         r"op='a'.*scan\[length=2\].*int32"),

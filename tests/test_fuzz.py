@@ -243,6 +243,11 @@ class While:
     spred: Optional[tuple] = None  # (state, init, threshold): & get_state(state) > t
     csow: Optional[tuple] = None  # (var, name): clobber sow in the cond
     cbump: Optional["Bump"] = None  # a typed state updated by every run of the cond
+    # "lax": lax.while_loop; else equinox's while_loop of that kind ("eqx_lax",
+    # "eqx_checkpointed", "eqx_bounded"), which under vmap runs until every
+    # example is done and masks its own carry. equinox runs the predicate
+    # twice a step: no effects in it (csow, cbump) there.
+    loop: str = "lax"
 
 
 @dataclass(frozen=True)
@@ -356,6 +361,13 @@ ARGUMENTS_ONLY = (*CUSTOM_RULES, *CALL_WRAPPERS)
 # derivative ignores the initial guess; the checkpointed loop recomputes the
 # forward (a known gap, docs/limitations.md).
 NOT_DIFFERENTIATED = (Root, EqxLoop)
+
+
+def not_differentiated(s) -> bool:
+    """Derivatives through ``s`` are not checked (``NOT_DIFFERENTIATED``, or
+    equinox's checkpointed loop, which has no forward mode)."""
+    return isinstance(s, NOT_DIFFERENTIATED) or (isinstance(s, While)
+                                                 and s.loop == "eqx_checkpointed")
 
 
 @dataclass(frozen=True, repr=False)
@@ -687,10 +699,15 @@ def rstmt(s, ind: str, out: list) -> None:
             out.append(f'{i2}tx.set_state("cnt", {CNT_GET} + 1)')
         rblock(s.body, i2, out)
         out.append(f"{i2}return " + (f"k{u} + 1, ({ENV_S})" if s.kind == "carry" else ENV_S))
+        if s.loop == "lax":
+            loop = "lax.while_loop({})"
+        else:  # at most `bound` steps: equinox's max_steps
+            loop = (f"eqxi.while_loop({{}}, max_steps={max(s.bound, 1)}, "
+                    f"kind=\"{s.loop.removeprefix('eqx_')}\")")
         if s.kind == "carry":
-            w(f"_, ({ENV_S}) = lax.while_loop(wcond{u}, wbody{u}, (jnp.int32(0), ({ENV_S})))")
+            w(f"_, ({ENV_S}) = " + loop.format(f"wcond{u}, wbody{u}, (jnp.int32(0), ({ENV_S}))"))
         else:
-            w(f"{ENV_S} = lax.while_loop(wcond{u}, wbody{u}, ({ENV_S}))")
+            w(f"{ENV_S} = " + loop.format(f"wcond{u}, wbody{u}, ({ENV_S})"))
     elif isinstance(s, (Cond, Switch)):
         u = s.uid
         for b, body in enumerate(s.branches):
@@ -1351,8 +1368,15 @@ class Gen:
                 # A state written by each run of the predicate: one run more
                 # than the body (unmixed: the predicate's locals are dropped).
                 cbump = dataclasses.replace(self.bump(ctx, ops_without=("xor",)), target=None)
-            return While(uid, self.block(sub, 3), kind, self.pick((2, 1, 3, 0)), spred, csow,
-                         cbump)
+            body = self.block(sub, 3)
+            loop = "lax"
+            if csow is None and cbump is None:
+                loop = self.pick(("lax", "lax", "eqx_lax", "eqx_checkpointed", "eqx_bounded"))
+                if loop == "eqx_bounded" and sows(body):
+                    # The bounded loop nests conds whose branches sow
+                    # differently: a known gap (tests/ecosystem/conftest.py).
+                    loop = "eqx_lax"
+            return While(uid, body, kind, self.pick((2, 1, 3, 0)), spred, csow, cbump, loop)
         if k in ("cond", "switch"):
             nb = 2 if k == "cond" else self.pick((3, 2, 1))
             bctx = dataclasses.replace(sub, in_branch=True)
@@ -1748,7 +1772,7 @@ def check_derivatives(program, args, seed: int, variant: str):
     # (incl. fori with traced bounds) are not supported by JAX.
     can_jvp = not any(isinstance(s, CustomVjp) for s in walk(program.body))
     can_grad = not any(isinstance(s, (While, Fori)) for s in walk(program.body))
-    if any(isinstance(s, NOT_DIFFERENTIATED) for s in walk(program.body)):
+    if any(not_differentiated(s) for s in walk(program.body)):
         _event("derivatives: not checked through custom_root / a checkpointed loop")
         return
     if stateful_custom_rules(program):
@@ -2448,7 +2472,7 @@ def _as_users_run_case(data):
     # Reverse mode of a while loop (incl. fori with traced bounds) is not
     # supported (as in check_derivatives); nor a custom_jvp rule with state.
     linearize = data.draw(st.booleans()) and not any(
-        isinstance(s, (While, Fori, *NOT_DIFFERENTIATED)) for s in walk(program.body)
+        isinstance(s, (While, Fori)) or not_differentiated(s) for s in walk(program.body)
     ) and not stateful_custom_rules(program)
     event(f"warm-up {warm}")
     event(f"init {init_style}")

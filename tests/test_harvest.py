@@ -1800,3 +1800,22 @@ def test_plant_into_a_custom_jvp_whose_rule_is_its_jvp_differentiates_the_plante
          "jit_grad": lambda f, argnums: jax.jit(jax.grad(f, argnums=argnums))}[transform]
     assert_tree_allclose(d(planted, argnums=(0, 1, 2))(*args), (1.0, 0.0, 1.0))
     assert_tree_allclose(d(eager, argnums=(0, 1, 2))(*args), (1.0, 0.0, 1.0))
+
+
+def test_plant_in_a_custom_vjp_whose_bwd_recomputes_is_planted_in_the_recomputation():
+    # The bwd runs the function again (jax.vjp of it): the recomputation sees
+    # the planted value too, so the output depends on the plant, not on x.
+    def g(x):
+        return h.sow(x * 1.0, tag="rv", name="c1", mode="clobber")
+
+    g_vjp = jax.custom_vjp(g)
+    g_vjp.defvjp(lambda x: (g(x), x), lambda x, ct: jax.vjp(g, x)[1](ct))
+
+    def f(x):
+        return g_vjp(g_vjp(x) * 3.0) * 2.0
+
+    planted = lambda c1, x: h.plant(f, tag="rv")({"c1": c1}, x)  # noqa: E731
+    assert float(planted(5.0, 1.0)) == 10.0
+    d_c1, d_x = jax.grad(planted, argnums=(0, 1))(5.0, 1.0)
+    # By hand: f = 2 * c1 whatever x is.
+    assert float(d_c1) == 2.0 and float(d_x) == 0.0

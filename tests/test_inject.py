@@ -1404,3 +1404,41 @@ def test_reverse_mode_ctx_dependent_derivative_across_jaxprs_is_a_clear_error(wr
     with pytest.raises(NotImplementedError, match=r"op='scale'.*depends on ctx"):
         trace(p, p.inputs[0])
     assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
+
+
+def test_injector_returning_injected_by_name_equals_a_plain_tuple():
+    # `tx.Injected(value=..., ctx=...)` names what the injector returns; the
+    # (value, ctx) tuple of taxpr 0.0.3's injectors is the same thing.
+    def f(xs):
+        def body(c, x):
+            tx.tag(x, op="add")
+            return c + tx.tag(0.0, op="get"), None
+        return jax.lax.scan(body, 0.0, xs)[0]
+
+    def named(ctx, value, params):
+        if params["op"] == "add":
+            return tx.Injected(ctx=ctx + value, value=value)
+        return tx.Injected(value=ctx, ctx=ctx)
+
+    def plain(ctx, value, params):
+        if params["op"] == "add":
+            return value, ctx + value
+        return ctx, ctx
+
+    xs = jnp.arange(1.0, 5.0)
+    closed = jax.make_jaxpr(f)(xs)
+    results = [jaxpr_as_fun(tx.inject(closed, inj, jnp.float32(0)))(jnp.float32(0), xs)
+               for inj in (named, plain)]
+    # Python: the running sum read after each add.
+    ctx, out = 0.0, 0.0
+    for x in [1.0, 2.0, 3.0, 4.0]:
+        ctx += x
+        out += ctx
+    for got_out, got_ctx in results:
+        assert float(got_out) == out and float(got_ctx) == ctx
+
+
+def test_injector_returning_the_wrong_kind_names_the_expected_result():
+    closed = jax.make_jaxpr(lambda x: tx.tag(x, op="a"))(1.0)
+    with pytest.raises(tx.InjectError, match=r"op='a'.*tx\.Injected\(value=\.\.\., ctx=\.\.\.\)"):
+        tx.inject(closed, lambda ctx, value, params: value, jnp.float32(0))

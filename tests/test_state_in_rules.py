@@ -308,3 +308,44 @@ def test_equinox_filter_custom_jvp_rule_calling_the_function():
     # Hand-threaded: two calls, gain 2.0, the rule's tangents 0.5 and 2 * 0.5.
     assert_close((out, g), (2.0 * np.tanh(0.3) + 2.0 * np.tanh(0.6), f32(1.5)))
     assert int(s1["calls"]) == int(s0["calls"]) + 2 and float(s1["gain"]) == 2.0
+
+
+def test_custom_vjp_bwd_recomputing_the_function_reads_the_state_the_forward_read():
+    # The bwd runs the function again (jax.vjp of it): a state it reads and
+    # the forward pass does not change is the value the forward read.
+    def g(x):
+        return x * tx.get_state("rb_scale", jnp.float32(1.0))
+
+    g_vjp = jax.custom_vjp(g)
+    g_vjp.defvjp(lambda x: (g(x), x), lambda x, ct: jax.vjp(g, x)[1](ct))
+
+    def f(x):
+        tx.set_state("rb_n", tx.get_state("rb_n", jnp.zeros((), jnp.int32)) + 1)
+        return g_vjp(x) ** 2
+
+    pure, s0 = tx.uncurry(f, 2.0)
+    s = {**s0, "rb_scale": jnp.float32(3.0)}
+    dx = jax.grad(lambda x: pure(s, x)[0])(2.0)
+    assert float(dx) == 2 * 3.0 * 2.0 * 3.0  # d (3x)^2 / dx
+    _, s1 = pure(s, 2.0)
+    assert int(s1["rb_n"]) == 1
+
+
+def test_custom_vjp_bwd_recomputing_a_state_the_forward_updates_is_a_clear_error():
+    # A checkpointed loop recomputes from saved steps: what a state the body
+    # updates reads there depends on an order taxpr cannot see.
+    eqxi = pytest.importorskip("equinox.internal")
+
+    def body(carry):
+        i, y = carry
+        n = tx.get_state("rb_k", jnp.zeros(()))
+        tx.set_state("rb_k", n + 1.0)
+        return i + 1, y * (1.0 + 0.1 * n)
+
+    def loss(x):
+        return eqxi.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=3,
+                               kind="checkpointed")[1]
+
+    pure, s0 = tx.uncurry(loss, 2.0)
+    with pytest.raises(tx.StateError, match=r"state 'rb_k'.*custom_vjp\[bwd\].*recomputes"):
+        jax.grad(lambda x: pure(s0, x)[0])(2.0)

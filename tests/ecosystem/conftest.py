@@ -26,9 +26,10 @@ LIBRARIES = {
 # Programs taxpr does not yet handle as eager Python would, each with what
 # happens instead. Strict: a program that starts to pass fails the run until
 # its entry is removed (docs/limitations.md lists the same gaps).
-_STATE_IN_BWD = ("a custom_vjp bwd that runs the function again (diffrax's adjoints, equinox's "
-                 "checkpointed loop) touches state after the forward pass returned it: a clear "
-                 "StateError (recomputing needs the states the forward pass saw)")
+_STATE_IN_BWD = ("a custom_vjp bwd recomputes the forward pass from saved steps (diffrax's "
+                 "BacksolveAdjoint solves backwards through a custom_vjp that keeps every input; "
+                 "equinox's checkpointed loop reading the state it updates): taxpr cannot show "
+                 "that the derivatives ignore what the recomputation reads, a clear StateError")
 _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP = (
     "differentiating w.r.t. a state that a custom_vjp fwd reads (diffrax's solve): a clear "
     "NotImplementedError (the library's rules give no derivative for it)")
@@ -39,30 +40,19 @@ _CALLABLE_IN_PARAMS = ("lineax keeps the matvec as a Python function in linear_s
 _NO_RULE = "no thread rule for this primitive yet: a clear NotImplementedError"
 KNOWN_GAPS = {
     "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_BWD,
-    "test_diffrax.py::test_grad_from_outside_pure[recursive]": _STATE_IN_BWD,
     "test_diffrax.py::test_grad_wrt_state_read_in_vector_field":
         _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP,
     "test_diffrax.py::test_grad_inside_pure[recursive]": _RECOMPUTING_BWD,
     "test_diffrax.py::test_vector_field_reads_state_it_updates_grad_inside[recursive]":
         _RECOMPUTING_BWD,
-    "test_diffrax.py::test_vmap_over_states": (
-        "vmap of pure over a batch of states through equinox's while_loop (every kind; "
-        "diffrax's solve): equinox runs the loop until every example is done "
-        "and masks only its own carry per example, so a state written in the body keeps "
-        "counting for finished examples (silently; lax.while_loop, whose predicate vmap "
-        "batches, is right)"),
     "test_equinox.py::test_eqxi_while_loop_grad_inside[checkpointed]": _RECOMPUTING_BWD,
-    "test_equinox.py::test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations"
-    "[lax]": "as test_diffrax.py::test_vmap_over_states",
-    "test_equinox.py::test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations"
-    "[checkpointed]": "as test_diffrax.py::test_vmap_over_states",
-    "test_equinox.py::test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations"
-    "[bounded]": "as test_diffrax.py::test_vmap_over_states",
     "test_equinox.py::test_eqxi_while_loop_grad_from_outside[checkpointed]": _STATE_IN_BWD,
     "test_equinox.py::test_eqxi_while_loop_reap_append[bounded]": (
         "equinox's bounded loop nests conds whose branches sow differently: harvest "
         "raises 'Mismatching number of sows between branches'"),
     "test_equinox.py::test_eqxi_while_loop_reap_plant_clobber[bounded]": (
+        "as reap_append[bounded]"),
+    "test_equinox.py::test_eqxi_while_loop_vmap_of_reap_keeps_each_examples_last_sow[bounded]": (
         "as reap_append[bounded]"),
     "test_flax_linen.py::test_scan_broadcast_params_reap_carry_sow": (
         "under reap tags are kept alive, so flax's nn.scan broadcast check sees the carry "

@@ -84,7 +84,13 @@ def test_grad_from_outside_pure(adjoint):
     pure, s0 = tx.uncurry(_stateful_solve(adjoint=adjoint), y0)
     g = jax.grad(lambda y0: pure(s0, y0)[0].sum())(y0)
     close(g, np.full(2, np.exp(-K * T1)), rtol=1e-3)
-    # and the gradient with respect to the state (k), through the solve
+
+
+@pytest.mark.parametrize("adjoint", sorted(ADJOINTS))
+def test_grad_wrt_overwritten_state_from_outside_pure(adjoint):
+    # The gradient with respect to the state (k), through the solve.
+    y0 = jnp.array([1.0, 0.5])
+    pure, s0 = tx.uncurry(_stateful_solve(adjoint=adjoint), y0)
     gk = jax.grad(lambda k: pure({**s0, "dx_k": k}, y0)[0].sum())(s0["dx_k"])
     # k is set to K inside f before the solve: the input k does not matter
     assert float(gk) == 0.0

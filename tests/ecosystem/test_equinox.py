@@ -104,6 +104,82 @@ def test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations(kind):
     assert [int(n) for n in s1["vw_n"]] == expected
 
 
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_vmap_cond_reads_a_batched_state(kind):
+    # The loop's predicate reads a state that differs per example: each
+    # example stops at its own limit, and its counter counts its own steps.
+    def f(x):
+        def body(c):
+            tx.set_state("vc_n", tx.get_state("vc_n", jnp.zeros((), jnp.int32)) + 1)
+            return c + 1.0
+        return eqxi.while_loop(lambda c: c < tx.get_state("vc_limit", jnp.float32(2.0)),
+                               body, x, max_steps=16, kind=kind)
+
+    pure, s0 = tx.uncurry(f, jnp.float32(0.0))
+    limits = [1.0, 4.0, 2.5]
+    batch = {"vc_limit": jnp.array(limits), "vc_n": jnp.array([10, 0, 5], jnp.int32)}
+    outs, s1 = jax.vmap(pure, in_axes=(0, None))(batch, jnp.float32(0.0))
+    expected_out, expected_n = [], []
+    for limit, n0 in zip(limits, [10, 0, 5]):
+        c, n = 0.0, n0
+        while c < limit:
+            c, n = c + 1.0, n + 1
+        expected_out.append(c)
+        expected_n.append(n)
+    close(outs, expected_out)
+    assert [int(n) for n in s1["vc_n"]] == expected_n
+    assert [float(v) for v in s1["vc_limit"]] == limits
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_vmap_of_reap_keeps_each_examples_last_sow(kind):
+    # Under vmap the loop runs until every example is done; the value reaped
+    # for an example is the last one its own iterations sowed.
+    def f(x):
+        def body(c):
+            return h.sow(c * 2.0, tag="vr", name="last", mode="clobber")
+        return eqxi.while_loop(lambda c: c < 10.0, body, x, max_steps=16, kind=kind)
+
+    xs = jnp.array([1.0, 3.0, 0.25])
+    outs, reaped = jax.vmap(h.call_and_reap(f, tag="vr"))(xs)
+    expected = []
+    for x in [1.0, 3.0, 0.25]:
+        c = x
+        while c < 10.0:
+            c = c * 2.0
+        expected.append(c)
+    close(outs, expected)
+    close(reaped["last"], expected)
+
+
+def test_cond_on_unvmap_any_gives_each_example_its_own_branchs_state():
+    # A cond whose predicate is reduced over the batch (as equinox's bounded
+    # loop does): an example whose own predicate is false gets the false
+    # branch's state change, as it would run alone.
+    from jax import lax
+
+    def f(x):
+        def yes(c):
+            tx.set_state("ua_n", tx.get_state("ua_n", jnp.zeros(())) + 1.0)
+            return c + 1.0
+
+        def no(c):
+            tx.set_state("ua_n", tx.get_state("ua_n", jnp.zeros(())) - 10.0)
+            return c
+
+        return lax.cond(eqxi.unvmap_any(x > 0.0), yes, no, x)
+
+    pure, s0 = tx.uncurry(f, 1.0)
+    out, s1 = pure(s0, 1.0)  # no vmap: the reduction is the identity
+    assert float(out) == 2.0 and float(s1["ua_n"]) == 1.0
+    xs = jnp.array([1.0, -1.0, 2.0])
+    outs, s2 = jax.vmap(pure, in_axes=(None, 0))(s0, xs)
+    # The batched cond runs `yes` for every example (as equinox's loops do,
+    # which mask their own carry); the state follows each example's own branch.
+    close(outs, [2.0, 0.0, 3.0])
+    close(s2["ua_n"], [1.0, -10.0, 1.0])
+
+
 @pytest.mark.parametrize("kind", ["checkpointed", "bounded"])
 def test_eqxi_while_loop_grad_inside(kind):
     loss = _loop_loss(kind)

@@ -1,0 +1,118 @@
+"""Loops that run for a whole batch while any example runs.
+
+equinox's loops (``equinox.internal.while_loop`` of every kind, and so
+diffrax's and optimistix's solves) reduce their predicate over a ``vmap``
+batch with ``unvmap_any``: the batched loop runs while *any* example runs,
+and the library masks its own carry for the examples that have finished.
+Run one example at a time, as eager Python would, the loop runs while *that*
+example's predicate holds, so the effects of the extra steps must not
+happen for it either. The engine asks this module for the predicate per
+example (the reduction's operand, where the batched predicate used its
+reduction) and keeps ctx unchanged where the two differ.
+
+Without ``vmap`` the reduction is the identity, the two predicates are the
+same value and the mask keeps every update.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from jax._src import core
+
+from . import _compat
+
+# Primitives whose output is, for each example of a batch, at least their
+# operand (a reduction with ``any``) or exactly it (a value asserted to be
+# the same across the batch). Each reads its operand at position 0.
+OVER_BATCH_PRIMITIVES: set[core.Primitive] = set()
+
+
+def register_over_batch(primitive: core.Primitive) -> core.Primitive:
+    """Declare that, for each example of a ``vmap`` batch, ``primitive``'s
+    boolean output is true where its first operand is (``any`` over the
+    batch, or the operand itself), so a loop or branch it guards runs at
+    least every step an example runs eagerly.
+
+    Arguments:
+        primitive: the ``Primitive`` object.
+
+    Returns:
+        ``primitive``.
+    """
+    OVER_BATCH_PRIMITIVES.add(primitive)
+    return primitive
+
+
+def _register_equinox() -> None:
+    try:
+        from equinox._unvmap import unvmap_any_p
+        from equinox.internal._nontraceable import nonbatchable_p
+    except ImportError:  # another equinox layout: its loops are then not masked
+        return
+    register_over_batch(unvmap_any_p)
+    register_over_batch(nonbatchable_p)
+
+
+_register_equinox()
+
+
+def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
+                      emit: Callable[[core.JaxprEqn], None]) -> Any | None:
+    """The value ``atom`` takes for each example when the batch reductions
+    among ``eqns`` that it depends on are read per example.
+
+    Arguments:
+        eqns: equations in program order, ``atom``'s producers among them.
+        atom: a variable computed by ``eqns`` (or an input / literal).
+        emit: receives the copies of the equations after a reduction, with
+            the reduction's operand in place of its output.
+
+    Returns:
+        The per-example atom, or None when ``atom`` depends on no reduction
+        (or when a copy would repeat an effect: the caller then keeps the
+        batched value, which is exact without ``vmap``).
+    """
+    if not OVER_BATCH_PRIMITIVES or type(atom) is not core.Var:
+        return None
+    producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+    needed, todo = set(), [atom]
+    while todo:
+        i = producer.get(todo.pop())
+        if i is None or i in needed:
+            continue
+        needed.add(i)
+        todo.extend(v for v in eqns[i].invars if type(v) is core.Var)
+    per_example: dict = {}
+    copies = []
+    for i in sorted(needed):
+        eqn = eqns[i]
+        if eqn.primitive in OVER_BATCH_PRIMITIVES:
+            operand = eqn.invars[0]
+            if type(operand) is core.Var:
+                operand = per_example.get(operand, operand)
+            per_example[eqn.outvars[0]] = operand
+        elif any(type(v) is core.Var and v in per_example for v in eqn.invars):
+            if eqn.effects:
+                return None
+            outs = [_compat.new_var(o.aval) for o in eqn.outvars]
+            ins = [per_example.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+            copies.append(eqn.replace(invars=ins, outvars=outs))
+            per_example.update(zip(eqn.outvars, outs))
+    if atom not in per_example:
+        return None
+    for eqn in copies:
+        emit(eqn)
+    return per_example[atom]
+
+
+def with_per_example_output(closed: Any, index: int) -> Any | None:
+    """``closed`` with one more output, last: output ``index`` read per
+    example (``per_example_value``); None when it depends on no reduction."""
+    parts = _compat.jaxpr_parts(closed)
+    eqns = list(parts.eqns)
+    value = per_example_value(parts.eqns, parts.outvars[index], eqns.append)
+    if value is None:
+        return None
+    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, eqns,
+                               [*parts.outvars, value], parts.effects, parts.debug_info)
