@@ -82,7 +82,7 @@ CASES = {
         _inject(lambda c, t, p: (t, c.astype(jnp.int32))), tx.InjectError,
         r"op='a'.*ctx leaf 0.*int32"),
     "injector not a pair": (
-        _inject(lambda c, t, p: t), tx.InjectError, r"op='a'.*\(new_token, new_ctx\)"),
+        _inject(lambda c, t, p: t), tx.InjectError, r"op='a'.*tx\.Injected\(value=\.\.\., ctx=\.\.\.\)"),
     "batched token into ctx": (
         lambda: tx.injected(jax.vmap(lambda x: tx.tag(x, op="set")),
                             lambda c, t, p: (t, t))(np.float32(0), jnp.ones(3)),

@@ -1155,7 +1155,8 @@ def test_wrong_injector_output_is_a_clear_error(kind):
     msg = str(info.value)
     assert "op='push'" in msg and "where='inner'" in msg, msg
     assert "jit[inner]/scan[length=3]" in msg, msg
-    word = kind.split("_")[0] if kind != "not_a_pair" else "(new_token, new_ctx)"
+    word = {"token": "value", "ctx": "ctx", "not": "tx.Injected(value=..., ctx=...)"}[
+        kind.split("_")[0]]
     assert word in msg, msg
     # the difference is shown
     if kind.endswith("shape"):
