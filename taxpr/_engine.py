@@ -1201,8 +1201,9 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
     parts = _compat.jaxpr_parts(threaded)
     fn_channels, channels = engine.channels(fn_threaded), engine.channels(threaded)
     written = engine.writes(fn_threaded)
-    for i in sorted(engine.writes(threaded) - written):
-        raise engine.hooks.replay_write(i, path)
+    own_writes = sorted(engine.writes(threaded) - written)
+    if own_writes:
+        raise engine.hooks.replay_write(own_writes[0], path)
     # A replay reads the ctx of the call's entry; a leaf the forward pass
     # changes reads right only if the bwd recomputes in the forward's order,
     # from the start (checkpointed loops restart from saved steps): so the
