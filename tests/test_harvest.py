@@ -1819,3 +1819,23 @@ def test_plant_in_a_custom_vjp_whose_bwd_recomputes_is_planted_in_the_recomputat
     d_c1, d_x = jax.grad(planted, argnums=(0, 1))(5.0, 1.0)
     # By hand: f = 2 * c1 whatever x is.
     assert float(d_c1) == 2.0 and float(d_x) == 0.0
+
+
+def test_plant_through_a_recomputing_bwd_under_jit_and_vmap_of_grad():
+    # The replayed bwd is traced with the values JAX passes: tracers under
+    # jit and vmap. Reference by hand: f = 2 * c1 * x0 ** 0 (x does not matter).
+    def g(x):
+        return h.sow(x * 1.0, tag="rj", name="c1", mode="clobber")
+
+    g_vjp = jax.custom_vjp(g)
+    g_vjp.defvjp(lambda x: (g(x), x), lambda x, ct: jax.vjp(g, x)[1](ct))
+
+    def planted(c1, x):
+        return h.plant(lambda y: g_vjp(g_vjp(y) * 3.0) * 2.0, tag="rj")({"c1": c1}, x)
+
+    grad = jax.jit(jax.vmap(jax.grad(planted, argnums=(0, 1))))
+    c1s, xs = jnp.array([5.0, -1.0]), jnp.array([1.0, 4.0])
+    for _ in range(2):
+        d_c1, d_x = grad(c1s, xs)
+        assert [float(v) for v in d_c1] == [2.0, 2.0]
+        assert [float(v) for v in d_x] == [0.0, 0.0]

@@ -525,3 +525,30 @@ def test_filter_jit_of_pure_with_module_argument():
         out, s = eqx.filter_jit(pure)(s, lin, x)
     close(out, lin(x))
     close(s["fj_sum"], 2.0 * lin(x))
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed"])
+def test_eqxi_while_loop_vmap_after_a_plain_call_and_under_jit(kind):
+    # Warm caches: the same pure function, called once without vmap, then
+    # jitted and vmapped over states; each example counts its own steps.
+    def f(x):
+        def body(c):
+            tx.set_state("vj_n", tx.get_state("vj_n", jnp.zeros((), jnp.int32)) + 1)
+            return c + tx.get_state("vj_k", jnp.float32(1.0))
+        return eqxi.while_loop(lambda c: c < 3.0, body, x, max_steps=16, kind=kind)
+
+    pure, s0 = tx.uncurry(f, jnp.float32(0.0))
+    out, s1 = pure(s0, jnp.float32(0.0))
+    assert float(out) == 3.0 and int(s1["vj_n"]) == 3
+    ks = [0.5, 1.0, 3.0]
+    batch = {"vj_k": jnp.array(ks), "vj_n": jnp.zeros(3, jnp.int32)}
+    run = jax.jit(jax.vmap(pure, in_axes=(0, None)))
+    for _ in range(2):  # the second call hits jit's cache
+        _, s2 = run(batch, jnp.float32(0.0))
+        expected = []
+        for k in ks:
+            c, n = 0.0, 0
+            while c < 3.0:
+                c, n = c + k, n + 1
+            expected.append(n)
+        assert [int(n) for n in s2["vj_n"]] == expected
