@@ -137,7 +137,7 @@ def run(quick: bool = False) -> dict:
     Returns ``{"jax", "nested_scan", "figures"}``; ``figures`` are
     ``{name, value, target, pass}`` rows for ``bench/run.py``'s table.
     """
-    max_depth, reps = (4, 3) if quick else (8, 15)
+    max_depth, reps = (4, 1) if quick else (8, 15)
     out: dict = {"jax": jax.__version__}
     ns = out["nested_scan"] = bench_nested(max_depth, reps)
     figures = []

@@ -121,7 +121,7 @@ def run(quick: bool = False) -> dict:
     ``{name, value, target, pass}`` rows for ``bench/run.py``'s table.
     """
     if quick:
-        sizes, reps, max_depth, nreps = (50,), 3, 4, 3
+        sizes, reps, max_depth, nreps = (50,), 1, 4, 1
     else:
         sizes, reps, max_depth, nreps = (1600, 10_000), 7, 8, 11
     out: dict = {"jax": jax.__version__}

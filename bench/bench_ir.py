@@ -69,7 +69,7 @@ def measure(n_eqns: int, runs: int) -> dict:
 
 def run(quick: bool = False) -> dict:
     sizes = (1000, 2000) if quick else (10_000, 20_000, 40_000)
-    runs = 2 if quick else 3
+    runs = 1 if quick else 3
     cases = {str(n): measure(n, runs) for n in sizes}
     base = cases[str(sizes[0])]
     doublings = [cases[str(b)]["optimize_s"] / cases[str(a)]["optimize_s"]

@@ -117,7 +117,7 @@ def run(quick: bool = False) -> dict:
     Returns ``{"jax", "straight", "figures"}``; ``figures`` are
     ``{name, value, target, pass}`` rows for ``bench/run.py``'s table.
     """
-    steps, reps = (400, 2) if quick else (20_000, 2)
+    steps, reps = (400, 1) if quick else (20_000, 2)
     out: dict = {"jax": jax.__version__}
     s = out["straight"] = bench_memory(steps, reps)
     out["figures"] = [

@@ -95,7 +95,7 @@ def run(quick: bool = False) -> dict:
     Returns ``{"jax", "sizes", "uncurry_s", "forward", "sgd_step", "figures"}``.
     """
     width, depth, batch = (32, 3, 8) if quick else (WIDTH, DEPTH, BATCH)
-    reps, calls, creps = (3, 5, 2) if quick else (31, 50, 9)
+    reps, calls, creps = (1, 5, 1) if quick else (31, 50, 9)
     kp, kx = jax.random.split(jax.random.key(0))
     params = init_params(kp, width, depth)
     x = jax.random.normal(kx, (batch, width))

@@ -359,7 +359,7 @@ def run(quick: bool = False) -> dict:
     are ``{name, value, target, pass}`` rows for ``bench/run.py``'s table.
     """
     if quick:
-        steps, reps, rnn_calls, mlp_calls, creps, max_depth, nreps = 50, 3, 5, 5, 2, 4, 2
+        steps, reps, rnn_calls, mlp_calls, creps, max_depth, nreps = 50, 1, 5, 5, 1, 4, 1
     else:
         steps, reps, rnn_calls, mlp_calls, creps, max_depth, nreps = 2000, 31, 20, 100, 9, 8, 11
     out: dict = {"jax": jax.__version__}

@@ -203,7 +203,7 @@ def _uncurry_vs_jit(make: Callable[[], dict], reps: int) -> float:
 def run(quick: bool = False) -> dict:
     """Returns ``{"trace": {program: {variant: ratio}}, "uncurry": {...}, "figures"}``."""
     scale = 20 if quick else 1
-    reps = 2 if quick else 5
+    reps = 1 if quick else 5
     programs = {
         "rnn_scan": lambda: rnn_scan(2000 // scale),
         "layers_scan": lambda: layers_scan(500 // scale),

@@ -40,3 +40,23 @@ def pytest_collection_modifyitems(config, items):
         if (item.path.name in SLOW_MODULES or (item.path.name, name) in SLOW_TESTS
                 or item.get_closest_marker("long")):
             item.add_marker(pytest.mark.slow)
+
+
+# Modules whose tests share a module-scoped fixture (the benchmark smoke run's
+# results): under `pytest -n N` each runs in one worker, so the fixture is
+# computed once; every other test is dispatched on its own.
+SHARED_FIXTURE_MODULES = frozenset({"test_bench_smoke.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0]
+            return module if module.rsplit("/", 1)[-1] in SHARED_FIXTURE_MODULES else nodeid
+
+    return Scheduling(config, log)
