@@ -556,13 +556,13 @@ def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -
     return scoped
 
 
-def _called_jaxpr_effects(fun: Any) -> Any:
-    """The effects of the jaxpr a custom-derivative call evaluates when the
-    call comes from an equation (``lu.wrap_init(core.jaxpr_as_fun(jaxpr))``,
-    a partial application); None where that jaxpr cannot be seen."""
+def called_jaxpr(fun: Any) -> Any:
+    """The jaxpr a custom-derivative call evaluates when the call comes from
+    an equation (``lu.wrap_init(core.jaxpr_as_fun(jaxpr))``, a partial
+    application); None where that jaxpr cannot be seen."""
     for arg in getattr(getattr(fun, "f", None), "args", ()):
         if isinstance(arg, JAXPR_TYPES):
-            return arg.effects
+            return arg
     return None
 
 
@@ -571,9 +571,9 @@ def _unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Call
         *subfuns, tracers = subfuns_and_tracers
         tracers = [self.to_jaxpr_tracer(t) for t in tracers]
         if _HOISTING.get() and tracers and all(t.is_known() for t in tracers):
-            call_effects = _called_jaxpr_effects(fun)
+            called = called_jaxpr(fun)
             # unseen: assume it holds tags (the call then stays in the loop)
-            if call_effects is None or holds_kept_tags(call_effects):
+            if called is None or holds_kept_tags(called.effects):
                 tracers = [self.instantiate_const(t) for t in tracers]
         return process(self, prim, fun, *subfuns, tracers, **params)
     process_unhoisted._taxpr_wrapped = True
@@ -804,6 +804,61 @@ def trace_context_flag(name: str, help: str) -> Any:
         raise ImportError("taxpr: this JAX has no trace-context config flags "
                           "(config.bool_state(include_in_trace_context=...))")
     return config.bool_state(name, False, help, include_in_trace_context=True)
+
+
+def trace_context_string(name: str, help: str) -> Any:
+    """A thread-local optional string that is part of JAX's trace context
+    (see ``trace_context_flag``): ``state.value`` (None by default) and
+    ``with state(value): ...``."""
+    from jax._src import config
+    if name in getattr(config, "config_states", {}):
+        return config.config_states[name]
+    return config.optional_string_state(name, None, help, include_in_trace_context=True)
+
+
+def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]]) -> None:
+    """Let ``scoped(fun, fwd, bwd) -> (fwd, bwd)`` wrap the fwd and bwd
+    (each a ``lu.WrappedFun``) of every custom_vjp that JAX differentiates
+    while a function is traced (JVP and direct linearization; once)."""
+    for cls in (_ad.JVPTrace, getattr(_ad, "LinearizeTrace", None)):
+        process = getattr(cls, "process_custom_vjp_call", None)
+        if process is None or getattr(process, "_taxpr_wrapped", False):
+            continue
+
+        def process_scoped(self, primitive, fun, fwd, bwd, tracers, /, *, _process=process,
+                           **params):
+            fwd, bwd = scoped(fun, fwd, bwd)
+            return _process(self, primitive, fun, fwd, bwd, tracers, **params)
+
+        process_scoped._taxpr_wrapped = True
+        cls.process_custom_vjp_call = process_scoped
+
+
+def wrapped_fun_in(fun: Any, context: Callable[[], Any]) -> Any:
+    """``fun`` (a ``lu.WrappedFun``) that runs inside ``with context():``."""
+    from jax._src import linear_util as lu
+    with_accums = getattr(_ad, "CustomBwdWithAccums", None)
+    if with_accums is not None and not fun.transforms and isinstance(fun.f, with_accums):
+        # JAX calls such a bwd's ``call_with_accums`` directly (no transforms).
+        inner = fun.f
+
+        class InContext(with_accums):
+            def call_with_accums(self, *args):
+                with context():
+                    return inner.call_with_accums(*args)
+
+            def __call__(self, *args):
+                with context():
+                    return inner(*args)
+
+        f = InContext()
+        return lu.WrappedFun(f, f, (), (), fun.params, fun.in_type, fun.debug_info)
+
+    def in_context(f, *args, **kwargs):
+        with context():
+            return f(*args, **kwargs)
+
+    return fun.wrap(in_context, (), None)
 
 
 # ---- random keys (taxpr._random) -----------------------------------------------

@@ -29,10 +29,10 @@ import numpy as np
 from jax._src import core
 from jax.interpreters import ad
 
-from . import _compat, _per_example, _traverse
+from . import _compat, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected, tag_shape
-from .primitives._tag import (TREE, tag_cotangent_p, tag_p, tag_tangent_p,
-                              user_params)
+from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, TREE, site_key,
+                              tag_cotangent_p, tag_p, tag_tangent_p, user_params)
 
 
 class InjectError(ValueError):
@@ -346,6 +346,17 @@ class Engine:
         # threaded, innermost last.
         self._written: dict[int, frozenset[int]] = {}
         self._writing: list[set[int]] = []
+        # Per custom_vjp scope, the ctx leaves its forward pass wrote (tags
+        # marked FWD_SCOPES), and whether a replay read was left after a
+        # level's cleanup (checked once the outermost jaxpr is threaded).
+        # Whether a bwd's tags are threaded as a replay (not where only the
+        # forward pass matters: the states' values at first use).
+        self.replays = True
+        self._fwd_written: dict[int, set[int]] = {}
+        self._written_by_site: dict[frozenset, set[int]] = {}
+        self._fwd_collecting: dict[int, set[frozenset]] = {}
+        self._collecting_sites: set[frozenset] = set()
+        self._replay_reads_left = False
 
     def writes(self, threaded: Any) -> frozenset[int]:
         """The ctx leaves a site in ``threaded`` (a result of ``thread_jaxpr``)
@@ -377,11 +388,7 @@ class Engine:
             prim = eqn.primitive
             if prim is tag_p or prim is tag_tangent_p or prim is tag_cotangent_p:
                 if is_selected(eqn, self.predicate):
-                    new_ctx = self.site_rule(self, eqn, level, ctx)
-                    if self._writing:
-                        self._writing[-1].update(
-                            i for i, (a, b) in enumerate(zip(ctx, new_ctx)) if a is not b)
-                    ctx = new_ctx
+                    ctx = self.thread_site(eqn, level, ctx)
                     continue
             else:
                 subs = _traverse.subjaxprs(eqn)
@@ -399,6 +406,58 @@ class Engine:
                     continue
             level.emit(eqn)
         return ctx
+
+    def thread_site(self, eqn: core.JaxprEqn, level: Level, ctx: list) -> list:
+        """A selected tag's equation rewritten by ``site_rule``; a tag that a
+        custom_vjp's bwd binds is a replay of the forward pass (``_replay``)."""
+        params = eqn.params
+        replay = params.get(REPLAY_SCOPE) if self.replays else None
+        replayed: set[int] = set()
+        if replay is not None:
+            replayed.update(self._fwd_written.get(replay, ()))
+            for key in params.get(FUNCTION_SITES, ()):
+                replayed.update(self._written_by_site.get(key, ()))
+        site_ctx = ctx
+        if replayed:
+            site_ctx = list(ctx)
+            for i in replayed:
+                site_ctx[i], = inline(level, _replay.replay_read(
+                    _aval(ctx[i]), i, replay), [ctx[i]])
+                level.dropped.append(site_ctx[i])
+        n_collected = len(level.collected)
+        new_ctx = self.site_rule(self, eqn, level, site_ctx)
+        if len(level.collected) > n_collected:
+            self._collects(params, replay, level, n_collected)
+        if replayed:
+            new_ctx = list(new_ctx)
+            for i in replayed:
+                if new_ctx[i] is not site_ctx[i]:
+                    level.dropped.append(new_ctx[i])
+                new_ctx[i] = ctx[i]
+        changed = {i for i, (a, b) in enumerate(zip(ctx, new_ctx)) if a is not b}
+        if self._writing:
+            self._writing[-1].update(changed)
+        if changed:
+            for k in params.get(FWD_SCOPES, ()):
+                if replay is None or k < replay:
+                    self._fwd_written.setdefault(k, set()).update(changed)
+            if replay is None:
+                self._written_by_site.setdefault(site_key(params), set()).update(changed)
+        return new_ctx
+
+    def _collects(self, params: dict, replay: int | None, level: Level, since: int) -> None:
+        """A site collected values (``level.collected[since:]``): recorded as
+        the forward's, or dropped where a replay collects them again."""
+        key = site_key(params)
+        if replay is None:
+            self._collecting_sites.add(key)
+            for k in params.get(FWD_SCOPES, ()):
+                self._fwd_collecting.setdefault(k, set()).add(key)
+        elif key in self._fwd_collecting.get(replay, ()) or (
+                key in params.get(FUNCTION_SITES, ()) and key in self._collecting_sites):
+            for _, atoms in level.collected[since:]:
+                level.dropped.extend(atoms)
+            del level.collected[since:]
 
     def thread_jaxpr(self, jaxpr: Any, path: tuple[str, ...], in_pos: int, out_pos: int,
                      context: Callable | None = None):
@@ -428,6 +487,7 @@ class Engine:
             level.eqns = drop_unused_producers(
                 level.eqns, level.dropped,
                 [*outs, *ctx_out, *(a for _, atoms in level.collected for a in atoms)])
+            self._replay_reads_left |= _replay.holds_replay_read(level.eqns)
         hv, hc = level.hoisted()
         feed_vars = [v for vs in level.feeds.values() for v in vs]
         collected = [a for _, atoms in level.collected for a in atoms]
@@ -443,6 +503,11 @@ class Engine:
                 tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
         self._threaded[key] = (jaxpr, result, context)
         self._written[id(result)] = written
+        if self._replay_reads_left and not self._writing:
+            self._replay_reads_left = False
+            live = _replay.live_replay_read(result)
+            if live is not None:
+                raise self.hooks.replay_read(live[0], live[1])
         return result
 
     def thread_read_only(self, jaxpr: Any, path: tuple[str, ...], in_pos: int,

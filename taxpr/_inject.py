@@ -423,7 +423,7 @@ def _keeps_a_function(eqn: core.JaxprEqn) -> bool:
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
            predicate: Predicate | None = None, *, hooks: Hooks | None = None,
            _guard_merge: Callable | None = None, _check_per_shard: bool = True,
-           _direct: Callable | None = None) -> Any:
+           _direct: Callable | None = None, _replays: bool = True) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -456,6 +456,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
     sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge, _direct)
     sites.check_per_shard = _check_per_shard
     engine = Engine(sites, predicate, ctx_avals, hooks)
+    engine.replays = _replays
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 

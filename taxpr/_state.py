@@ -615,7 +615,9 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
                   _guard_merge=_reached_by_any_example,
                   # sets in a shard_map without vma checking are refused by
                   # collect_states; reads record their (replicated) init
-                  _check_per_shard=False)
+                  _check_per_shard=False,
+                  # a bwd's replay of the forward pass is never a first use
+                  _replays=False)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     # Only (initial, seen) of each state are needed: the program's outputs

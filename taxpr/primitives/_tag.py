@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator
+import functools
+import itertools
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
@@ -52,6 +54,10 @@ BATCHED = "_taxpr_batched"
 # first. GUARD_FROM names the cond branches / while parts that guard it.
 GUARD = "_taxpr_guard"
 GUARD_FROM = "_taxpr_guard_from"
+# Custom_vjp scopes (see ``custom_vjp_scopes``): the calls whose fwd was
+# running when the tag was bound, and the call whose bwd was.
+FWD_SCOPES = "_taxpr_fwd_scopes"
+REPLAY_SCOPE = "_taxpr_replay_scope"
 # Keep mode is part of JAX's trace context, so that a trace JAX cached with
 # keep mode off (the user ran the function before) is never reused under
 # ``keep_tags()`` and vice versa.
@@ -158,6 +164,8 @@ class _TagPrimitive(Primitive):
     backward pass replaying a traced loop body), not only ``tag`` calls."""
 
     def bind(self, *args, **params):
+        if _SCOPES.value is not None and _KEEP.value:
+            params = _in_scopes(params)
         if _TAG_GUARDS.get():
             values = list(args[:n_values(params, len(args))])
             tree = params.get(TREE)
@@ -165,6 +173,116 @@ class _TagPrimitive(Primitive):
                      if tree is not None and tree.num_leaves == len(values) else values)
             _run_guards(user_params(params), value)
         return super().bind(*args, **params)
+
+
+# ---- custom_vjp scopes ------------------------------------------------------------
+# A function differentiated inside a taxpr transformation's trace runs a
+# custom_vjp's fwd there, and later (transposing) its bwd. A bwd that runs
+# the function again (``jax.vjp(f)`` in it, equinox's checkpointed loops,
+# diffrax's adjoints) recomputes the forward pass: the engine threads its
+# tags as a replay (their writes to what the forward wrote are not applied
+# again; see ``Engine.thread_site``). For that every tag bound while a fwd or
+# bwd runs (traced, or bound again evaluating a jaxpr traced before) is
+# marked with the call's scope, a number unique in the process. The scopes
+# are part of JAX's trace context, so a trace cached in one scope is never
+# reused in another.
+
+class VjpScopes(NamedTuple):
+    """The custom_vjp calls whose fwd runs (``fwd``) and the outermost one
+    whose bwd runs (``replay``) where a tag is bound."""
+
+    fwd: tuple[int, ...] = ()
+    replay: int | None = None
+
+
+_SCOPES = _compat.trace_context_string(
+    "taxpr_vjp_scopes", "taxpr: the custom_vjp fwd/bwd scopes tags are bound in")
+_SCOPE_IDS = itertools.count(1)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_scopes(value: str) -> VjpScopes:
+    fwd, replay = value.split("/")
+    return VjpScopes(tuple(int(k) for k in fwd.split(",") if k),
+                     int(replay) if replay else None)
+
+
+def current_vjp_scopes() -> VjpScopes:
+    """The scopes tags bound now are marked with."""
+    value = _SCOPES.value
+    return VjpScopes() if value is None else _parse_scopes(value)
+
+
+@contextlib.contextmanager
+def _entered(scopes: VjpScopes) -> Iterator[None]:
+    value = ",".join(map(str, scopes.fwd)) + "/" + (
+        "" if scopes.replay is None else str(scopes.replay))
+    with _SCOPES(value):
+        yield
+
+
+def _in_scopes(params: dict) -> dict:
+    scopes = current_vjp_scopes()
+    fwd = tuple(sorted({*params.get(FWD_SCOPES, ()), *scopes.fwd}))
+    replay = params.get(REPLAY_SCOPE)
+    if scopes.replay is not None:
+        replay = scopes.replay if replay is None else min(replay, scopes.replay)
+    marks = {}
+    if fwd:
+        marks[FWD_SCOPES] = fwd
+    if replay is not None:
+        marks[REPLAY_SCOPE] = replay
+        if replay != params.get(REPLAY_SCOPE):
+            marks[FUNCTION_SITES] = _FUNCTION_SITES.get(replay, frozenset())
+    return dict(params, **marks) if marks else params
+
+
+def site_key(params: dict) -> frozenset:
+    """What identifies a tag's site across traces: its user params."""
+    return frozenset(user_params(params).items())
+
+
+# Per scope whose function is a traced jaxpr, the site keys of the tags in
+# it: its fwd, evaluating that jaxpr, binds again only the tags outside
+# nested jaxprs (a loop body traced before is bound whole), so the engine
+# also counts as the forward's what sites with these keys write. Only a
+# bwd of the scope reads it (to mark its tags), so a few are kept.
+_FUNCTION_SITES: dict[int, frozenset] = {}
+FUNCTION_SITES = "_taxpr_function_sites"
+
+
+def _function_sites(fun: Any) -> frozenset:
+    jaxpr = _compat.called_jaxpr(fun)
+    if jaxpr is None:
+        return frozenset()
+    from .._traverse import iter_eqns
+    return frozenset(site_key(e.params) for e, _ in iter_eqns(jaxpr) if e.primitive is tag_p)
+
+
+def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
+    """A custom_vjp's fwd and bwd run in a new scope (inside a taxpr
+    transformation's trace; elsewhere unchanged)."""
+    if not _KEEP.value:
+        return fwd, bwd
+    k = next(_SCOPE_IDS)
+    sites = _function_sites(fun)
+    if sites:
+        if len(_FUNCTION_SITES) > 256:
+            _FUNCTION_SITES.pop(next(iter(_FUNCTION_SITES)))
+        _FUNCTION_SITES[k] = sites
+
+    def in_fwd():
+        now = current_vjp_scopes()
+        return _entered(now._replace(fwd=(*now.fwd, k)))
+
+    def in_bwd():
+        now = current_vjp_scopes()
+        return _entered(now._replace(replay=k if now.replay is None else now.replay))
+
+    return _compat.wrapped_fun_in(fwd, in_fwd), _compat.wrapped_fun_in(bwd, in_bwd)
+
+
+_compat.install_custom_vjp_scopes(_scoped_fwd_bwd)
 
 
 tag_p = _TagPrimitive("tag")
