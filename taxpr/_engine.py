@@ -404,6 +404,8 @@ class Engine:
                             f"'Adding a primitive' in taxpr's documentation, docs/extending.md)")
                     ctx = rule(self, eqn, level, ctx, subs)
                     continue
+                if prim is _replay.replay_read_p:  # left by another layer's replay
+                    self._replay_reads_left = True
             level.emit(eqn)
         return ctx
 

@@ -203,7 +203,7 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
                 f"{getattr(fn, '__name__', 'fn')}, but the seed is a {key.dtype} (a "
                 f"get_state({stream!r}, ...) of another impl?)")
         spec = {stream: jax.ShapeDtypeStruct((), key.dtype)}
-        pure = inject(closed, _state_injector, spec, hooks=_StateHooks(),
+        pure = inject(closed, _state_injector, spec, hooks=_StateHooks(leaf_names=[stream]),
                       predicate=lambda p, _shape=None: _is_state(p) and p["name"] == stream)
         return pure, out_tree
 

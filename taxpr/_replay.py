@@ -28,6 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _traverse
+from .primitives._tag import REPLAY_SCOPE, tag_p
 
 # ``replay_read(x, index=i, scope=k) -> x``: ctx leaf ``i`` as a replay in
 # scope ``k`` read it (see the module docstring).
@@ -58,11 +59,18 @@ def holds_replay_read(eqns) -> bool:
     return any(e.primitive is replay_read_p for e in eqns)
 
 
+def _replayed_tag(eqn) -> bool:
+    return REPLAY_SCOPE in eqn.params
+
+
 def live_replay_read(closed: Any) -> tuple[int, tuple[str, ...]] | None:
     """``(leaf index, path)`` of a replay read that the outputs of
-    ``closed`` still depend on after dead-code elimination, or None."""
+    ``closed`` still depend on after dead-code elimination, or None. Tags
+    of a replay left for another layer do not count as uses: that layer
+    drops them or checks the reads that reach them itself."""
     n_out = len(_compat.jaxpr_parts(closed).outvars)
-    pruned = _compat.dce_closed(closed, [True] * n_out)
+    with _compat.drop_unused_in_dce([tag_p], _replayed_tag):
+        pruned = _compat.dce_closed(closed, [True] * n_out)
     for eqn, path in _traverse.iter_eqns(pruned):
         if eqn.primitive is replay_read_p:
             return eqn.params["index"], path

@@ -534,20 +534,24 @@ class _StateHooks(Hooks):
     Arguments:
         names: the states threaded (``None``: another layer may own the
             states it leaves, e.g. ``seed`` inside ``uncurry``).
+        leaf_names: the state of each ctx leaf, for messages (default
+            ``names``).
     """
 
     checks_rules = True
     threads_rules = True
 
-    def __init__(self, names: Sequence[str] | None = None):
+    def __init__(self, names: Sequence[str] | None = None,
+                 leaf_names: Sequence[str] | None = None):
         self.names = None if names is None else frozenset(names)
-        self.leaf_names = None if names is None else list(names)
+        leaf_names = names if leaf_names is None else leaf_names
+        self.leaf_names = None if leaf_names is None else list(leaf_names)
 
     def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
         return _rule_error(params["name"], params["op"], path)
 
     def describe_ctx(self, index: int) -> str:
-        if self.names is None or self.leaf_names is None:
+        if self.leaf_names is None:
             return super().describe_ctx(index)
         return f"state {self.leaf_names[index]!r}"
 

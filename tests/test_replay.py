@@ -121,3 +121,32 @@ def test_sow_in_the_recomputed_function_is_reaped_once():
     (out, g), reaped = h.call_and_reap(lambda x: jax.value_and_grad(f)(x), tag="rp")(f32(2.0))
     np.testing.assert_allclose([out, g], [4.0, 2.0])
     np.testing.assert_allclose(reaped["y"], [4.0])  # the forward's sow only
+
+
+def _draws(x):
+    """Draws a key; its value is only logged (a state), never differentiated."""
+    tx.set_state("drawn", jax.random.uniform(tx.next_key()))
+    return x * 2.0
+
+
+def test_key_drawn_in_the_recomputed_function_advances_the_stream_once():
+    f = _recomputing(_draws)
+
+    def prog(x, differentiate):
+        y = jax.value_and_grad(f)(x)[0] if differentiate else _draws(x)
+        return y, jax.random.uniform(tx.next_key())
+
+    key = jax.random.key(7)
+    pure, s0 = tx.uncurry(tx.seed(lambda x: prog(x, True), key), f32(2.0))
+    (y, after), s1 = pure(s0, f32(2.0))
+    ref_pure, r0 = tx.uncurry(tx.seed(lambda x: prog(x, False), key), f32(2.0))
+    (y_ref, after_ref), r1 = ref_pure(r0, f32(2.0))
+    assert float(y) == float(y_ref) == 4.0
+    assert float(after) == float(after_ref)  # the next key: one draw before it
+    assert float(s1["drawn"]) == float(r1["drawn"])
+
+
+def test_gradient_depending_on_a_key_the_recomputation_draws_is_a_clear_error():
+    f = _recomputing(lambda x: x * jax.random.uniform(tx.next_key()))
+    with pytest.raises(tx.StateError, match=r"state 'rng'.*backward pass.*recomputes"):
+        tx.seed(lambda x: jax.grad(f)(x), jax.random.key(0))(f32(2.0))
