@@ -346,16 +346,17 @@ class Engine:
         # threaded, innermost last.
         self._written: dict[int, frozenset[int]] = {}
         self._writing: list[set[int]] = []
-        # Per custom_vjp scope, the ctx leaves its forward pass wrote (tags
-        # marked FWD_SCOPES), and whether a replay read was left after a
-        # level's cleanup (checked once the outermost jaxpr is threaded).
-        # Whether a bwd's tags are threaded as a replay (not where only the
-        # forward pass matters: the states' values at first use).
+        # Whether a bwd's tags are threaded as a replay (``_replay``; not
+        # where only the forward pass matters: the states' values at first use).
         self.replays = True
+        # What the forward passes wrote and collected: per custom_vjp scope
+        # (tags marked FWD_SCOPES) and per site key (for FUNCTION_SITES).
         self._fwd_written: dict[int, set[int]] = {}
         self._written_by_site: dict[frozenset, set[int]] = {}
         self._fwd_collecting: dict[int, set[frozenset]] = {}
         self._collecting_sites: set[frozenset] = set()
+        # Whether a replay read was left after a level's cleanup (checked
+        # once the outermost jaxpr is threaded).
         self._replay_reads_left = False
 
     def writes(self, threaded: Any) -> frozenset[int]:

@@ -22,6 +22,7 @@ replay) so that
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from jax.extend.core import Primitive
@@ -39,20 +40,11 @@ ad.deflinear2(replay_read_p, lambda ct, _, **__: [ct])
 batching.primitive_batchers[replay_read_p] = lambda args, dims, **_: (args[0], dims[0])
 mlir.register_lowering(replay_read_p, lambda ctx, x, **_: [x])
 
-_TRACED: dict[tuple, Any] = {}
-
-
+@functools.lru_cache(maxsize=1024)
 def replay_read(aval: Any, index: int, scope: int) -> Any:
     """A closed jaxpr ``x -> replay_read(x)`` at ``aval`` (for inlining)."""
-    key = (aval, index, scope)
-    hit = _TRACED.get(key)
-    if hit is None:
-        hit = _compat.trace_flat(
-            lambda x: [replay_read_p.bind(x, index=index, scope=scope)], [aval])
-        if len(_TRACED) > 1024:
-            _TRACED.clear()
-        _TRACED[key] = hit
-    return hit
+    return _compat.trace_flat(
+        lambda x: [replay_read_p.bind(x, index=index, scope=scope)], [aval])
 
 
 def holds_replay_read(eqns) -> bool:

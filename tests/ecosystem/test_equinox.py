@@ -81,27 +81,37 @@ def test_eqxi_while_loop_forward(kind):
     assert float(s2["wl_n"]) == 6.0
 
 
-@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
-def test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations(kind):
-    # Each example's loop runs a different number of times; its counter
-    # counts its own iterations (a Python loop per example).
+def _stepping_loop(kind, prefix):
+    """Adds state ``{prefix}_k`` until 3.0, counting steps in ``{prefix}_n``."""
     def f(x):
         def body(c):
-            tx.set_state("vw_n", tx.get_state("vw_n", jnp.zeros((), jnp.int32)) + 1)
-            return c + tx.get_state("vw_k", jnp.float32(1.0))
+            n = f"{prefix}_n"
+            tx.set_state(n, tx.get_state(n, jnp.zeros((), jnp.int32)) + 1)
+            return c + tx.get_state(f"{prefix}_k", jnp.float32(1.0))
         return eqxi.while_loop(lambda c: c < 3.0, body, x, max_steps=16, kind=kind)
+    return f
 
-    pure, s0 = tx.uncurry(f, jnp.float32(0.0))
-    ks = [0.5, 1.0, 3.0]
-    batch = {"vw_k": jnp.array(ks), "vw_n": jnp.zeros(3, jnp.int32)}
-    _, s1 = jax.vmap(pure, in_axes=(0, None))(batch, jnp.float32(0.0))
-    expected = []
+
+def _python_step_counts(ks):
+    """Per step size, the steps a Python loop takes from 0.0 to 3.0."""
+    counts = []
     for k in ks:
         c, n = 0.0, 0
         while c < 3.0:
             c, n = c + k, n + 1
-        expected.append(n)
-    assert [int(n) for n in s1["vw_n"]] == expected
+        counts.append(n)
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_eqxi_while_loop_vmap_over_states_counts_each_examples_iterations(kind):
+    # Each example's loop runs a different number of times; its counter
+    # counts its own iterations (a Python loop per example).
+    pure, s0 = tx.uncurry(_stepping_loop(kind, "vw"), jnp.float32(0.0))
+    ks = [0.5, 1.0, 3.0]
+    batch = {"vw_k": jnp.array(ks), "vw_n": jnp.zeros(3, jnp.int32)}
+    _, s1 = jax.vmap(pure, in_axes=(0, None))(batch, jnp.float32(0.0))
+    assert [int(n) for n in s1["vw_n"]] == _python_step_counts(ks)
 
 
 @pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
@@ -531,13 +541,7 @@ def test_filter_jit_of_pure_with_module_argument():
 def test_eqxi_while_loop_vmap_after_a_plain_call_and_under_jit(kind):
     # Warm caches: the same pure function, called once without vmap, then
     # jitted and vmapped over states; each example counts its own steps.
-    def f(x):
-        def body(c):
-            tx.set_state("vj_n", tx.get_state("vj_n", jnp.zeros((), jnp.int32)) + 1)
-            return c + tx.get_state("vj_k", jnp.float32(1.0))
-        return eqxi.while_loop(lambda c: c < 3.0, body, x, max_steps=16, kind=kind)
-
-    pure, s0 = tx.uncurry(f, jnp.float32(0.0))
+    pure, s0 = tx.uncurry(_stepping_loop(kind, "vj"), jnp.float32(0.0))
     out, s1 = pure(s0, jnp.float32(0.0))
     assert float(out) == 3.0 and int(s1["vj_n"]) == 3
     ks = [0.5, 1.0, 3.0]
@@ -545,10 +549,4 @@ def test_eqxi_while_loop_vmap_after_a_plain_call_and_under_jit(kind):
     run = jax.jit(jax.vmap(pure, in_axes=(0, None)))
     for _ in range(2):  # the second call hits jit's cache
         _, s2 = run(batch, jnp.float32(0.0))
-        expected = []
-        for k in ks:
-            c, n = 0.0, 0
-            while c < 3.0:
-                c, n = c + k, n + 1
-            expected.append(n)
-        assert [int(n) for n in s2["vj_n"]] == expected
+        assert [int(n) for n in s2["vj_n"]] == _python_step_counts(ks)
