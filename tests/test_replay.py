@@ -150,3 +150,53 @@ def test_gradient_depending_on_a_key_the_recomputation_draws_is_a_clear_error():
     f = _recomputing(lambda x: x * jax.random.uniform(tx.next_key()))
     with pytest.raises(tx.StateError, match=r"state 'rng'.*backward pass.*recomputes"):
         tx.seed(lambda x: jax.grad(f)(x), jax.random.key(0))(f32(2.0))
+
+
+def test_warm_caches_a_jitted_body_traced_before_and_a_second_trace():
+    # The body is jitted: JAX caches its trace. Traced first without
+    # differentiation, then in the fwd and in the bwd of a differentiated
+    # call, then by a second uncurry: each trace counts once.
+    body = jax.jit(_counted_scale)
+    f = _recomputing(body)
+    plain, p0 = tx.uncurry(f, f32(2.0))
+    out, p1 = plain(p0, f32(2.0))
+    assert float(out) == 6.0 and float(p1["n"]) == 1.0
+    for _ in range(2):
+        pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(f)(x), f32(2.0))
+        for start in (s0, {"n": f32(4.0), "scale": f32(0.5)}):
+            (y, g), s1 = pure(start, f32(2.0))
+            scale = float(start["scale"])
+            np.testing.assert_allclose([y, g], [2.0 * scale, scale])
+            assert float(s1["n"]) == float(start["n"]) + 1.0
+
+
+def test_vmap_over_states_with_a_recomputing_bwd_differentiated_inside():
+    f = _recomputing(_counted_scale)
+    pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(f)(x), f32(2.0))
+    states = {"n": jnp.array([0.0, 3.0, 7.0]), "scale": jnp.array([1.0, 2.0, -1.5])}
+    (ys, gs), s1 = jax.jit(jax.vmap(pure, in_axes=(0, None)))(states, f32(2.0))
+    # Per example, as a Python run alone: one call, its own scale.
+    np.testing.assert_allclose(ys, 2.0 * np.asarray(states["scale"]))
+    np.testing.assert_allclose(gs, states["scale"])
+    np.testing.assert_allclose(s1["n"], np.asarray(states["n"]) + 1.0)
+
+
+def test_equinox_filter_custom_vjp_whose_bwd_recomputes():
+    import equinox as eqx  # equinox is a dependency of taxpr
+
+    @eqx.filter_custom_vjp
+    def f(x):
+        return _counted_scale(x)
+
+    @f.def_fwd
+    def f_fwd(perturbed, x):
+        return _counted_scale(x), x
+
+    @f.def_bwd
+    def f_bwd(x, g, perturbed, x_again):
+        return jax.vjp(_counted_scale, x)[1](g)[0]
+
+    pure, s0 = tx.uncurry(lambda x: eqx.filter_value_and_grad(f)(x), f32(2.0))
+    (y, g), s1 = eqx.filter_jit(pure)({"n": f32(2.0), "scale": f32(4.0)}, f32(2.0))
+    np.testing.assert_allclose([y, g], [8.0, 4.0])
+    assert float(s1["n"]) == 3.0
