@@ -37,6 +37,9 @@ from jax._src.lax.control_flow.loops import scan_p as scan_p, while_p as while_p
 from jax._src.lax.eval_jaxpr import eval_jaxpr_p
 from jax._src.pjit import jit_p as jit_p
 from jax._src.shard_map import shard_map_p as shard_map_p
+# Expanded into its implementation when it holds tags (see taxpr._expand); its
+# batching rule is a user's, not vmap of that implementation.
+from jax._src.custom_batching import custom_vmap_p as custom_vmap_p
 
 # ---- jaxpr objects -------------------------------------------------------------
 

@@ -397,10 +397,14 @@ class Engine:
                              or self._rule_selected(eqn)):
                     rule = THREAD_RULES.get(prim)
                     if rule is None:
+                        inner = next((e for _, sj in subs for e, _ in _traverse.iter_eqns(sj)
+                                      if is_selected(e, self.predicate)), None)
+                        held = (describe_tag(user_params(inner.params)) if inner is not None
+                                else "selected tags in its derivative rule")
                         raise NotImplementedError(
                             f"taxpr: cannot thread a context through primitive "
-                            f"'{prim.name}' at {format_path(level.path)}: it contains "
-                            f"selected tags and taxpr has no rule for it. Register one "
+                            f"'{prim.name}' at {format_path(level.path)}: it holds {held} "
+                            f"and taxpr has no rule for it. Register one "
                             f"with taxpr.register_thread_rule(primitive, rule) (see "
                             f"'Adding a primitive' in taxpr's documentation, docs/extending.md)")
                     ctx = rule(self, eqn, level, ctx, subs)

@@ -4,8 +4,6 @@ threads a context through the whole program."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import types
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -15,7 +13,7 @@ from . import _compat, _traverse
 from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag,
                       format_path, inline, trace_in)
 from ._find import Predicate
-from ._hi import expand_hi_primitives
+from ._expand import expand_for, hidden_tags, keeps_a_function
 from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
                               recording_tags, tag_cotangent_p, tag_p, user_params)
 
@@ -348,7 +346,7 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
         return out
 
     with keep_tags(), recording_tags() as recorded, _explain_kept_tag_dependencies():
-        closed = expand_hi_primitives(_compat.trace_flat(flat, in_avals, name))
+        closed = expand_for(_compat.trace_flat(flat, in_avals, name), consumes)
     if consumes is not None and recorded:
         check_no_hidden_tags(closed, recorded, consumes)
     return closed, out_tree[0]
@@ -383,41 +381,24 @@ def _explain_kept_tag_dependencies() -> Iterator[None]:
 def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> None:
     """Raise for a tag ``consumes`` selects that was recorded while tracing
     ``closed`` (``recording_tags``) but is not in it, where an equation of
-    ``closed`` keeps a Python function in its params (JAX's own
-    transformations also drop tags, e.g. the transposed tangent of a sow in
-    a JVP rule, but never into a callable)."""
-    in_program = {frozenset(user_params(e.params).items())
-                  for e, _ in _traverse.iter_eqns(closed) if e.primitive is tag_p}
-    hidden = [(params, tree, avals) for key, (params, tree, avals) in recorded.items()
-              if key not in in_program
-              and consumes(params, jax.tree_util.tree_unflatten(tree, avals))]
+    ``closed`` keeps a Python function in its params whose implementation
+    taxpr could not expand (JAX's own transformations also drop tags, e.g.
+    the transposed tangent of a sow in a JVP rule, but never into a
+    callable)."""
+    hidden = hidden_tags(closed, recorded, consumes)
     if not hidden:
         return
-    keepers = [(e, path) for e, path in _traverse.iter_eqns(closed) if _keeps_a_function(e)]
+    keepers = [(e, path) for e, path in _traverse.iter_eqns(closed) if keeps_a_function(e)]
     if not keepers:
         return
     eqn, path = keepers[0]
     raise NotImplementedError(
-        f"taxpr: {describe_tag(hidden[0][0])} was traced, but it is not in the traced "
+        f"taxpr: {describe_tag(hidden[0])} was traced, but it is not in the traced "
         f"program: '{eqn.primitive.name}' at {format_path(path)} keeps a Python function "
-        f"in its params and traces it again only when JAX compiles it (an equinox filter "
-        f"primitive, e.g. lineax's linear_solve with a FunctionLinearOperator), where "
-        f"taxpr cannot rewrite the tag (it would be ignored). Compute the tagged value "
-        f"outside that function and close over it, or use an operation that JAX traces "
-        f"into the program")
-
-
-def _keeps_a_function(eqn: core.JaxprEqn) -> bool:
-    """Whether ``eqn``'s params hold a function defined outside JAX (a user's
-    or a library's), directly or in a tuple."""
-    def is_foreign_function(v) -> bool:
-        if isinstance(v, functools.partial):
-            v = v.func
-        return (isinstance(v, (types.FunctionType, types.MethodType))
-                and not getattr(v, "__module__", "").startswith(("jax.", "jax", "taxpr")))
-    return any(is_foreign_function(v) or (isinstance(v, (tuple, list))
-                                          and any(is_foreign_function(x) for x in v))
-               for v in eqn.params.values())
+        f"in its params and traces it again only when JAX compiles it, and taxpr could not "
+        f"run it through its implementation, where it would rewrite the tag (it would be "
+        f"ignored). Compute the tagged value outside that function and close over it, or "
+        f"use an operation that JAX traces into the program")
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
@@ -450,7 +431,7 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
         NotImplementedError: a selected tag sits inside a primitive taxpr
             cannot thread through (the message names it).
     """
-    closed_jaxpr = expand_hi_primitives(closed_jaxpr)
+    closed_jaxpr = expand_for(closed_jaxpr, predicate)
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge, _direct)

@@ -33,7 +33,7 @@ from jax._src import core
 from . import _compat
 from ._engine import Hooks, format_path
 from ._find import TagSite, tag_shape
-from ._hi import expand_hi_primitives
+from ._expand import expand_for
 from ._inject import check_no_hidden_tags, inject, trace_program
 from . import _traverse
 from ._inject import guarded_place
@@ -972,7 +972,7 @@ def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = 
                 closed, out_shape = jax.make_jaxpr(
                     f, static_argnums=static_argnums, axis_env=axis_env,
                     return_shape=True)(*args, **kwargs)
-                closed = expand_hi_primitives(closed)
+                closed = expand_for(closed, _is_state)
             check_no_hidden_tags(closed, recorded, _is_state)
         finally:
             _INITS_FOR_TYPES_ONLY.reset(token)

@@ -155,7 +155,7 @@ def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.Jax
         for sub, sj in subjaxprs(eqn):
             yield from iter_eqns(sj, path + (sub.label,))
         if hi is not None and eqn.primitive is hi:
-            # A high-level primitive's jaxprs sit in an object (see _hi.py):
+            # A high-level primitive's jaxprs sit in an object (see _expand.py):
             # walked here, rewritten only after taxpr expands it.
             for sj in hidden_jaxprs(eqn):
                 yield from iter_eqns(sj, path + (hi_name(eqn),))

@@ -1213,34 +1213,58 @@ def test_batched_token_stored_into_ctx_is_an_error():
     assert_close((out, ctx), (jnp.arange(3.0) + 2.0, {"acc": f32(2.0), "n": jnp.int32(1)}))
 
 
-def _unknown_hop():
+def _unknown_hop(implemented: bool):
     from jax.extend.core import Primitive
 
     p = Primitive("my_unknown_hop")
     p.multiple_results = True
-    p.def_impl(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args))
+    if implemented:
+        p.def_impl(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args))
     p.def_abstract_eval(lambda *avals, jaxpr: list(jaxpr.out_avals))
     return p
 
 
-UNKNOWN_HOP = _unknown_hop()
+UNKNOWN_HOP = _unknown_hop(implemented=True)
+UNKNOWN_HOP_WITHOUT_IMPL = _unknown_hop(implemented=False)
 
 
-def test_selected_tag_in_unknown_primitive_raises_not_implemented():
+def _calls_unknown_hop(prim):
     def inner(y):
         return tx.tag(y, op="add") * 2
 
     def f(x):
         sub = jax.make_jaxpr(inner)(x)
-        return UNKNOWN_HOP.bind(x, jaxpr=sub)[0] + tx.tag(x, op="get")
+        return prim.bind(x, jaxpr=sub)[0] + tx.tag(x, op="get")
 
+    return f
+
+
+def test_selected_tag_in_unknown_primitive_runs_through_its_implementation():
+    # Eagerly: inner adds x (1.0) to acc (3.0), then get reads acc (4.0).
+    f = _calls_unknown_hop(UNKNOWN_HOP)
     closed = jax.make_jaxpr(f)(1.0)
-    with pytest.raises(NotImplementedError, match="my_unknown_hop"):
+    new = tx.inject(closed, injector, ctx0())
+    check(new)
+    out, acc, n = jaxpr_as_fun(new)(f32(3.0), jnp.int32(0), f32(1.0))
+    assert (float(out), float(acc), int(n)) == (2.0 + 4.0, 4.0, 2)
+    out, ctx = jax.jit(tx.injected(f, injector))(ctx0(3.0), 1.0)
+    assert (float(out), float(ctx["acc"]), int(ctx["n"])) == (6.0, 4.0, 2)
+
+
+def test_selected_tag_in_unknown_primitive_without_implementation_raises():
+    f = _calls_unknown_hop(UNKNOWN_HOP_WITHOUT_IMPL)
+    closed = jax.make_jaxpr(f)(1.0)
+    with pytest.raises(NotImplementedError, match="'my_unknown_hop' at <top level>: it holds "
+                                                  r"tag\(op='add'\)"):
         tx.inject(closed, injector, ctx0())
     jax_still_works()
     with pytest.raises(NotImplementedError, match="my_unknown_hop"):
         jax.jit(tx.injected(f, injector))(ctx0(), 1.0)
     jax_still_works()
+
+
+def test_unknown_primitive_without_selected_tags_is_kept():
+    closed = jax.make_jaxpr(_calls_unknown_hop(UNKNOWN_HOP))(1.0)
     # not selected inside it: the primitive is kept as is
     new = tx.inject(closed, injector, ctx0(3.0), predicate=lambda p, s: p["op"] == "get")
     check(new)

@@ -92,11 +92,30 @@ STATE0 = {"calls": jnp.int32(4), "diag": jnp.array([2.0, 5.0, 3.0])}
 B = jnp.array([1.0, -2.0, 0.5])
 
 
-def test_unregistered_primitive_error_says_how_to_register(registry):
+def test_unregistered_custom_linear_solve_runs_through_its_implementation(registry):
+    pure = _pure(solve_with_state, B)
+    (x,), state = pure(STATE0, B)
+    np.testing.assert_allclose(x, solve_eager(STATE0, B)[0], rtol=1e-5)
+    assert int(state["calls"]) == 5
+
+
+def test_unregistered_primitive_without_implementation_says_how_to_register(registry):
+    from jax.extend.core import Primitive
+
+    call_p = Primitive("call_without_impl")
+    call_p.multiple_results = True
+    call_p.def_abstract_eval(lambda x, *, jaxpr: [x])
+
+    def f(x):
+        with tx.keep_tags():
+            body = jax.make_jaxpr(lambda y: y * tx.get_state("s", jnp.float32(1.0)))(x)
+        return call_p.bind(x, jaxpr=body)[0]
+
     with pytest.raises(NotImplementedError,
-                       match=r"'custom_linear_solve'.*taxpr\.register_thread_rule\(primitive, "
-                             r"rule\).*Adding a primitive"):
-        tx.make_jaxpr(solve_with_state)(B)
+                       match=r"'call_without_impl' at <top level>: it holds "
+                             r"tag\(op=state\.get, name='s'\).*"
+                             r"taxpr\.register_thread_rule\(primitive, rule\).*Adding a primitive"):
+        tx.make_jaxpr(f)(jnp.float32(1.0))
 
 
 def test_registered_rule_threads_state_reads_through_custom_linear_solve(solve_rule):

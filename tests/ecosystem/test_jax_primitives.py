@@ -17,7 +17,7 @@ from jax import lax
 import taxpr as tx
 from taxpr import harvest as h
 
-from ecohelpers import close, eager_or_clear_error
+from ecohelpers import close
 
 
 # --- lax.custom_root (the issue's program B) --------------------------------
@@ -210,7 +210,7 @@ def test_lax_map_batch_size_reaps_sow():
     close(np.asarray(reaped["y"]).reshape(-1), 2.0 * np.arange(4.0))
 
 
-# --- ensure_compile_time_eval (issue E) --------------------------------------
+# --- ensure_compile_time_eval --------------------------------------------
 
 def test_ensure_compile_time_eval_get_after_set():
     def f(x):
@@ -224,11 +224,8 @@ def test_ensure_compile_time_eval_get_after_set():
         close(out, 10.0)  # the eager value, never the init (0.0)
         assert float(s1["ctev_n"]) == 5.0
 
-    def run():
-        pure, s0 = tx.uncurry(f, 2.0)
-        return pure(s0, 2.0)
-
-    eager_or_clear_error(run, check, "ctev_n")
+    pure, s0 = tx.uncurry(f, 2.0)
+    check(pure(s0, 2.0))
 
 
 def test_ensure_compile_time_eval_set_is_not_lost():
@@ -243,11 +240,8 @@ def test_ensure_compile_time_eval_set_is_not_lost():
         close(out, 4.0)
         assert float(s1["ctev_m"]) == 2.0
 
-    def run():
-        pure, s0 = tx.uncurry(f, 2.0)
-        return pure(s0, 2.0)
-
-    eager_or_clear_error(run, check, "ctev_m")
+    pure, s0 = tx.uncurry(f, 2.0)
+    check(pure(s0, 2.0))
 
 
 # --- pallas, interpret mode --------------------------------------------------
@@ -273,11 +267,8 @@ def test_pallas_interpret_kernel_reads_state():
         out, s1 = res
         close(out, 3.0 * x)
 
-    def run():
-        pure, s0 = tx.uncurry(f, x)
-        return pure(s0, x)
-
-    eager_or_clear_error(run, check, "pl_scale")
+    pure, s0 = tx.uncurry(f, x)
+    check(pure(s0, x))
 
 
 def test_pallas_interpret_state_around_kernel():
@@ -321,11 +312,23 @@ def test_pallas_interpret_kernel_counts_grid_steps():
         close(out, 2.0 * x)
         assert int(s1["pl_n"]) == 2  # one per grid step, as a Python loop over the grid
 
-    def run():
-        pure, s0 = tx.uncurry(f, x)
-        return pure(s0, x)
+    pure, s0 = tx.uncurry(f, x)
+    check(pure(s0, x))
 
-    eager_or_clear_error(run, check, "pl_n")
+
+def test_pallas_interpret_state_in_kernel_is_a_clear_error():
+    pl = _pallas()
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * tx.get_state("pl_scale", jnp.float32(1.0))
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True)(x)
+
+    with pytest.raises(NotImplementedError, match=r"'pallas_call' at .* holds "
+                                                  r"tag\(op=state.get, name='pl_scale'\)"):
+        tx.uncurry(f, jnp.arange(4.0))
 
 
 # --- jax.new_ref -------------------------------------------------------------
