@@ -39,8 +39,8 @@ from ._inject import trace_program
 from ._inject import guarded_place
 from .primitives._tag import BATCHED, GUARD, TREE, n_values, tag, tag_p
 
-__all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "nest", "rows",
-           "PlantRows", "sow_p"]
+__all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "perturb", "nest",
+           "rows", "PlantRows", "sow_p"]
 
 sow_p = tag_p  # the primitive behind ``sow``
 
@@ -397,9 +397,11 @@ class _HarvestHooks(Hooks):
 class _Sites:
     """Rewrites selected sows: reap (record) and/or plant (replace)."""
 
-    def __init__(self, reaped: dict, planted: dict, ctx_index: dict, partial: frozenset = frozenset()):
+    def __init__(self, reaped: dict, planted: dict, ctx_index: dict, partial: frozenset = frozenset(),
+                 perturb: bool = False):
         self.reaped = reaped  # name -> mode, for names to reap
         self.planted = planted  # name -> mode, for names to plant
+        self.perturb = perturb  # planted values are added to the sown ones (``perturb``)
         self.partial = partial  # planted names whose plant is ``rows(...)``
         self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
         self.rewritten: set = set()  # names of the sows rewritten so far
@@ -437,7 +439,7 @@ class _Sites:
                     f"taxpr.harvest: a rows(...) plant for '{_disp(name)}' at "
                     f"{format_path(level.path)} reaches a derivative of its sow taken inside the "
                     f"planted function; plant the whole stack there instead")
-            if name in self.planted:
+            if name in self.planted and not self.perturb:
                 tangents = self._apply(level, "zeros", lambda *t: [jnp.zeros_like(x) for x in t],
                                        tangents)
             for o, a in zip(eqn.outvars, tangents):
@@ -464,6 +466,7 @@ class _Sites:
                 f"reap/plant inside the vmap")
         if name in self.planted:
             want = tuple(v.aval for v in eqn.outvars[:len(value)])
+            sown = value
             if mode == "append":
                 key = ("plant", name, self.next_occurrence(level, "plant", name), False)
                 if name in self.partial:
@@ -479,6 +482,8 @@ class _Sites:
                 value = [ctx[i] for i in self.ctx_index[("plant", name)]]
             value = self._apply(level, ("cast", want), _casts([_aval(a) for a in value], want),
                                 value)
+            if self.perturb:
+                value = self._apply(level, ("add", len(sown)), _added(len(sown)), [*sown, *value])
         elif name in self.reaped:
             if mode == "append":
                 if level.context is not None:
@@ -516,6 +521,12 @@ class _Sites:
 
 def _aval(atom):
     return atom.aval
+
+
+def _added(n: int) -> Callable:
+    def add(*ab):
+        return [a + b for a, b in zip(ab[:n], ab[n:])]
+    return add
 
 
 def _keep_unmasked(want) -> Callable:
@@ -913,7 +924,7 @@ def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, 
 
 
 def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
-         want_reaps: bool, strict: bool, args, kwargs):
+         want_reaps: bool, strict: bool, args, kwargs, *, perturb: bool = False):
     select = _Filter(tag_, allowlist, blocklist)
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
@@ -931,6 +942,9 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         ctx_plants, more = {}, {}
         for name, value in planted_values.items():
             site = sites[name]
+            if isinstance(value, PlantRows) and perturb:
+                raise ValueError(f"rows(...) given as the perturbation of '{_disp(name)}': a "
+                                 f"perturbation is added to every row; give the whole stack")
             if isinstance(value, PlantRows) and site.mode != "append":
                 raise ValueError(f"rows(...) planted for '{_disp(name)}', but its sow at "
                                  f"{format_path(site.path)} is in {site.mode!r} mode; rows "
@@ -938,7 +952,9 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
             if site.mode == "append":
                 continue
             # A sow already re-traced keeps its type: a mismatch now is an error.
-            fitted, types = _plant_value(name, value, site, (tag_, name) not in retype)
+            # A perturbation is added to the sown value: it never retypes it.
+            fitted, types = _plant_value(name, value, site,
+                                         (tag_, name) not in retype and not perturb)
             if types is not None:
                 more[(tag_, name)] = types
             ctx_plants[name] = fitted
@@ -966,7 +982,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(value)))
         ctx_leaves.extend(value)
     ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
-    site_rule = _Sites(reaped, planted, ctx_index, partial)
+    site_rule = _Sites(reaped, planted, ctx_index, partial, perturb)
     site_rule.rule_only = rule_only
     engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))
     threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed).outvars))
@@ -1097,10 +1113,11 @@ _TRANSFORM_ARGS = """
             no sow of ``tag`` (a typo); oryx, and the default, return normally."""
 
 
-def _wraps_taking_plants(f: Callable) -> Callable:
-    """``functools.wraps(f)`` for a wrapper that takes ``plants`` before
-    ``f``'s arguments: its signature (what ``inspect.signature`` and so
-    ``eqx.filter_jit`` read) is ``f``'s with ``plants`` in front."""
+def _wraps_taking_plants(f: Callable, first: str = "plants") -> Callable:
+    """``functools.wraps(f)`` for a wrapper that takes ``plants`` (or
+    ``first``) before ``f``'s arguments: its signature (what
+    ``inspect.signature`` and so ``eqx.filter_jit`` read) is ``f``'s with
+    it in front."""
     def decorate(wrapper: Callable) -> Callable:
         wrapper = functools.wraps(f)(wrapper)
         del wrapper.__wrapped__  # else inspect.signature follows it to f
@@ -1109,7 +1126,7 @@ def _wraps_taking_plants(f: Callable) -> Callable:
         except (TypeError, ValueError):  # no signature (a builtin): the wrapper's own
             return wrapper
         params = list(sig.parameters.values())
-        name = "plants"
+        name = first
         while name in sig.parameters:  # f has an argument of that name
             name = "_" + name
         params.insert(0, inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY))
@@ -1254,4 +1271,46 @@ harvest.__doc__ = """``plant`` and ``call_and_reap`` in one: plant some names, r
         >>> def f(x):
         ...     return sow(x, tag="t", name="a") + sow(x * 2, tag="t", name="b")
         >>> harvest(f, tag="t")({"a": 5.0}, 1.0)  # (7.0, {"b": 2.0})
+"""
+
+
+def perturb(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
+            blocklist: Iterable = frozenset(), exclusive: bool = False,
+            strict: bool = False) -> Callable:
+    @_wraps_taking_plants(f, "perturbations")
+    def wrapped(perturbations, *args, **kwargs):
+        return _run(f, tag, allowlist, blocklist, exclusive, perturbations, False, strict, args,
+                    kwargs, perturb=True)[0]
+
+    return wrapped
+
+
+perturb.__doc__ = """``f`` with ``perturbations[name]`` added to the values sown with ``tag``.
+
+    The gradient of the output with respect to a sown value (an activation,
+    a residual stream) is the gradient with respect to its perturbation at
+    zero, in the same backward pass as the gradients of ``f``'s arguments
+    (as flax's ``perturb``, with no change to the model's code)::
+
+        zeros = jax.tree.map(jnp.zeros_like, reap(loss, tag="act")(x))
+        d_acts, d_x = jax.grad(perturb(loss, tag="act"), argnums=(0, 1))(zeros, x)
+
+    A perturbation has the structure, shape and dtype of the sown value
+    (JAX's weak-type promotion as for ``plant``); an ``append`` sow's is a
+    stack with one row per time it runs (inside ``scan``: one per
+    iteration), each row added to that run's value. Names with no
+    perturbation are left alone, and stay sows for an enclosing harvest.
+    Unlike a planted value, the sown value keeps its derivative.
+""" + _TRANSFORM_ARGS.format(plants=", or a key of ``perturbations``") + """
+
+    Returns:
+        ``wrapped(perturbations, *args, **kwargs) -> out``.
+
+    Raises:
+        ValueError: as ``plant`` (a perturbation of the wrong structure,
+            shape or dtype names the sow), or ``rows(...)`` as a perturbation.
+
+    Example:
+        >>> f = lambda x: sow(x * 2, tag="t", name="y") ** 2
+        >>> jax.grad(perturb(f, tag="t"))({"y": 0.0}, 1.0)  # {"y": 4.0}
 """

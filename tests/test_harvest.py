@@ -1839,3 +1839,107 @@ def test_plant_through_a_recomputing_bwd_under_jit_and_vmap_of_grad():
         d_c1, d_x = grad(c1s, xs)
         assert [float(v) for v in d_c1] == [2.0, 2.0]
         assert [float(v) for v in d_x] == [0.0, 0.0]
+
+
+# ---- perturb: gradients with respect to sown values ---------------------------------------
+
+def _mlp_params():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    return {"w1": jax.random.normal(k1, (3, 4)) * 0.5, "w2": jax.random.normal(k2, (4, 2)) * 0.5}
+
+
+def _mlp_loss(params, x):
+    hidden = h.sow(jnp.tanh(x @ params["w1"]), tag="act", name="hidden")
+    out = h.sow(hidden @ params["w2"], tag="act", name="out")
+    return jnp.sum(out ** 2)
+
+
+def _mlp_loss_by_hand(params, x, d_hidden, d_out):
+    # The same MLP with the perturbations written in.
+    hidden = jnp.tanh(x @ params["w1"]) + d_hidden
+    out = hidden @ params["w2"] + d_out
+    return jnp.sum(out ** 2)
+
+
+def test_perturb_gives_the_gradient_wrt_sown_activations_in_one_backward_pass():
+    params, x = _mlp_params(), jnp.array([[0.5, -1.0, 2.0], [1.0, 0.0, -0.5]])
+    zeros = jax.tree.map(jnp.zeros_like, h.reap(_mlp_loss, tag="act")(params, x))
+    assert set(zeros) == {"hidden", "out"}
+    loss, (d_acts, d_params) = jax.jit(jax.value_and_grad(
+        h.perturb(_mlp_loss, tag="act"), argnums=(0, 1)))(zeros, params, x)
+    want = jax.grad(_mlp_loss_by_hand, argnums=(0, 2, 3))(
+        params, x, zeros["hidden"], zeros["out"])
+    np.testing.assert_allclose(loss, _mlp_loss(params, x), rtol=1e-6)
+    np.testing.assert_allclose(d_acts["hidden"], want[1], rtol=1e-5)
+    np.testing.assert_allclose(d_acts["out"], want[2], rtol=1e-5)
+    # The sown values keep their derivative: the parameters' gradient is f's.
+    for k in params:
+        np.testing.assert_allclose(d_params[k], want[0][k], rtol=1e-5)
+    # d loss / d out = 2 out, by hand; and a central finite difference for one entry.
+    out = jnp.tanh(x @ params["w1"]) @ params["w2"]
+    np.testing.assert_allclose(d_acts["out"], 2 * out, rtol=1e-5)
+    eps = 1e-2
+    bump = zeros["hidden"].at[0, 1].set(eps)
+    fd = (_mlp_loss_by_hand(params, x, bump, zeros["out"])
+          - _mlp_loss_by_hand(params, x, -bump, zeros["out"])) / (2 * eps)
+    np.testing.assert_allclose(d_acts["hidden"][0, 1], fd, rtol=1e-3)
+
+
+def test_perturb_equals_plant_and_differentiate():
+    params, x = _mlp_params(), jnp.ones((1, 3))
+    acts = h.reap(_mlp_loss, tag="act")(params, x)
+    d_perturb = jax.grad(h.perturb(_mlp_loss, tag="act"))(
+        jax.tree.map(jnp.zeros_like, acts), params, x)
+    # Planting the sown value itself, differentiated w.r.t. the planted
+    # value: only the output's direct dependence, as plant's derivative rule says.
+    d_plant = jax.grad(lambda a: h.plant(_mlp_loss, tag="act", allowlist=["out"])(
+        a, params, x))({"out": acts["out"]})
+    np.testing.assert_allclose(d_perturb["out"], d_plant["out"], rtol=1e-6)
+
+
+def test_perturb_of_append_sows_in_scan_is_one_row_per_iteration():
+    def f(xs):
+        def body(c, x):
+            y = h.sow(jnp.tanh(c * x), tag="s", name="y", mode="append")
+            return c + y, None
+        return jax.lax.scan(body, 1.0, xs)[0]
+
+    def by_hand(xs, deltas):  # the Python loop with the perturbations added
+        c = 1.0
+        for x, d in zip(xs, deltas):
+            c = c + jnp.tanh(c * x) + d
+        return c
+
+    xs = jnp.array([1.0, 2.0, 0.5])
+    zeros = {"y": jnp.zeros(3)}
+    d_rows, d_xs = jax.grad(h.perturb(f, tag="s"), argnums=(0, 1))(zeros, xs)
+    want_rows, want_xs = jax.grad(by_hand, argnums=(1, 0))(xs, jnp.zeros(3))
+    np.testing.assert_allclose(d_rows["y"], want_rows, rtol=1e-5)
+    np.testing.assert_allclose(d_xs, want_xs, rtol=1e-5)
+    # A nonzero perturbation changes the value as the loop says.
+    deltas = jnp.array([0.1, -0.2, 0.3])
+    np.testing.assert_allclose(h.perturb(f, tag="s")({"y": deltas}, xs), by_hand(xs, deltas),
+                               rtol=1e-6)
+
+
+def test_perturb_under_vmap_per_example():
+    params = _mlp_params()
+    xs = jnp.arange(6.0).reshape(2, 1, 3) / 6.0
+    zeros = jax.tree.map(jnp.zeros_like, h.reap(_mlp_loss, tag="act")(params, xs[0]))
+    grads = jax.vmap(jax.grad(h.perturb(_mlp_loss, tag="act")), in_axes=(None, None, 0))(
+        zeros, params, xs)
+    for i in range(2):
+        want = jax.grad(_mlp_loss_by_hand, argnums=(2, 3))(params, xs[i], zeros["hidden"],
+                                                             zeros["out"])
+        np.testing.assert_allclose(grads["hidden"][i], want[0], rtol=1e-5)
+        np.testing.assert_allclose(grads["out"][i], want[1], rtol=1e-5)
+
+
+def test_perturb_errors_name_the_sow():
+    params, x = _mlp_params(), jnp.ones((1, 3))
+    raises(ValueError, r"Planted value for 'out' has type float32\[5\]", h.perturb(_mlp_loss, tag="act"),
+           {"out": jnp.zeros(5)}, params, x)
+    raises(ValueError, r"rows\(\.\.\.\) given as the perturbation of 'out'",
+           h.perturb(_mlp_loss, tag="act"), {"out": h.rows({0: jnp.zeros(2)})}, params, x)
+    assert list(inspect.signature(h.perturb(_mlp_loss, tag="act")).parameters) == [
+        "perturbations", "params", "x"]
