@@ -88,6 +88,35 @@ def keep_tags():
 def keeping_tags() -> bool:
     """Whether tags traced now are kept (inside ``keep_tags()``)."""
     return bool(_KEEP.value)
+
+
+# Traces a library makes to analyse a body: flax's ``nn.scan`` traces its
+# body once more (as "flax scan") to find which variables are
+# loop-invariant, by dead-code elimination of that trace, and evaluates what
+# is left for the broadcast outputs (effects included: a state access runs
+# there, as a ``jax.debug.callback`` does); the loop's body is traced again
+# for ``lax.scan``. A kept tag there would count as a use of the carry: tags
+# there are plain (a sow is dropped with the value it sows).
+_ANALYSIS_TRACES = frozenset({"flax scan"})
+
+
+def _in_analysis_trace() -> bool:
+    trace = core.trace_ctx.trace
+    while trace is not None:
+        frame = getattr(trace, "frame", None)
+        info = getattr(frame, "debug_info", None)
+        if getattr(info, "traced_for", None) in _ANALYSIS_TRACES:
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
+
+
+def _keeping_here() -> bool:
+    """Whether a tag bound now is kept: inside ``keep_tags()``, and not in
+    a library's analysis trace (``_ANALYSIS_TRACES``)."""
+    return bool(_KEEP.value) and not _in_analysis_trace()
+
+
 HIDDEN_PREFIX = "_taxpr_"
 
 
@@ -319,7 +348,7 @@ def _kept_if_consumed(params: dict) -> dict:
     transformation's trace (``keep_tags()``), where something will consume
     it: an effect reaching a top-level ``jax.jit`` turns off JAX's fast
     dispatch path, which tags nothing consumes must not cost."""
-    return dict(params, **{KEPT: True}) if _KEEP.value and not params.get(KEPT) else params
+    return dict(params, **{KEPT: True}) if not params.get(KEPT) and _keeping_here() else params
 
 
 def _tag_jvp(primals, tangents, **params):
@@ -573,7 +602,7 @@ def tag(value: Any, **params: Any) -> Any:
         _tell_untransformed(params, "ran eagerly")
         return value
     params = {TREE: tree, **params}
-    if _KEEP.value:
+    if _keeping_here():
         params[KEPT] = True
     if _compat.eager_constant_folding():
         # Under ``jax.ensure_compile_time_eval()`` a trace evaluates a

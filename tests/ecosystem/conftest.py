@@ -68,13 +68,6 @@ KNOWN_GAPS = {
         "oryx's 'Mismatching number of sows between branches'", "ValueError"),
     "test_equinox.py::test_eqxi_while_loop_vmap_of_reap_keeps_each_examples_last_sow[bounded]": (
         "as reap_plant_clobber[bounded]", "ValueError"),
-    "test_flax_linen.py::test_scan_broadcast_params_reap_carry_sow": (
-        "under reap tags are kept alive, so flax's nn.scan broadcast check sees the carry "
-        "used: a ValueError that says why, not the reaped values", "ValueError"),
-    "test_flax_linen.py::test_scan_broadcast_params_plant_carry_sow": (
-        "as reap_carry_sow", "ValueError"),
-    "test_flax_linen.py::test_scan_broadcast_params_init_inside_reap": (
-        "as reap_carry_sow", "ValueError"),
     "test_jax_primitives.py::test_pallas_interpret_kernel_reads_state": _PALLAS,
     "test_jax_primitives.py::test_pallas_interpret_kernel_counts_grid_steps": _PALLAS,
     "test_jax_primitives.py::test_scan3_state_and_sow": (

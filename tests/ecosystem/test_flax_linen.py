@@ -113,32 +113,72 @@ def test_scan_broadcast_params_plain_apply():
 
 
 def test_scan_broadcast_params_reap_carry_sow():
+    # One row per layer, as flax's own sow: flax's extra trace of the body
+    # (its loop-invariance check) sows nothing.
     model, variables = _sowing()
     _, want = _python_loop(variables, X)
-
-    def check(reaped):
-        close(reaped["carry_sum"], want)
-
-    check(h.reap(lambda x: model.apply(variables, x), tag="lin")(X))
+    reaped = h.reap(lambda x: model.apply(variables, x), tag="lin")(X)
+    close(reaped["carry_sum"], want)
+    reaped = jax.jit(h.reap(lambda x: model.apply(variables, x), tag="lin"))(X)
+    close(reaped["carry_sum"], want)
 
 
 def test_scan_broadcast_params_plant_carry_sow():
     model, variables = _sowing()
     # planting the (unused) sown sums changes nothing in the output
-    def check(out):
-        close(out, _python_loop(variables, X)[0])
-
-    check(h.plant(lambda x: model.apply(variables, x), tag="lin")(
-        {"carry_sum": jnp.zeros(LAYERS)}, X))
+    out = h.plant(lambda x: model.apply(variables, x), tag="lin")(
+        {"carry_sum": jnp.zeros(LAYERS)}, X)
+    close(out, _python_loop(variables, X)[0])
 
 
 def test_scan_broadcast_params_init_inside_reap():
     model = _scanned(SowingBlock)
+    reaped = h.reap(lambda x: model.init(jax.random.key(0), x), tag="lin")(X)
+    variables = model.init(jax.random.key(0), X)
+    close(reaped["carry_sum"], _python_loop(variables, X)[1])
 
-    def check(reaped):
-        assert reaped["carry_sum"].shape == (LAYERS,)
 
-    check(h.reap(lambda x: model.init(jax.random.key(0), x), tag="lin")(X))
+class JittedSowBlock(nn.Module):
+    @nn.compact
+    def __call__(self, carry, _):
+        carry = jnp.tanh(nn.Dense(3)(carry))
+        jax.jit(lambda v: h.sow(v, tag="lin", name="carry_sum", mode="append"))(carry.sum())
+        return carry, None
+
+
+class SettingBlock(nn.Module):
+    """Sets a state to a value computed from the carry (the last layer's sum)."""
+
+    @nn.compact
+    def __call__(self, carry, _):
+        carry = jnp.tanh(nn.Dense(3)(carry))
+        tx.set_state("ln_last", carry.sum())
+        return carry, None
+
+
+def test_scan_broadcast_params_reap_sow_inside_a_jit_in_the_body():
+    model = _scanned(JittedSowBlock)
+    variables = model.init(jax.random.key(0), X)
+    reaped = h.reap(lambda x: model.apply(variables, x), tag="lin")(X)
+    close(reaped["carry_sum"], _python_loop(variables, X)[1])
+
+
+def test_scan_broadcast_params_state_set_from_the_carry_fails_as_a_callback_does():
+    # flax evaluates its extra trace of the body with its effects, and its
+    # loop-invariance check then sees a carry-derived value used: the same
+    # error as for a jax.debug.callback of that value, without taxpr.
+    class CallbackBlock(nn.Module):
+        @nn.compact
+        def __call__(self, carry, _):
+            carry = jnp.tanh(nn.Dense(3)(carry))
+            jax.debug.callback(lambda v: None, carry.sum())
+            return carry, None
+
+    message = r"broadcasted variable has a data dependency on the scan body"
+    with pytest.raises(ValueError, match=message):
+        _scanned(CallbackBlock).init(jax.random.key(0), X)
+    with pytest.raises(ValueError, match=message):
+        _scanned(SettingBlock).init(jax.random.key(0), X)
 
 
 def test_scan_broadcast_params_state_counter():
