@@ -27,6 +27,7 @@ import contextlib
 import contextvars
 import functools
 import itertools
+import sys
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -101,6 +102,8 @@ _ANALYSIS_TRACES = frozenset({"flax scan"})
 
 
 def _in_analysis_trace() -> bool:
+    if "flax.core.axes_scan" not in sys.modules:  # the only one: no cost without it
+        return False
     trace = core.trace_ctx.trace
     while trace is not None:
         frame = getattr(trace, "frame", None)
