@@ -1826,6 +1826,61 @@ def check_derivatives(program, args, seed: int, variant: str):
                                    err_msg=f"{variant}: grad vs finite differences")
 
 
+def check_grad_inside(program, args):
+    """``jax.value_and_grad`` inside the uncurried function (taxpr rewrites
+    the differentiated program, custom_vjp bwds recomputing their function
+    included): the value and the final states are the reference's (the
+    backward pass repeats no effect), and, where JAX's rules are autodiff's
+    and no rule has state, the gradient matches central finite differences
+    of the float64 reference. A stateful custom_vjp or equinox checkpointed
+    loop whose recomputation reads a state the forward changes may instead be
+    a ``StateError`` (which one cannot be read off the program)."""
+    fn = build(program)
+    stmts = list(walk(program.body))
+
+    def loss(*xs):
+        return _objective(fn(*xs), {})
+
+    def prog(a0, a1, a2, a3, n):
+        return jax.value_and_grad(lambda *f: loss(*f, n), argnums=(0, 1, 2, 3))(a0, a1, a2, a3)
+
+    recomputing = any(isinstance(s, (CustomVjp, EqxLoop)) and uses_state(s.body) for s in stmts)
+    try:
+        pure, state0 = tx.uncurry(prog, *args)
+        state = perturb(state0)
+        (value, grads), fin = pure(state, *args)
+    except tx.StateError as e:
+        assert recomputing, f"StateError without a recomputing bwd: {e}"
+        assert "recomputes" in str(e) or "replay" in str(e), e
+        _event("grad inside: a recomputation reading a changed state, a StateError")
+        return "StateError"
+    out_r, fin_r, _, _ = reference(program, args, state)
+    assert_close(value, _objective(out_r, {}), "value_and_grad inside: value")
+    assert_dict_close(fin, fin_r, "value_and_grad inside: state")
+    if (stateful_custom_rules(program) or any(not_differentiated(s) for s in stmts)
+            or any(isinstance(s, (Set, Bump)) for s in stmts)):
+        # Derivatives through a state set and read again inside the
+        # differentiated function are not propagated (docs/limitations.md).
+        _event("grad inside: value and states checked")
+        return "value and states"
+    eps = 1e-5
+    rng = np.random.default_rng(0)
+    floats = [np.asarray(a, np.float64) for a in args[:4]]
+    tangents = [rng.uniform(-1, 1, np.shape(x)) for x in floats]
+
+    def f_ref(xs):
+        out, _, _, _ = reference(program, (*xs, args[4]), state)
+        return float(_objective(out, {}))
+
+    fd = (f_ref([x + eps * t for x, t in zip(floats, tangents)])
+          - f_ref([x - eps * t for x, t in zip(floats, tangents)])) / (2 * eps)
+    dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
+    np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
+                               err_msg="grad inside vs finite differences")
+    _event("grad inside: value, states and gradient checked")
+    return "value, states and gradient"
+
+
 def check_raw_reap(program, args):
     """reap / plant of the stateful function itself (no state handler: get
     returns init, set is a no-op; taxpr warns about each set, as expected)."""
@@ -1909,7 +1964,8 @@ def ci_settings(n: int):
 # "as_users_run": each program is warmed up, uncurried, run eagerly and
 # jitted (about 0.5 s each on a 2-core machine).
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50, "vmap_inside": 30, "as_users_run": 40, "disable_jit": 30}
+          "derivatives": 50, "grad_inside": 40, "vmap_inside": 30, "as_users_run": 40,
+          "disable_jit": 30}
 
 
 def long_settings(n: int):
@@ -1978,6 +2034,14 @@ def _derivative_case(data):
     seed = data.draw(st.integers(0, 2**16))
     variant = data.draw(st.sampled_from(("pure", "reap", "plant")))
     run_check(check_derivatives, program, args, seed, variant)
+
+
+def _grad_inside_case(data):
+    # Reverse mode does not go through while loops (fori with traced bounds).
+    program = data.draw(programs())
+    assume(not any(isinstance(s, (While, Fori, Root)) for s in walk(program.body)))
+    args = data.draw(arguments())
+    run_check(check_grad_inside, program, args)
 
 
 def _raw_case(data):
@@ -2049,6 +2113,13 @@ def test_vmap_inside_with_batched_predicates_matches_reference(data):
 @given(st.data())
 def test_derivatives_match_finite_differences(data):
     _derivative_case(data)
+
+
+@_seeded
+@ci_settings(SHARES["grad_inside"])
+@given(st.data())
+def test_grad_inside_matches_reference(data):
+    _grad_inside_case(data)
 
 
 @_seeded
@@ -2161,6 +2232,7 @@ test_long_harvest = _long_test(_harvest_case, "harvest")
 test_long_vmap = _long_test(_vmap_case, "vmap")
 test_long_vmap_inside = _long_test(_vmap_inside_case, "vmap_inside")
 test_long_derivatives = _long_test(_derivative_case, "derivatives")
+test_long_grad_inside = _long_test(_grad_inside_case, "grad_inside")
 test_long_raw_reap = _long_test(_raw_case, "raw")
 test_long_disable_jit = _long_test(_disable_jit_case, "disable_jit")
 
@@ -2576,6 +2648,42 @@ LIBRARY_NESTS = {
 }
 
 
+# Custom functions whose body uses state, keys and sows (their rules call the
+# function: a custom_vjp's bwd recomputes it, as equinox's checkpointed loop
+# does), differentiated inside the uncurried function.
+GRAD_INSIDE_NESTS = {
+    "cvjp_counts_and_reads_a_constant_state": Program((
+        Set("s1", Var("f1")),
+        CustomVjp(1, (Get("f0", "s0", 0.5), Set("s0", AddC(Var("f0"), 1.0)),
+                      Get("f2", "s1", 0.0), Assign("f1", Bin("mul", Var("f1"), Var("f2"))),
+                      Sow(2, None, Var("f1"), "c0", "clobber"), Draw("f3")), calls=2),
+        Assign("f0", Bin("avg", Var("f0"), Var("f1"))))),
+    "cvjp_reads_a_state_it_updates": Program((
+        CustomVjp(1, (Get("f0", "s0", 0.5), Set("s0", Un("sin", Var("f0"))),
+                      Assign("f1", Bin("mul", Var("f1"), Var("f0")))),),)),
+    "cjvp_in_a_scan": Program((Scan(
+        1, (CustomJvp(2, (Get("f0", "s0", 0.25), Set("s0", AddC(Var("f0"), 1.0)),
+                          Assign("f1", Un("sin", Var("f1"))))),),
+        3, False, (0.5, -1.0, 2.0), Var("f2"), "f0", "f2"),)),
+    "eqxloop_in_a_jit": Program((Jit(1, (
+        EqxLoop(2, (Get("f0", "s0", 0.75), Set("s0", AddC(Var("f0"), 1.0)),
+                    Assign("f1", MulC(Var("f1"), 0.5)),
+                    Sow(3, None, Var("f1"), "c1", "clobber"))),), calls=2),)),
+}
+
+
+@pytest.mark.parametrize("nest", sorted(GRAD_INSIDE_NESTS))
+def test_stateful_custom_functions_differentiated_inside_match_reference(nest):
+    """jax.value_and_grad inside uncurry of custom functions with state, keys
+    and sows in their body: the value and states are the eager reference's
+    (the bwd's recomputation repeats no effect); a StateError where the
+    gradient depends on what the recomputation reads of a state the forward
+    changes."""
+    want = "StateError" if nest == "cvjp_reads_a_state_it_updates" else "value and states"
+    for args in (ARGS, ARGS2):
+        assert check_grad_inside(GRAD_INSIDE_NESTS[nest], args) == want
+
+
 @pytest.mark.parametrize("nest", sorted(LIBRARY_NESTS))
 def test_programs_inside_library_operations_match_reference(nest):
     """uncurry, reap, harvest / plant and vmap over states of programs inside
@@ -2619,6 +2727,7 @@ CI_TESTS = {
     "check_vmap": (test_vmap_matches_reference,),
     "check_vmap_inside": (test_vmap_inside_with_batched_predicates_matches_reference,),
     "check_derivatives": (test_derivatives_match_finite_differences,),
+    "check_grad_inside": (test_grad_inside_matches_reference,),
     "check_raw_reap": (test_raw_reap_matches_reference,),
     "check_as_users_run": (test_programs_as_users_run_them_match_reference,),
 }
@@ -2653,5 +2762,5 @@ def test_the_long_profile_runs_the_requested_number_of_programs_in_all():
     # profile (its tests share it), not a number per test.
     long_tests = [v for k, v in globals().items() if k.startswith("test_long_")]
     counts = [t._hypothesis_internal_use_settings.max_examples for t in long_tests]
-    assert len(long_tests) == 9
+    assert len(long_tests) == 10
     assert LONG_EXAMPLES <= sum(counts) < LONG_EXAMPLES + len(long_tests)
