@@ -30,8 +30,8 @@ from jax._src import core
 from jax.interpreters import ad
 
 from . import _compat, _per_example, _replay, _traverse
-from ._find import TAG_PRIMITIVES, is_selected, tag_shape
-from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, TREE, site_key,
+from ._find import TAG_PRIMITIVES, is_selected
+from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, site_key,
                               tag_cotangent_p, tag_p, tag_tangent_p, user_params)
 
 

@@ -33,9 +33,10 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax._src import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -58,23 +59,7 @@ def holds_tags(eqn: core.JaxprEqn) -> bool:
                for e, _ in _traverse.iter_eqns(j))
 
 
-def expand_hi_primitives(program: Any) -> Any:
-    """``program`` with every high-level equation that holds tags replaced by
-    a ``jit`` call of its expansion (at any depth; nested ones expanded too).
-    The same object when there is none."""
-    if HI_PRIMITIVE is None:
-        return program
-
-    def rewrite(eqn, path, env):
-        if not is_hi(eqn) or not holds_tags(eqn):
-            return None
-        return [_expanded_call(eqn.replace(
-            invars=[env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]))]
-
-    return _traverse.map_jaxpr(program, rewrite)
-
-
-def _expanded_call(eqn: core.JaxprEqn) -> core.JaxprEqn:
+def _expanded_call(eqn: core.JaxprEqn, selects: Predicate | None) -> core.JaxprEqn:
     """A ``jit`` equation computing what ``eqn`` computes, through its
     expansion into ordinary primitives (tags in it kept and expanded too)."""
     params = eqn.params
@@ -84,7 +69,7 @@ def _expanded_call(eqn: core.JaxprEqn) -> core.JaxprEqn:
 
     with keep_tags():
         body = _compat.trace_flat(lo, [v.aval for v in eqn.invars], hi_name(eqn))
-    return _jit_call(eqn, expand_hi_primitives(body), hi_name(eqn))
+    return _jit_call(eqn, expand_for(body, selects), hi_name(eqn))
 
 
 def _jit_call(eqn: core.JaxprEqn, body: Any, name: str) -> core.JaxprEqn:
@@ -194,10 +179,16 @@ def expand_for(program: Any, selects: Predicate | None) -> Any:
     tag, so each such implementation is traced to look). The same object
     when nothing is expanded.
     """
-    program = expand_hi_primitives(program)
-
     def rewrite(eqn, path, env):
-        if eqn.primitive in _engine.THREAD_RULES or eqn.primitive in TAG_PRIMITIVES:
+        prim = eqn.primitive
+        if prim in _engine.THREAD_RULES or prim in TAG_PRIMITIVES:
+            return None
+        if is_hi(eqn):
+            if not holds_tags(eqn):
+                return None
+            return [_expanded_call(eqn.replace(invars=[
+                env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]), selects)]
+        if not _may_hold_code(eqn):
             return None
         if any(_holds_selected(sj, selects) for _, sj in _traverse.subjaxprs(eqn)):
             return _implementation_call(eqn, path, env, selects, "taxpr has no thread rule for it")
@@ -212,11 +203,27 @@ def expand_for(program: Any, selects: Predicate | None) -> Any:
     return _traverse.map_jaxpr(program, rewrite)
 
 
+# Param values that hold neither a jaxpr nor a function: most equations'
+# (lax's arithmetic) have only these, and are skipped at once.
+_PLAIN = frozenset({int, float, bool, str, type(None), np.dtype})
+
+
+def _may_hold_code(eqn: core.JaxprEqn) -> bool:
+    for v in eqn.params.values():
+        t = type(v)
+        if t in _PLAIN or isinstance(v, np.dtype):
+            continue
+        if t is tuple and all(type(x) in _PLAIN for x in v):
+            continue
+        return True
+    return False
+
+
 def _holds_selected(jaxpr: Any, selects: Predicate | None) -> bool:
     return any(is_selected(e, selects) for e, _ in _traverse.iter_eqns(jaxpr))
 
 
-def _implementation(prim: core.Primitive) -> Callable | None:
+def _implementation(prim: core.Primitive) -> Callable:
     """The function JAX lowers ``prim`` with (equinox lowers its vprims with
     an impl it keeps apart from the eager one, which only adds a check for
     leaked tracers), else ``prim.impl``."""
@@ -239,6 +246,7 @@ def _implementation_call(eqn: core.JaxprEqn, path: tuple[str, ...], env: dict,
     prim, params = eqn.primitive, eqn.params
     impl = _implementation(prim)
     eqn = eqn.replace(invars=[env.get(v, v) if type(v) is core.Var else v for v in eqn.invars])
+
     def run(*args):
         args = expanded_inputs_p.bind(*args, derivative_error="", batching_error=None)
         out = impl(*args, **params)
@@ -261,6 +269,7 @@ def _implementation_call(eqn: core.JaxprEqn, path: tuple[str, ...], env: dict,
         # (lineax's LU solves with the factors it was given, not the matvec).
         tags = [e for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)
                 if is_selected(e, selects)]
+
     def error(transformation: str, rule: str) -> str:
         return (
             f"taxpr: {transformation} '{prim.name}' at {format_path(path)} from outside the "

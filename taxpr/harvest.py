@@ -19,7 +19,6 @@ the call (the engine's ``rule_has_selected`` / ``prepare_rule`` hooks).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import threading
