@@ -88,6 +88,7 @@ from hypothesis.errors import InvalidArgument
 from jax import lax
 
 import taxpr as tx
+from taxpr import _compat
 from taxpr import harvest as h
 
 from helpers import check
@@ -2680,6 +2681,10 @@ def test_stateful_custom_functions_differentiated_inside_match_reference(nest):
     gradient depends on what the recomputation reads of a state the forward
     changes."""
     want = "StateError" if nest == "cvjp_reads_a_state_it_updates" else "value and states"
+    if nest == "eqxloop_in_a_jit" and not _compat.DCE_RULES_TAKE_LIVE_INPUTS:
+        # JAX's two-argument dead-code-elimination rules cannot show that the
+        # derivatives of the loop's replayed bwd ignore the state it updates.
+        want = "StateError"
     for args in (ARGS, ARGS2):
         assert check_grad_inside(GRAD_INSIDE_NESTS[nest], args) == want
 
