@@ -800,9 +800,9 @@ def _type_str(dtype, shape) -> str:
     return f"{np.dtype(dtype).name}{list(shape)}"
 
 
-def _plant_mismatch(name, value, aval, where: str) -> ValueError:
+def _plant_mismatch(name, value, aval, where: str, noun: str = "Planted value") -> ValueError:
     return ValueError(
-        f"Planted value for '{_disp(name)}' has type "
+        f"{noun} for '{_disp(name)}' has type "
         f"{_type_str(jax.dtypes.result_type(value), np.shape(value))}, but "
         f"{where.format(type=_type_str(aval.dtype, aval.shape))}"
         f"{' (weakly typed)' if aval.weak_type else ''}; "
@@ -811,11 +811,12 @@ def _plant_mismatch(name, value, aval, where: str) -> ValueError:
         f"of a kind it promotes to")
 
 
-def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool) -> tuple[Any, Any]:
+def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool,
+             noun: str = "Planted value") -> tuple[Any, Any]:
     """(the planted leaf in the sow's type, or ``None`` if the sow must take
     the planted type; that type)."""
     if tuple(np.shape(value)) != tuple(aval.shape):
-        raise _plant_mismatch(name, value, aval, where)
+        raise _plant_mismatch(name, value, aval, where, noun)
     fit = _plant_fit(value, aval)
     if fit == "same":
         return value, None
@@ -824,17 +825,20 @@ def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool) -> tup
     if fit == "retype" and allow_retype:
         vd, v_weak = jax.dtypes.result_type(value, return_weak_type_flag=True)
         return None, core.ShapedArray(aval.shape, vd, weak_type=v_weak)
-    raise _plant_mismatch(name, value, aval, where)
+    raise _plant_mismatch(name, value, aval, where, noun)
 
 
-def _plant_value(name, value, site: _Site, allow_retype: bool) -> tuple[list, list | None]:
-    """Checked leaves of a non-append plant, or the types its sow must take."""
+def _plant_value(name, value, site: _Site, allow_retype: bool,
+                 noun: str = "Planted value") -> tuple[list, list | None]:
+    """Checked leaves of a non-append plant (or perturbation: ``noun``), or
+    the types its sow must take."""
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) != len(site.avals):
-        raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
+        raise ValueError(f"{noun} for '{_disp(name)}' has {len(leaves)} leaves, "
                          f"expected {len(site.avals)}")
     where = f"the sow at {format_path(site.path)} has type {{type}}"
-    fitted = [_conform(name, v, a, where, allow_retype) for v, a in zip(leaves, site.avals)]
+    fitted = [_conform(name, v, a, where, allow_retype, noun)
+              for v, a in zip(leaves, site.avals)]
     if any(v is None for v, _ in fitted):
         return [], [t for _, t in fitted]
     return [v for v, _ in fitted], None
@@ -953,7 +957,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
             # A sow already re-traced keeps its type: a mismatch now is an error.
             # A perturbation is added to the sown value: it never retypes it.
             fitted, types = _plant_value(name, value, site,
-                                         (tag_, name) not in retype and not perturb)
+                                         (tag_, name) not in retype and not perturb,
+                                         "Perturbation" if perturb else "Planted value")
             if types is not None:
                 more[(tag_, name)] = types
             ctx_plants[name] = fitted

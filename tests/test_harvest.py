@@ -1937,7 +1937,8 @@ def test_perturb_under_vmap_per_example():
 
 def test_perturb_errors_name_the_sow():
     params, x = _mlp_params(), jnp.ones((1, 3))
-    raises(ValueError, r"Planted value for 'out' has type float32\[5\]", h.perturb(_mlp_loss, tag="act"),
+    raises(ValueError, r"^Perturbation for 'out' has type float32\[5\], but the sow at "
+           r"<top level> has type float32\[1, 2\]", h.perturb(_mlp_loss, tag="act"),
            {"out": jnp.zeros(5)}, params, x)
     raises(ValueError, r"rows\(\.\.\.\) given as the perturbation of 'out'",
            h.perturb(_mlp_loss, tag="act"), {"out": h.rows({0: jnp.zeros(2)})}, params, x)
