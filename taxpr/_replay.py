@@ -40,6 +40,7 @@ ad.deflinear2(replay_read_p, lambda ct, _, **__: [ct])
 batching.primitive_batchers[replay_read_p] = lambda args, dims, **_: (args[0], dims[0])
 mlir.register_lowering(replay_read_p, lambda ctx, x, **_: [x])
 
+
 @functools.lru_cache(maxsize=1024)
 def replay_read(aval: Any, index: int, scope: int) -> Any:
     """A closed jaxpr ``x -> replay_read(x)`` at ``aval`` (for inlining)."""

@@ -194,3 +194,29 @@ def test_a_primitive_without_a_thread_rule_runs_through_its_implementation():
     pure, s0 = tx.uncurry(f, jnp.float32(1.0))
     out, _ = pure(s0, jnp.float32(1.0))
     assert float(out) == 2.0 * (2.0 * 1.0 + 1.0) + 1.0  # the implementation's two calls
+
+
+def test_custom_linear_solve_in_a_scan_and_an_untaken_branch_with_warm_caches():
+    def f(b, pred):
+        def step(c, _):
+            x = _counted_solve(c)
+            return c + 0.1 * x, None
+
+        c, _ = lax.scan(step, b, None, length=3)
+        # never taken here: its solve must count nothing
+        return lax.cond(pred, lambda c: _counted_solve(c), lambda c: c, c)
+
+    b = jnp.asarray(B)
+    with pytest.warns(tx.StateNotUncurriedWarning):  # compiled without uncurry first:
+        jax.jit(f)(b, False)  # JAX's trace caches are warm with the same functions
+    pure, s0 = tx.uncurry(f, b, False)
+    s = dict(s0, scale=jnp.float32(2.0), evals=jnp.int32(0))
+    out, s1 = jax.jit(pure)(s, b, False)
+    c = np.asarray(B)  # the Python loop
+    for _ in range(3):
+        c = c + 0.1 * _python_richardson(2.0, c)
+    np.testing.assert_allclose(out, c, rtol=1e-5)
+    assert int(s1["evals"]) == 3 * STEPS
+    out, s1 = jax.jit(pure)(s, b, True)  # now taken: one more solve
+    np.testing.assert_allclose(out, _python_richardson(2.0, c), rtol=1e-5)
+    assert int(s1["evals"]) == 4 * STEPS

@@ -55,7 +55,7 @@ BATCHED = "_taxpr_batched"
 # first. GUARD_FROM names the cond branches / while parts that guard it.
 GUARD = "_taxpr_guard"
 GUARD_FROM = "_taxpr_guard_from"
-# Custom_vjp scopes (see ``custom_vjp_scopes``): the calls whose fwd was
+# Custom_vjp scopes (see "custom_vjp scopes" below): the calls whose fwd was
 # running when the tag was bound, and the call whose bwd was.
 FWD_SCOPES = "_taxpr_fwd_scopes"
 REPLAY_SCOPE = "_taxpr_replay_scope"
