@@ -257,6 +257,22 @@ def register_dce_rule(prim: core.Primitive,
     pe.dce_rules[prim] = _dce_rule_arity_adapter(rule)
 
 
+# The rematerialization of ``jax_remat3`` (``jax._src.interpreters.remat``, where
+# JAX has it): per-primitive rules ``rule(trace, *args, **params) -> (outputs,
+# residuals, recompute)``; ``recompute(residuals, *args)`` runs in the backward pass.
+try:
+    from jax._src.interpreters import remat as _remat
+    _REMAT_RULES: dict | None = _remat.rules
+except (ImportError, AttributeError):
+    _REMAT_RULES = None
+
+
+def register_remat_rule(prim: core.Primitive, rule: Callable[..., tuple[Any, Any, Callable]]):
+    """Register ``prim``'s rematerialization rule where JAX has the table."""
+    if _REMAT_RULES is not None:
+        _REMAT_RULES[prim] = rule
+
+
 def dce_jaxpr(jaxpr: core.Jaxpr, used_outputs, instantiate=False):
     return pe.dce_jaxpr(jaxpr, used_outputs, instantiate)
 

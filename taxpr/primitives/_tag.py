@@ -470,6 +470,23 @@ batching.primitive_batchers[tag_tangent_p] = _make_half_batch(tag_tangent_p)
 batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
 
 
+# ---- rematerialization --------------------------------------------------------
+
+def _tag_remat(trace, *args, **params):
+    """``jax_remat3``'s rule: inside a taxpr transformation a tag is an
+    effect, so, as JAX's partial evaluation does for effects under
+    ``checkpoint``, it runs once, in the forward pass, and the backward pass
+    reuses its outputs (the recomputation sees what the forward saw). A tag
+    nothing consumes is an identity, recomputed like the rest."""
+    outs = tag_p.bind(*args, **params)
+    if _keeping_here():
+        return outs, outs, lambda saved, *_: saved
+    return outs, (), lambda _, *args_: tag_p.bind(*args_, **params)
+
+
+_compat.register_remat_rule(tag_p, _tag_remat)
+
+
 # ---- lowering, DCE, printing ----------------------------------------------------
 
 def _tag_lowering(ctx, *args, **params):

@@ -452,25 +452,40 @@ def test_custom_vjp_generic_batching_reap_sow():
     close(reaped["s"], np.sin([0.1, 0.2]))
 
 
-def test_scan3_state_and_sow():
+def _scan3_program(mode):
     def f(x):
         def body(c, _):
             tx.set_state("s3_n", tx.get_state("s3_n", jnp.zeros((), jnp.int32)) + 1)
             c = h.sow(c * tx.get_state("s3_scale", jnp.float32(1.0)), tag="s3", name="c",
-                      mode="append")
+                      mode=mode)
             return c, None
         tx.set_state("s3_scale", jnp.float32(2.0))
         return lax.scan(body, x, None, length=3)[0]
+    return f
 
+
+def test_scan3_state_clobber_sow_and_jvp_inside():
+    f = _scan3_program("clobber")
     with _config("jax_scan3"):
         pure, s0 = tx.uncurry(f, 1.0)
         out, s1 = pure(s0, 1.0)
         close(out, 8.0)
         assert int(s1["s3_n"]) == 3
         out, reaped = h.call_and_reap(lambda x: pure(s0, x)[0], tag="s3")(1.0)
+        close(reaped["c"], 8.0)  # the last iteration's
+        close(h.plant(lambda x: pure(s0, x)[0], tag="s3")({"c": 5.0}, 1.0), 5.0)
+        # JAX's Scan3 has a JVP rule only (no grad)
+        (y, t), s1 = tx.uncurry(lambda x: jax.jvp(f, (x,), (1.0,)), 1.0)[0](s0, 1.0)
+        close(y, 8.0)
+        close(t, 8.0)
+        assert int(s1["s3_n"]) == 3
+
+
+def test_scan3_append_sow():
+    with _config("jax_scan3"):
+        pure, s0 = tx.uncurry(_scan3_program("append"), 1.0)
+        out, reaped = h.call_and_reap(lambda x: pure(s0, x)[0], tag="s3")(1.0)
         close(reaped["c"], [2.0, 4.0, 8.0])
-        g, _ = tx.uncurry(lambda x: jax.grad(f)(x), 1.0)[0](s0, 1.0)
-        close(g, 8.0)
 
 
 def test_remat3_state_and_grad_inside():
@@ -489,6 +504,23 @@ def test_remat3_state_and_grad_inside():
         # by hand: y = 3 sin(3 sin x); dy/dx = 3 cos(3 sin x) * 3 cos x
         close(g, 9.0 * np.cos(3.0 * np.sin(0.3)) * np.cos(0.3), rtol=1e-5)
         assert int(s1["r3_n"]) == 2  # two layer calls; the recomputation sets nothing
+
+
+def test_remat3_recomputation_reads_what_the_forward_read():
+    def f(x):
+        @jax.checkpoint
+        def layer(x):
+            n = tx.get_state("r3_calls", jnp.zeros((), jnp.float32))
+            tx.set_state("r3_calls", n + 1.0)
+            return jnp.sin(x) * (n + 1.0)
+        return jax.grad(lambda x: layer(layer(x)))(x)
+
+    with _config("jax_remat3"):
+        pure, s0 = tx.uncurry(f, 0.3)
+        g, s1 = pure(s0, 0.3)
+        # by hand: the layers scale by 1 and 2, y = 2 sin(sin x), dy/dx = 2 cos(sin x) cos x
+        close(g, 2.0 * np.cos(np.sin(0.3)) * np.cos(0.3), rtol=1e-5)
+        close(s1["r3_calls"], 2.0)
 
 
 def test_remat3_reap_sow():
