@@ -258,19 +258,39 @@ def register_dce_rule(prim: core.Primitive,
 
 
 # The rematerialization of ``jax_remat3`` (``jax._src.interpreters.remat``, where
-# JAX has it): per-primitive rules ``rule(trace, *args, **params) -> (outputs,
-# residuals, recompute)``; ``recompute(residuals, *args)`` runs in the backward pass.
+# JAX has it) takes per-primitive rules. Their convention differs: a rule gets
+# ``(policy, *args)`` or ``(trace, *args)`` and returns ``(outputs, recompute)``,
+# ``recompute(*args)`` running in the backward pass; where the trace asks for
+# ``(outputs, residuals, recompute)``, ``recompute(residuals, *args)``.
 try:
     from jax._src.interpreters import remat as _remat
     _REMAT_RULES: dict | None = _remat.rules
-except (ImportError, AttributeError):
-    _REMAT_RULES = None
+    _REMAT_RULES_RETURN_RESIDUALS: bool = "res, rem = rules[prim]" in inspect.getsource(
+        _remat.RematTrace.process_primitive)
+except (ImportError, AttributeError, OSError, TypeError):
+    _REMAT_RULES, _REMAT_RULES_RETURN_RESIDUALS = None, False
 
 
-def register_remat_rule(prim: core.Primitive, rule: Callable[..., tuple[Any, Any, Callable]]):
-    """Register ``prim``'s rematerialization rule where JAX has the table."""
-    if _REMAT_RULES is not None:
-        _REMAT_RULES[prim] = rule
+def register_remat_rule(prim: core.Primitive, rule: Callable[..., tuple[Any, bool]]) -> None:
+    """Register ``rule(*args, **params) -> (outputs, saved)`` as ``prim``'s
+    rematerialization rule where JAX has the table: it binds ``prim`` in the
+    forward pass; the backward pass reuses its outputs when ``saved``, else
+    binds ``prim`` again."""
+    if _REMAT_RULES is None:
+        return
+    if _REMAT_RULES_RETURN_RESIDUALS:
+        def adapted(_trace, *args, **params):
+            outs, saved = rule(*args, **params)
+            if saved:
+                return outs, outs, lambda res, *_: res
+            return outs, (), lambda _, *args_: prim.bind(*args_, **params)
+    else:
+        def adapted(_trace_or_policy, *args, **params):
+            outs, saved = rule(*args, **params)
+            if saved:  # closed over: the recomputation's jaxpr takes them as residuals
+                return outs, lambda *_: outs
+            return outs, lambda *args_: prim.bind(*args_, **params)
+    _REMAT_RULES[prim] = adapted
 
 
 def dce_jaxpr(jaxpr: core.Jaxpr, used_outputs, instantiate=False):

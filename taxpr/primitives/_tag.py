@@ -472,16 +472,13 @@ batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
 
 # ---- rematerialization --------------------------------------------------------
 
-def _tag_remat(trace, *args, **params):
+def _tag_remat(*args, **params):
     """``jax_remat3``'s rule: inside a taxpr transformation a tag is an
     effect, so, as JAX's partial evaluation does for effects under
     ``checkpoint``, it runs once, in the forward pass, and the backward pass
     reuses its outputs (the recomputation sees what the forward saw). A tag
     nothing consumes is an identity, recomputed like the rest."""
-    outs = tag_p.bind(*args, **params)
-    if _keeping_here():
-        return outs, outs, lambda saved, *_: saved
-    return outs, (), lambda _, *args_: tag_p.bind(*args_, **params)
+    return tag_p.bind(*args, **params), _keeping_here()
 
 
 _compat.register_remat_rule(tag_p, _tag_remat)
