@@ -57,6 +57,9 @@ def _register_equinox() -> None:
 _register_equinox()
 
 
+_LOOPS = frozenset({_compat.while_p, _compat.scan_p})
+
+
 def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
                       emit: Callable[[core.JaxprEqn], None]) -> Any | None:
     """The value ``atom`` takes for each example when the batch reductions
@@ -93,6 +96,11 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
                 operand = per_example.get(operand, operand)
             per_example[eqn.outvars[0]] = operand
         elif any(type(v) is core.Var and v in per_example for v in eqn.invars):
+            if eqn.primitive in _LOOPS:
+                # A loop's outputs depend on a reduction through its number
+                # of steps, and the library masks its carry per example:
+                # they are the example's own already.
+                continue
             if eqn.effects:
                 return None
             outs = [_compat.new_var(o.aval) for o in eqn.outvars]

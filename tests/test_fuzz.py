@@ -703,7 +703,12 @@ def rstmt(s, ind: str, out: list) -> None:
         if s.loop == "lax":
             loop = "lax.while_loop({})"
         else:  # at most `bound` steps: equinox's max_steps
-            loop = (f"eqxi.while_loop({{}}, max_steps={max(s.bound, 1)}, "
+            # equinox's bounded loop of one step runs its body unconditionally
+            # (a "false step" whose carry it masks: its effects happen, as a
+            # jax.debug.callback's would), which the reference's while does
+            # not model: at least two steps, each under a cond.
+            least = 2 if s.loop == "eqx_bounded" else 1
+            loop = (f"eqxi.while_loop({{}}, max_steps={max(s.bound, least)}, "
                     f"kind=\"{s.loop.removeprefix('eqx_')}\")")
         if s.kind == "carry":
             w(f"_, ({ENV_S}) = " + loop.format(f"wcond{u}, wbody{u}, (jnp.int32(0), ({ENV_S}))"))

@@ -549,3 +549,76 @@ def test_eqxi_while_loop_vmap_after_a_plain_call_and_under_jit(kind):
     for _ in range(2):  # the second call hits jit's cache
         _, s2 = run(batch, jnp.float32(0.0))
         assert [int(n) for n in s2["vj_n"]] == _python_step_counts(ks)
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed", "bounded"])
+def test_cond_on_a_loop_result_sows_and_sets_as_eagerly(kind):
+    # The loop's result depends on equinox's batch reduction only through its
+    # number of steps (equinox masks the carry per example): a cond on it
+    # takes each example's own branch, with or without vmap.
+    from jax import lax
+
+    def f(x):
+        def body(c):
+            i, y = c
+            tx.set_state("cl_n", tx.get_state("cl_n", jnp.zeros(())) + 1.0)
+            return i + 1, y * 0.5
+        _, y = eqxi.while_loop(lambda c: c[0] < 2, body, (0, x), max_steps=2, kind=kind)
+
+        def big(y):
+            return h.sow(y, tag="cl", name="y", mode="strict")
+
+        def small(y):
+            tx.set_state("cl_small", tx.get_state("cl_small", jnp.zeros(())) + 1.0)
+            return h.sow(-y, tag="cl", name="y", mode="strict")
+
+        return lax.cond(y > 0.1, big, small, y)
+
+    def eager(x):  # the Python loop with a dict
+        y = x * 0.25
+        return (y, {"cl_n": 2.0, "cl_small": 0.0}) if y > 0.1 else (
+            -y, {"cl_n": 2.0, "cl_small": 1.0})
+
+    pure, s0 = tx.uncurry(f, 1.0)
+    for x in (1.0, 0.2):
+        (out, s1), reaped = h.call_and_reap(pure, tag="cl")(s0, x)
+        want, want_state = eager(x)
+        close(out, want)
+        close(reaped["y"], want)
+        assert {k: float(v) for k, v in s1.items()} == want_state
+    xs = jnp.array([1.0, 0.2])
+    (outs, s2), reaped = jax.vmap(h.call_and_reap(pure, tag="cl"), in_axes=(None, 0))(s0, xs)
+    close(outs, [eager(1.0)[0], eager(0.2)[0]])
+    close(reaped["y"], outs)
+    close(s2["cl_small"], [0.0, 1.0])
+    close(s2["cl_n"], [2.0, 2.0])
+
+
+@pytest.mark.parametrize("inner", ["plain", "scan", "checkpoint"])
+def test_checkpointed_loop_grad_inside_counts_each_call_once(inner):
+    # A checkpointed loop's body (one step) calls a layer twice: plainly, in a
+    # lax.scan, or through jax.checkpoint. Under jax.grad inside, the
+    # backward pass recomputes the step; the counter counts the forward's
+    # calls only, as the Python loop does.
+    from jax import lax
+
+    def layer(c, w):
+        tx.set_state("ck_n", tx.get_state("ck_n", jnp.zeros(())) + 1.0)
+        return jnp.sin(c) * w
+
+    def step(x):
+        if inner == "scan":
+            return lax.scan(lambda c, w: (layer(c, w), None), x, jnp.array([1.0, 2.0]))[0]
+        call = jax.checkpoint(layer) if inner == "checkpoint" else layer
+        return call(call(x, 1.0), 2.0)
+
+    def loss(x):
+        return eqxi.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, step(c[1])), (0, x),
+                               max_steps=1, kind="checkpointed")[1]
+
+    pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = pure(s0, 0.5)
+    # by hand: y = 2 sin(sin x), dy/dx = 2 cos(sin x) cos x
+    close(value, 2.0 * np.sin(np.sin(0.5)))
+    close(grad, 2.0 * np.cos(np.sin(0.5)) * np.cos(0.5))
+    assert float(s1["ck_n"]) == 2.0
