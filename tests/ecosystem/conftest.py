@@ -47,7 +47,7 @@ _NESTED_REPLAY = (
     "under jax.grad inside, a custom_vjp whose fwd evaluates a jaxpr traced before (equinox's "
     "checkpointed loop) binds the tags nested in its scans and checkpoints whole, unmarked: "
     "the engine cannot tell that the bwd's recomputation of them repeats the forward's "
-    "writes, and applies them again (a counter counts twice)")
+    "writes, and applies them again (a counter counts twice, a key stream advances twice)")
 _SOW_IN_ONE_BRANCH = (
     "the matvec runs in one branch of a cond only (the solver's periodic recomputation of "
     "the residual): harvest's cond rule raises oryx's 'Mismatching number of sows between "
