@@ -595,6 +595,12 @@ def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -
     return scoped
 
 
+try:
+    from jax._src.linear_util import WrappedFun as WRAPPED_FUN_TYPE
+except ImportError:  # pragma: no cover
+    WRAPPED_FUN_TYPE = type(None)
+
+
 def called_jaxpr(fun: Any) -> Any:
     """The jaxpr a custom-derivative call evaluates when the call comes from
     an equation (``lu.wrap_init(core.jaxpr_as_fun(jaxpr))``, a partial

@@ -284,11 +284,93 @@ FUNCTION_SITES = "_taxpr_function_sites"
 
 
 def _function_sites(fun: Any) -> frozenset:
+    """The site keys of the tags in the jaxprs ``fun`` evaluates: the one it
+    is a partial application of, else those its partial applications and
+    closures hold (a library's custom_vjp of a body traced before, such as
+    equinox's checkpointed loop, whose fwd binds the tags nested in that
+    body's scans and checkpoints whole, unmarked)."""
     jaxpr = _compat.called_jaxpr(fun)
-    if jaxpr is None:
+    jaxprs = [jaxpr] if jaxpr is not None else _held_jaxprs(fun)
+    if not jaxprs:
         return frozenset()
     from .._traverse import iter_eqns
-    return frozenset(site_key(e.params) for e, _ in iter_eqns(jaxpr) if e.primitive is tag_p)
+    return frozenset(site_key(e.params) for j in jaxprs for e, _ in iter_eqns(j)
+                     if e.primitive is tag_p)
+
+
+# Objects ``_held_jaxprs`` does not look into: values, and JAX's tracers and
+# traces (through them every jaxpr being traced is reachable).
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, np.ndarray, np.generic,
+           jax.Array, core.Tracer, core.Trace, type(sys))
+
+
+_PyTreeDef = type(jax.tree_util.tree_structure(()))
+_WrappedFun = _compat.WRAPPED_FUN_TYPE
+
+
+def _held_jaxprs(root: Any, max_objects: int = 2048, max_depth: int = 12) -> list:
+    """The jaxprs reachable from ``root`` (a ``lu.WrappedFun``) through
+    containers, partial applications, closure cells and instance attributes,
+    in a bounded look that runs no code of the user's (no properties, no
+    ``__getattr__``)."""
+    found: list = []
+    seen: set[int] = set()
+    todo: list = [(root, 0)]
+    while todo and len(seen) < max_objects:
+        obj, depth = todo.pop()
+        if id(obj) in seen or depth > max_depth or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, _compat.JAXPR_TYPES):
+            found.append(obj)
+            continue
+        if isinstance(obj, (tuple, list, set, frozenset)):
+            children = list(obj)
+        elif isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, _WrappedFun):  # (slots) its function, transforms' static args
+            children = [obj.f, obj.transforms, obj.params]
+        elif isinstance(obj, _PyTreeDef):  # static fields of pytree nodes (equinox Modules)
+            children = [obj.node_data(), *obj.children()] if obj.num_nodes > 1 or (
+                obj.num_leaves == 0) else [obj.node_data()]
+        elif isinstance(obj, functools.partial):
+            children = [obj.func, *obj.args, *obj.keywords.values()]
+        elif callable(obj) and hasattr(obj, "__code__"):  # a Python function
+            children = [c.cell_contents for c in (obj.__closure__ or ())
+                        if _cell_filled(c)]
+        else:
+            children = _instance_values(obj)
+        todo.extend((c, depth + 1) for c in children)
+    return found
+
+
+def _instance_values(obj: Any) -> list:
+    """``obj``'s instance attributes: its ``__dict__`` and its slots, read
+    without running descriptors other than slots."""
+    values = []
+    try:
+        values.extend(object.__getattribute__(obj, "__dict__").values())
+    except AttributeError:
+        pass
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                values.append(object.__getattribute__(obj, name))
+            except AttributeError:  # an unset slot
+                pass
+    return values
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
 
 
 def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:

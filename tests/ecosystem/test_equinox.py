@@ -622,3 +622,43 @@ def test_checkpointed_loop_grad_inside_counts_each_call_once(inner):
     close(value, 2.0 * np.sin(np.sin(0.5)))
     close(grad, 2.0 * np.cos(np.sin(0.5)) * np.cos(0.5))
     assert float(s1["ck_n"]) == 2.0
+
+
+@pytest.mark.parametrize("inner", ["scan", "checkpoint"])
+def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
+    # Keys drawn inside a scan or a checkpoint of a checkpointed loop's body:
+    # under jax.grad inside, the backward pass's recomputation draws nothing
+    # new, so the value and the key stream are those of the run without grad.
+    # A gradient that depends on the draws is the documented StateError (what
+    # the recomputation reads depends on the order of its restarts).
+    from jax import lax
+
+    def make(scale_by_draw):
+        def layer(c, w):
+            u = jax.random.uniform(tx.next_key(), minval=0.5, maxval=1.5)
+            return c * u * w if scale_by_draw else c * w + lax.stop_gradient(u)
+
+        def step(x):
+            if inner == "scan":
+                return lax.scan(lambda c, w: (layer(c, w), None), x, jnp.array([1.0, 2.0]))[0]
+            call = jax.checkpoint(layer)
+            return call(call(x, 1.0), 2.0)
+
+        def loss(x):
+            return eqxi.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, step(c[1])),
+                                   (0, x), max_steps=2, kind="checkpointed")[1]
+        return loss
+
+    loss = make(scale_by_draw=False)
+    plain, s0 = tx.uncurry(loss, 0.5)
+    s0 = {**s0, "rng": jax.random.key(7)}
+    value_plain, s_plain = plain(s0, 0.5)
+    with_grad, _ = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = with_grad(s0, 0.5)
+    close(value, value_plain)
+    close(grad, 4.0)  # two steps of w = 1, 2
+    assert (jax.random.key_data(s1["rng"]).tolist()
+            == jax.random.key_data(s_plain["rng"]).tolist())
+    dependent = make(scale_by_draw=True)
+    with pytest.raises(tx.StateError, match="state 'rng'"):
+        tx.uncurry(lambda x: jax.value_and_grad(dependent)(x), 0.5)
