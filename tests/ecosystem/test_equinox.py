@@ -662,3 +662,30 @@ def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
     dependent = make(scale_by_draw=True)
     with pytest.raises(tx.StateError, match="state 'rng'"):
         tx.uncurry(lambda x: jax.value_and_grad(dependent)(x), 0.5)
+
+
+def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once():
+    # As above, the loop now inside a lax.scan and the layer checkpointed in a
+    # scan of the loop's body.
+    from jax import lax
+
+    def layer(c, w):
+        tx.set_state("cks_n", tx.get_state("cks_n", jnp.zeros(())) + 1.0)
+        return jnp.sin(c) * w
+
+    def step(x):
+        return lax.scan(lambda c, w: (jax.checkpoint(layer)(c, w), None), x,
+                        jnp.array([1.0, 2.0]))[0]
+
+    def loop(x):
+        return eqxi.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, step(c[1])), (0, x),
+                               max_steps=1, kind="checkpointed")[1]
+
+    def loss(x):
+        return lax.scan(lambda c, _: (loop(c), None), x, None, length=1)[0]
+
+    pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = pure(s0, 0.5)
+    close(value, 2.0 * np.sin(np.sin(0.5)))
+    close(grad, 2.0 * np.cos(np.sin(0.5)) * np.cos(0.5))
+    assert float(s1["cks_n"]) == 2.0
