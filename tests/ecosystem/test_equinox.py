@@ -664,9 +664,10 @@ def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
         tx.uncurry(lambda x: jax.value_and_grad(dependent)(x), 0.5)
 
 
-def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once():
-    # As above, the loop now inside a lax.scan and the layer checkpointed in a
-    # scan of the loop's body.
+@pytest.mark.parametrize("inner", ["checkpoint", "scan_of_checkpoint"])
+def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once(inner):
+    # As above, the loop now inside a lax.scan, the layer checkpointed in the
+    # loop's body (directly or in a scan).
     from jax import lax
 
     def layer(c, w):
@@ -674,6 +675,8 @@ def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once():
         return jnp.sin(c) * w
 
     def step(x):
+        if inner == "checkpoint":
+            return jax.checkpoint(layer)(jax.checkpoint(layer)(x, 1.0), 2.0)
         return lax.scan(lambda c, w: (jax.checkpoint(layer)(c, w), None), x,
                         jnp.array([1.0, 2.0]))[0]
 
