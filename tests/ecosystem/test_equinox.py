@@ -594,28 +594,41 @@ def test_cond_on_a_loop_result_sows_and_sets_as_eagerly(kind):
     close(s2["cl_n"], [2.0, 2.0])
 
 
+def _counting_layer(state: str):
+    """``layer(c, w) = sin(c) * w`` that counts its calls in ``state``."""
+    def layer(c, w):
+        tx.set_state(state, tx.get_state(state, jnp.zeros(())) + 1.0)
+        return jnp.sin(c) * w
+    return layer
+
+
+def _checkpointed_loop_of(layer, inner: str, steps: int = 1):
+    """An equinox checkpointed loop of ``steps`` steps, each applying
+    ``layer(c, w)`` for w = 1 then 2: plainly (``plain``), in a lax.scan
+    (``scan``), through jax.checkpoint (``checkpoint``), or checkpointed in a
+    lax.scan (``scan_of_checkpoint``)."""
+    from jax import lax
+
+    call = jax.checkpoint(layer) if inner in ("checkpoint", "scan_of_checkpoint") else layer
+
+    def step(x):
+        if inner in ("scan", "scan_of_checkpoint"):
+            return lax.scan(lambda c, w: (call(c, w), None), x, jnp.array([1.0, 2.0]))[0]
+        return call(call(x, 1.0), 2.0)
+
+    def loss(x):
+        return eqxi.while_loop(lambda c: c[0] < steps, lambda c: (c[0] + 1, step(c[1])),
+                               (0, x), max_steps=steps, kind="checkpointed")[1]
+    return loss
+
+
 @pytest.mark.parametrize("inner", ["plain", "scan", "checkpoint"])
 def test_checkpointed_loop_grad_inside_counts_each_call_once(inner):
     # A checkpointed loop's body (one step) calls a layer twice: plainly, in a
     # lax.scan, or through jax.checkpoint. Under jax.grad inside, the
     # backward pass recomputes the step; the counter counts the forward's
     # calls only, as the Python loop does.
-    from jax import lax
-
-    def layer(c, w):
-        tx.set_state("ck_n", tx.get_state("ck_n", jnp.zeros(())) + 1.0)
-        return jnp.sin(c) * w
-
-    def step(x):
-        if inner == "scan":
-            return lax.scan(lambda c, w: (layer(c, w), None), x, jnp.array([1.0, 2.0]))[0]
-        call = jax.checkpoint(layer) if inner == "checkpoint" else layer
-        return call(call(x, 1.0), 2.0)
-
-    def loss(x):
-        return eqxi.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, step(c[1])), (0, x),
-                               max_steps=1, kind="checkpointed")[1]
-
+    loss = _checkpointed_loop_of(_counting_layer("ck_n"), inner)
     pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
     (value, grad), s1 = pure(s0, 0.5)
     # by hand: y = 2 sin(sin x), dy/dx = 2 cos(sin x) cos x
@@ -637,17 +650,7 @@ def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
         def layer(c, w):
             u = jax.random.uniform(tx.next_key(), minval=0.5, maxval=1.5)
             return c * u * w if scale_by_draw else c * w + lax.stop_gradient(u)
-
-        def step(x):
-            if inner == "scan":
-                return lax.scan(lambda c, w: (layer(c, w), None), x, jnp.array([1.0, 2.0]))[0]
-            call = jax.checkpoint(layer)
-            return call(call(x, 1.0), 2.0)
-
-        def loss(x):
-            return eqxi.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, step(c[1])),
-                                   (0, x), max_steps=2, kind="checkpointed")[1]
-        return loss
+        return _checkpointed_loop_of(layer, inner, steps=2)
 
     loss = make(scale_by_draw=False)
     plain, s0 = tx.uncurry(loss, 0.5)
@@ -670,19 +673,7 @@ def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once(inner):
     # loop's body (directly or in a scan).
     from jax import lax
 
-    def layer(c, w):
-        tx.set_state("cks_n", tx.get_state("cks_n", jnp.zeros(())) + 1.0)
-        return jnp.sin(c) * w
-
-    def step(x):
-        if inner == "checkpoint":
-            return jax.checkpoint(layer)(jax.checkpoint(layer)(x, 1.0), 2.0)
-        return lax.scan(lambda c, w: (jax.checkpoint(layer)(c, w), None), x,
-                        jnp.array([1.0, 2.0]))[0]
-
-    def loop(x):
-        return eqxi.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, step(c[1])), (0, x),
-                               max_steps=1, kind="checkpointed")[1]
+    loop = _checkpointed_loop_of(_counting_layer("cks_n"), inner)
 
     def loss(x):
         return lax.scan(lambda c, _: (loop(c), None), x, None, length=1)[0]
