@@ -271,25 +271,31 @@ except (ImportError, AttributeError, OSError, TypeError):
     _REMAT_RULES, _REMAT_RULES_RETURN_RESIDUALS = None, False
 
 
-def register_remat_rule(prim: core.Primitive, rule: Callable[..., tuple[Any, bool]]) -> None:
-    """Register ``rule(*args, **params) -> (outputs, saved)`` as ``prim``'s
-    rematerialization rule where JAX has the table: it binds ``prim`` in the
-    forward pass; the backward pass reuses its outputs when ``saved``, else
-    binds ``prim`` again."""
+def register_remat_rule(prim: core.Primitive, rule: Callable[..., tuple[Any, Any]]) -> None:
+    """Register ``rule(*args, **params) -> (outputs, recompute)`` as
+    ``prim``'s rematerialization rule where JAX has the table: it binds
+    ``prim`` in the forward pass; the backward pass computes the outputs
+    again with ``recompute(saved_outputs, *args)``, or, where ``recompute``
+    is None, by binding ``prim`` again."""
     if _REMAT_RULES is None:
         return
+
+    def again(outs, recompute, params):
+        if recompute is None:
+            return lambda *args_: prim.bind(*args_, **params)
+        return lambda *args_: recompute(outs, *args_)
+
     if _REMAT_RULES_RETURN_RESIDUALS:
         def adapted(_trace, *args, **params):
-            outs, saved = rule(*args, **params)
-            if saved:
-                return outs, outs, lambda res, *_: res
-            return outs, (), lambda _, *args_: prim.bind(*args_, **params)
+            outs, recompute = rule(*args, **params)
+            if recompute is None:
+                return outs, (), lambda _, *args_: prim.bind(*args_, **params)
+            return outs, outs, lambda res, *args_: recompute(res, *args_)
     else:
         def adapted(_trace_or_policy, *args, **params):
-            outs, saved = rule(*args, **params)
-            if saved:  # closed over: the recomputation's jaxpr takes them as residuals
-                return outs, lambda *_: outs
-            return outs, lambda *args_: prim.bind(*args_, **params)
+            outs, recompute = rule(*args, **params)
+            # closed over: the recomputation's jaxpr takes the outputs as residuals
+            return outs, again(outs, recompute, params)
     _REMAT_RULES[prim] = adapted
 
 

@@ -53,6 +53,12 @@ class StateOp:
     def __repr__(self):
         return f"state.{self.kind}"
 
+    def recomputed(self, saved: list, values: list) -> list:
+        """The outputs of this access recomputed in a backward pass
+        (``jax_remat3``): a read gives what the forward read, a write passes
+        its value on (the derivative flows through) and writes nothing again."""
+        return saved if self is GET else values
+
     def on_untransformed(self, params: dict, how: str) -> None:
         """Called when a state access is compiled or runs eagerly without
         ``uncurry``: ``how`` says which ("is being compiled", "ran eagerly")."""

@@ -331,8 +331,7 @@ def _held_jaxprs(root: Any, max_objects: int = 2048, max_depth: int = 12) -> lis
         elif isinstance(obj, _WrappedFun):  # (slots) its function, transforms' static args
             children = [obj.f, obj.transforms, obj.params]
         elif isinstance(obj, _PyTreeDef):  # static fields of pytree nodes (equinox Modules)
-            children = [obj.node_data(), *obj.children()] if obj.num_nodes > 1 or (
-                obj.num_leaves == 0) else [obj.node_data()]
+            children = [obj.node_data(), *obj.children()]
         elif isinstance(obj, functools.partial):
             children = [obj.func, *obj.args, *obj.keywords.values()]
         elif callable(obj) and hasattr(obj, "__code__"):  # a Python function
@@ -370,7 +369,6 @@ def _cell_filled(cell: Any) -> bool:
     except ValueError:  # an empty cell
         return False
     return True
-
 
 
 def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
@@ -555,12 +553,19 @@ batching.primitive_batchers[tag_cotangent_p] = _make_half_batch(tag_cotangent_p)
 # ---- rematerialization --------------------------------------------------------
 
 def _tag_remat(*args, **params):
-    """``jax_remat3``'s rule: inside a taxpr transformation a tag is an
-    effect, so, as JAX's partial evaluation does for effects under
-    ``checkpoint``, it runs once, in the forward pass, and the backward pass
-    reuses its outputs (the recomputation sees what the forward saw). A tag
-    nothing consumes is an identity, recomputed like the rest."""
-    return tag_p.bind(*args, **params), _keeping_here()
+    """``jax_remat3``'s rule. Inside a taxpr transformation a tag whose
+    ``op`` says how it is recomputed (``op.recomputed(saved, values)``: a
+    state access reuses what the forward read, and a write passes its value
+    on without writing again) runs once, in the forward pass, as JAX's
+    partial evaluation does for effects under ``checkpoint``. Other tags (a
+    sow, whose output carries the derivative its site rule gives) are bound
+    again, as is a tag nothing consumes (an identity)."""
+    outs = tag_p.bind(*args, **params)
+    recomputed = getattr(params.get("op"), "recomputed", None) if _keeping_here() else None
+    if recomputed is None:
+        return outs, None
+    n = n_values(params, len(args))
+    return outs, lambda saved, *args_: recomputed(list(saved), list(args_[:n]))
 
 
 _compat.register_remat_rule(tag_p, _tag_remat)

@@ -523,6 +523,23 @@ def test_remat3_recomputation_reads_what_the_forward_read():
         close(s1["r3_calls"], 2.0)
 
 
+def test_remat3_grad_inside_flows_through_set_state_and_sow_values():
+    # A value returned by set_state or sown is differentiated through the
+    # recomputation: the derivative is the eager one.
+    def f(x):
+        @jax.checkpoint
+        def layer(x):
+            y = tx.set_state("r3_last", jnp.sin(x))
+            return h.sow(y, tag="r3g", name="y") * 3.0
+        return jax.grad(layer)(x)
+
+    with _config("jax_remat3"):
+        pure, s0 = tx.uncurry(f, 0.3)
+        g, s1 = pure(s0, 0.3)
+        close(g, 3.0 * np.cos(0.3), rtol=1e-5)
+        close(s1["r3_last"], np.sin(0.3), rtol=1e-5)
+
+
 def test_remat3_reap_sow():
     def f(x):
         return jax.checkpoint(lambda x: h.sow(jnp.sin(x), tag="r3", name="s"))(x) * 2.0
