@@ -133,7 +133,9 @@ def test_jitted_function_called_twice_with_callback_calls_twice():
     assert_bitwise(got, want)
     assert CALLS["io"] == 2
     assert code.count("def _g_") == 1 and code.count("jax.jit(_g_") == 2
-    assert code.objects  # the callback
+    # The module-level callback is imported by its module path.
+    assert not code.objects and f"import {__name__} as _M_" in code
+    assert "jax.experimental.io_callback(_M_" in code
 
 
 def test_checkpoint_becomes_jax_checkpoint_and_keeps_gradients():
@@ -188,7 +190,7 @@ def test_sort_with_several_operands_and_keys():
 
     code = assert_reproduces(f, np.array([3, 1, 2, 1], np.int32),
                              np.array([0.5, -0.0, 0.0, np.nan], np.float32))
-    assert "lax.sort_p.bind(" in code
+    assert "lax.sort((" in code and "_p.bind(" not in code
 
 
 def test_debug_print_and_debug_callback_run_once_each(capsys):
@@ -204,7 +206,11 @@ def test_debug_print_and_debug_callback_run_once_each(capsys):
     jax.effects_barrier()
     assert float(out) == 3.0 and seen == [2.0]
     assert capsys.readouterr().out.count("x is 2.0") == 1
-    assert "debug_print_p.bind(" in code and "debug_callback_p.bind(" in code
+    assert "jax.debug.print('x is {}', a)" in code
+    # A lambda has no source form: it is read from OBJECTS, named at the top.
+    assert "jax.debug.callback(OBJECTS['debug_callback_0'], a)" in code
+    assert list(code.objects) == ["debug_callback_0"] and "_p.bind(" not in code
+    assert "#   'debug_callback_0': function test_ir_codegen." in code
 
 
 def test_tags_become_taxpr_tag_with_their_params():
@@ -396,7 +402,7 @@ def test_shard_map_becomes_jax_shard_map_with_its_mesh_and_specs():
     assert list(code.objects.values()) == [mesh]
 
 
-def test_linear_solve_and_prng_keys_use_objects_for_what_has_no_source():
+def test_linear_solve_and_prng_keys_are_written_with_public_functions():
     key = jax.random.key(3)
 
     def f(x):
@@ -404,7 +410,26 @@ def test_linear_solve_and_prng_keys_use_objects_for_what_has_no_source():
         return jnp.linalg.solve(a, x), jax.random.normal(key, (2,)) + x[0]
 
     code = assert_reproduces(f, np.array([0.5, -1.0, 2.0], np.float32))
-    assert len(code.objects) == 2, code.objects  # the solve's jaxprs, the key
+    assert not code.objects, code.objects
+    assert "lax.custom_linear_solve(" in code and "symmetric=" not in code
+    assert "jax.random.wrap_key_data(np.array([0, 3], dtype=np.uint32), " \
+           "impl='threefry2x32')" in code
+    g = code.load()  # differentiable as the original (the solve's transpose kept)
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    assert_bitwise(_flat(jax.grad(lambda v: g(v)[0].sum())(x)),
+                   _flat(jax.grad(lambda v: f(v)[0].sum())(x)))
+
+
+def test_code_reading_objects_names_them_and_fails_clearly_without_them():
+    scale = np.float32(3.0)
+    code = ir.fn_to_python_code(
+        lambda x: jax.pure_callback(lambda v: v * scale, jax.ShapeDtypeStruct((), np.float32), x),
+        np.float32(2.0))
+    (key,) = code.objects
+    assert f"_OBJECTS_NEEDED = ({key!r},)" in code and f"#   {key!r}: function " in code
+    with pytest.raises(NameError, match=f"missing from OBJECTS: {key}"):
+        exec(str(code), {})
+    assert float(code.load()(np.float32(2.0))) == 6.0
 
 
 def test_code_without_objects_runs_in_a_fresh_process(tmp_path):

@@ -34,6 +34,9 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import enum
+import functools
+import importlib
+import inspect
 import keyword
 import math
 import sys
@@ -56,6 +59,10 @@ _IMPORT_LINES = ("import jax", "import jax.numpy as jnp", "import numpy as np",
 _IMPORT_NAMES = frozenset({"jax", "jnp", "np", "lax", "taxpr", "OBJECTS"})
 _RESERVED = (frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
              | frozenset(dir(builtins)) | _IMPORT_NAMES)
+# Modules ``import jax`` (and ``from jax import lax``) makes attributes.
+_IMPORTED_WITH_JAX = frozenset({"jax", "lax", "jax.lax", "jax.random", "jax.debug",
+                                "jax.tree_util", "jax.sharding"})
+_MODULE_ALIASES = {"numpy": "np", "jax.numpy": "jnp", "jax.lax": "lax"}
 DEFAULT_MAX_INLINE_ELEMENTS = 10_000
 # Elementwise primitives whose ``lax`` function only binds the primitive
 # (written ``lax.add(a, b)`` when all their params are None).
@@ -137,6 +144,37 @@ def _eval_roundtrips(src: str, value: Any, namespace: dict) -> bool:
         return False
 
 
+def _import_path(fn: Any) -> tuple[str, str] | None:
+    """``(module, qualname)`` by which a fresh process imports ``fn``
+    itself, or None (a lambda, a closure, a function of ``__main__``)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname \
+            or module == "__main__" or module not in sys.modules:
+        return None
+    obj = sys.modules[module]
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return (module, qualname) if obj is fn else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - values that do not compare to a bool
+        return False
+
+
+def _describe(value: Any) -> str:
+    """One line saying what an ``OBJECTS`` entry is."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if callable(value) and isinstance(name, str):
+        return f"{type(value).__name__} {getattr(value, '__module__', '?')}.{name}"
+    text = " ".join(repr(value).split())
+    return f"{type(value).__module__}.{type(value).__qualname__}: " \
+           f"{text[:60] + '...' if len(text) > 60 else text}"
+
+
 # ---- the generator --------------------------------------------------------------------
 
 class _Names:
@@ -167,6 +205,8 @@ class _Gen:
         self.functions: list[str] = []
         self.objects: dict = {}
         self.object_keys: dict[int, str] = {}
+        self.object_notes: dict[str, str] = {}  # key -> what the object is
+        self.late: list[str] = []  # module-level lines after the functions they call
         self.n_fn = 0
         self.fn_memo: dict = {}
         self.namespace: dict = {"jax": jax, "np": np, "lax": lax, "jnp": jax.numpy}
@@ -180,6 +220,8 @@ class _Gen:
         underscore (never a variable name)."""
         module, attr = dotted.rsplit(".", 1)
         top = module.split(".")[0]
+        if module in _MODULE_ALIASES:  # numpy -> np, jax.numpy -> jnp
+            return f"{_MODULE_ALIASES[module]}.{attr}", None
         if top in ("np", "lax", "jnp") or module in ("jax", "jax.lax"):
             return dotted, None
         if top in ("jax", "taxpr"):  # (so that a fresh process imports it too)
@@ -193,6 +235,15 @@ class _Gen:
             self.add_import(line)
         return ref, line
 
+    def public(self, fn: str) -> str:
+        """The expression naming the public function ``fn``
+        (``jax.experimental.io_callback``), importing its module unless
+        ``import jax`` provides it."""
+        module = fn.rsplit(".", 1)[0]
+        if module not in _IMPORTED_WITH_JAX:
+            self.add_import(f"import {module}")
+        return fn
+
     def add_import(self, line: str | None) -> None:
         if line is not None and line not in self.imports:
             self.imports.append(line)
@@ -205,7 +256,24 @@ class _Gen:
         key = f"{_identifier(hint)}_{len(self.objects)}"
         self.objects[key] = value
         self.object_keys[id(value)] = key
+        self.object_notes[key] = _describe(value)
         return f"OBJECTS[{key!r}]"
+
+    def callable_src(self, fn: Any, hint: str) -> str:
+        """``fn`` imported by its module path when it is importable
+        (module-level, found again by ``module.qualname``), else an
+        ``OBJECTS`` entry (a closure, a lambda: no source form)."""
+        where = _import_path(fn)
+        if where is None:
+            return self.obj(fn, hint)
+        module, qualname = where
+        return self.import_object(module, qualname)
+
+    def import_object(self, module: str, qualname: str) -> str:
+        """The expression naming ``module.qualname`` (importing the module)."""
+        head, _, rest = qualname.partition(".")
+        ref = self.import_module(f"{module}.{head}")[0]
+        return f"{ref}.{rest}" if rest else ref
 
     def fn_name(self, hint: str) -> str:
         """``_<hint>_<n>``: lower case (aliases are ``_M_...``), and ``n`` is
@@ -226,6 +294,13 @@ class _Gen:
     def array(self, value: Any, dtype: Any, hint: str = "const") -> str:
         """A module-level constant holding ``value`` exactly."""
         name = self.fn_name(hint)
+        impl = _prng_impl_name(getattr(getattr(value, "dtype", None), "_impl", None))
+        if impl is not None:  # typed PRNG keys: their data, wrapped
+            data = np.asarray(jax.random.key_data(value))
+            if data.size <= self.max_inline:
+                self.consts.append(f"{name} = jax.random.wrap_key_data({_array_src(data)}, "
+                                   f"impl={impl!r})")
+                return name
         try:
             a = np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):  # e.g. PRNG keys (an extended dtype)
@@ -274,8 +349,15 @@ class _Gen:
             return src if _eval_roundtrips(src, value, self.namespace) else self.obj(value, hint)
         if isinstance(value, np.ndarray) or isinstance(value, np.generic):
             return _array_src(value) if np.ndim(value) else _scalar_src(np.asarray(value))
-        if _compat.is_jaxpr(value) or callable(value) and not isinstance(value, type):
+        if _compat.is_jaxpr(value):
+            return self.jaxpr_src(value, hint)
+        if isinstance(value, jax.tree_util.PyTreeDef):
+            src = self.treedef_src(value)
+            if src is not None:
+                return src
             return self.obj(value, hint)
+        if callable(value) and not isinstance(value, type):
+            return self.callable_src(value, hint)
         key = (type(value), repr(value))
         try:
             hit = self.repr_memo.get(key)
@@ -286,6 +368,12 @@ class _Gen:
         lines: list = []
         before = dict(self.objects)
         src = self._structured(value, hint, lines)
+        if src is not None and self.jaxprs_inside(value):
+            # Rebuilt jaxprs are new objects (equal in what they compute):
+            # the fields are checked one by one instead of the whole.
+            for line in lines:
+                self.add_import(line)
+            return src
         if src is None or "OBJECTS[" in src or not _eval_roundtrips(src, value, self.namespace):
             # Whole, rather than in parts (drop the parts' entries).
             for k in set(self.objects) - set(before):
@@ -309,14 +397,56 @@ class _Gen:
         if isinstance(value, enum.Enum):
             return f"{where}.{value.name}"
         if hasattr(value, "_fields"):  # a NamedTuple (GatherDimensionNumbers, ...)
-            args = ", ".join(f"{f}={self.param(getattr(value, f), hint)}"
-                             for f in value._fields)
+            defaults = getattr(cls, "_field_defaults", {})
+            args = ", ".join(f"{f}={self.param(getattr(value, f), hint)}" for f in value._fields
+                             if not (f in defaults and _same(defaults[f], getattr(value, f))))
             return f"{where}({args})"
         if dataclasses.is_dataclass(value):
             args = ", ".join(f"{f.name}={self.param(getattr(value, f.name), hint)}"
                              for f in dataclasses.fields(value) if f.init)
             return f"{where}({args})"
         return None
+
+    @staticmethod
+    def jaxprs_inside(value: Any) -> bool:
+        return hasattr(value, "_fields") and any(_compat.is_jaxpr(v) for v in value)
+
+    def treedef_src(self, tree: Any) -> str | None:
+        """``jax.tree_util.tree_structure(<an example>)`` for a structure of
+        tuples, lists, dicts and None, or None."""
+        try:
+            src = _tree_src(jax.tree_util.tree_unflatten(tree, [_Src("0")] * tree.num_leaves))
+        except (_NoSource, TypeError, ValueError):
+            return None
+        src = f"jax.tree_util.tree_structure({src})"
+        return src if _eval_roundtrips(src, tree, self.namespace) else None
+
+    def jaxpr_src(self, j: Any, hint: str) -> str:
+        """A module-level jaxpr rebuilt from the function computing ``j``:
+        ``jax.make_jaxpr(fn)(<its input types>)`` (an ``OBJECTS`` entry when
+        an input type has no source form)."""
+        hit = self.fn_memo.get(("jaxpr", id(j)))
+        if hit is not None and hit[0] is j:
+            return hit[1]
+        parts = _compat.jaxpr_parts(j)
+        open_ = not _compat.is_closed(j) and not _compat.MERGED_JAXPR
+        specs = [self.spec_src(v.aval) for v in parts.invars]
+        if None in specs or open_ and parts.constvars:
+            return self.obj(j, hint)
+        fn = self.function(j, hint, "tuple")
+        name = self.fn_name(hint)
+        self.late.append(f"{name} = jax.make_jaxpr({fn})({', '.join(specs)})"
+                         + (".jaxpr" if open_ else ""))
+        self.fn_memo[("jaxpr", id(j))] = (j, name)
+        return name
+
+    def spec_src(self, aval: Any) -> str | None:
+        """``jax.ShapeDtypeStruct(...)`` of an array type, or None."""
+        dtype = getattr(aval, "dtype", None)
+        if dtype is None or not isinstance(dtype, np.dtype) or not hasattr(aval, "shape"):
+            return None
+        weak = ", weak_type=True" if getattr(aval, "weak_type", False) else ""
+        return f"jax.ShapeDtypeStruct({tuple(aval.shape)!r}, {self.param(dtype, 'dtype')}{weak})"
 
     def primitive(self, prim: core.Primitive) -> str:
         where = _location(prim)
@@ -388,29 +518,17 @@ class _Gen:
             else:
                 env[v] = names.fresh()
                 outs.append(env[v])
-        prim, p = eqn.primitive, eqn.params
+        prim = eqn.primitive
         rule = _RULES.get(prim)
-        if rule is not None:
-            src = rule(self, eqn, args)
-            if isinstance(src, _Single):  # the expression of the one output
-                return [_assign(outs, src.src, False)]
-            if isinstance(src, tuple):  # (expression, number of outputs in a first group)
-                src, n_first = src
-                return [f"{_tuple(outs[:n_first])}, {_tuple(outs[n_first:])} = {src}"]
-            if src is not None:
-                return [_assign(outs, src, multiple=True)]
-        if (prim.name in _READABLE and all(v is None for k, v in p.items() if k != "y")
-                and (prim.name == "integer_pow") == ("y" in p)
-                and getattr(lax, f"{prim.name}_p", None) is prim and not prim.multiple_results
-                and hasattr(lax, _LAX_FUNCTION.get(prim.name, prim.name))):
-            extra = [repr(p["y"])] if "y" in p else []
-            fn = _LAX_FUNCTION.get(prim.name, prim.name)
-            return [_assign(outs, f"lax.{fn}({', '.join(args + extra)})", False)]
-        if (prim.name == "convert_element_type" and not p.get("weak_type")
-                and p.get("sharding") is None):
-            return [_assign(outs, f"lax.convert_element_type({args[0]}, "
-                                  f"{self.param(p['new_dtype'], 'dtype')})", False)]
-        return [_assign(outs, self.bind(eqn, args), prim.multiple_results)]
+        src = None if rule is None else rule(self, eqn, args)
+        if isinstance(src, _Single):  # the expression of the one output
+            return [_assign(outs, src.src, False)]
+        if isinstance(src, tuple):  # (expression, number of outputs in a first group)
+            src, n_first = src
+            return [f"{_tuple(outs[:n_first])}, {_tuple(outs[n_first:])} = {src}"]
+        if src is None:
+            src = self.bind(eqn, args)
+        return [_assign(outs, src, prim.multiple_results)]
 
     def bind(self, eqn: core.JaxprEqn, args: list[str]) -> str:
         kw = []
@@ -536,6 +654,453 @@ def _tag_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     return f"jax.tree_util.tree_leaves({call})"
 
 
+# ---- public JAX functions -------------------------------------------------------------------
+# A rule writes the call of the public function that binds the primitive with
+# exactly the equation's params (the same computation, bit for bit), each
+# param as the function's keyword. It returns None, and the primitive is
+# bound as it is, when the installed JAX's function has no keyword for a
+# param, or a param holds a value the function would not bind (an explicit
+# sharding, a negative literal index it would wrap, ...).
+
+# Params the public functions bind as None by default (explicit sharding).
+_DEFAULT_NONE = frozenset({"sharding", "out_sharding"})
+
+
+def _resolve(dotted: str) -> Any:
+    """The object named ``dotted`` (``jax.experimental.io_callback``),
+    importing modules on the way; None when it does not exist."""
+    parts = dotted.split(".")
+    if parts[0] in ("lax", "jnp", "np"):  # the generated code's aliases
+        parts[:1] = {"lax": ["jax", "lax"], "jnp": ["jax", "numpy"], "np": ["numpy"]}[parts[0]]
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 1):
+        if not hasattr(obj, part):
+            try:
+                importlib.import_module(".".join(parts[:i + 1]))
+            except ImportError:
+                return None
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@functools.cache
+def _signature(fn: str) -> dict:
+    """``{keyword: default}`` of what ``fn``'s signature accepts as keywords
+    (``inspect.Parameter.empty`` for no default; empty when ``fn`` does not
+    exist in the installed JAX)."""
+    try:
+        sig = inspect.signature(_resolve(fn))
+    except (TypeError, ValueError):
+        return {}
+    return {n: prm.default for n, prm in sig.parameters.items()
+            if prm.kind in (prm.POSITIONAL_OR_KEYWORD, prm.KEYWORD_ONLY)}
+
+
+def _keywords(fn: str) -> frozenset:
+    return frozenset(_signature(fn))
+
+
+def _is_default(fn: str, name: str, value: Any) -> bool:
+    """Whether passing ``value`` is passing ``fn``'s default (left out)."""
+    default = _signature(fn).get(name, inspect.Parameter.empty)
+    if default is inspect.Parameter.empty or type(default) is not type(value):
+        return False
+    try:
+        return bool(default == value)
+    except Exception:  # noqa: BLE001 - an array-like default
+        return False
+
+
+def _keyword_args(g: _Gen, eqn: core.JaxprEqn, fn: str, params: tuple[str, ...],
+                  rename: dict | None = None, fixed: dict | None = None) -> list[str] | None:
+    """``keyword=value`` sources of ``params`` (those the equation has) for
+    ``fn``, or None when ``fn`` cannot bind the equation's params: a param
+    outside ``params`` that is not None (``_DEFAULT_NONE``) or not its
+    ``fixed`` value, or a keyword ``fn`` lacks."""
+    p, rename, fixed = eqn.params, rename or {}, fixed or {}
+    for k, v in p.items():
+        if k in params:
+            continue
+        if k in fixed:
+            if not (v is fixed[k] or type(v) is type(fixed[k]) and v == fixed[k]):
+                return None
+        elif not (k in _DEFAULT_NONE and v is None):
+            return None
+    accepted = _keywords(fn)
+    out = []
+    for k in params:
+        if k not in p:
+            continue
+        name = rename.get(k, k)
+        if name not in accepted:
+            return None
+        if _is_default(fn, name, p[k]):
+            continue
+        value = _dtype_src(p[k]) if isinstance(p[k], np.dtype) else \
+            g.param(p[k], f"{eqn.primitive.name}_{k}")
+        out.append(f"{name}={value}")
+    return out
+
+
+def _public(fn: str, *params: str, seq: bool = False, rename: dict | None = None,
+            fixed: dict | None = None) -> Callable:
+    """Rule: ``fn(*operands, param=value, ...)``; with ``seq`` the operands
+    are passed as one tuple (``lax.concatenate``, ``lax.optimization_barrier``)."""
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        kw = _keyword_args(g, eqn, fn, params, rename, fixed)
+        if kw is None:
+            return None
+        return f"{g.public(fn)}({', '.join(([_tuple(args)] if seq else args) + kw)})"
+    return rule
+
+
+def _elementwise_rule(fn: str) -> Callable:
+    """``lax.add(a, b)``, ``lax.integer_pow(a, y=3)``: params other than
+    ``y`` (``accuracy``) must be None."""
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        p = eqn.params
+        if any(v is not None for k, v in p.items() if k != "y"):
+            return None
+        extra = [f"y={p['y']!r}"] if "y" in p else []
+        return f"{fn}({', '.join(args + extra)})"
+    return rule
+
+
+def _sort_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> Any:
+    kw = _keyword_args(g, eqn, "lax.sort", ("dimension", "is_stable", "num_keys"))
+    if kw is None:
+        return None
+    if len(args) == 1:  # lax.sort of one array returns it (not a tuple)
+        return _Single(f"lax.sort({', '.join(args + kw)})")
+    return f"lax.sort({', '.join([_tuple(args)] + kw)})"
+
+
+def _arg_reduction_rule(fn: str) -> Callable:
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        p = eqn.params
+        if set(p) != {"axes", "index_dtype"} or len(p["axes"]) != 1:
+            return None
+        return f"{fn}({args[0]}, axis={p['axes'][0]!r}, index_dtype={_dtype_src(p['index_dtype'])})"
+    return rule
+
+
+def _iota_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    if len(p.get("shape", ())) == 1 and p.get("dimension") == 0 and \
+            p.get("sharding") is None and set(p) <= {"dtype", "shape", "dimension", "sharding"}:
+        return f"lax.iota({_dtype_src(p['dtype'])}, {p['shape'][0]!r})"
+    kw = _keyword_args(g, eqn, "lax.broadcasted_iota", ("dtype", "shape", "dimension"))
+    return None if kw is None else f"lax.broadcasted_iota({', '.join(kw)})"
+
+
+def _dynamic_indices(eqn: core.JaxprEqn, fn: str, indices: list) -> bool:
+    """Whether ``fn`` takes these start indices as they are: with
+    ``allow_negative_indices=False`` (otherwise it wraps negative indices,
+    where the primitive clamps them) and no negative literal (which it
+    refuses)."""
+    if "allow_negative_indices" not in _keywords(fn):
+        return False
+    return all(not isinstance(a, core.Literal) or int(np.asarray(a.val)) >= 0 for a in indices)
+
+
+def _dynamic_slice_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    ndim = len(eqn.invars[0].aval.shape)
+    if set(eqn.params) != {"slice_sizes"} or len(args) != 1 + ndim \
+            or not _dynamic_indices(eqn, "lax.dynamic_slice", eqn.invars[1:]):
+        return None
+    return (f"lax.dynamic_slice({args[0]}, {_tuple(args[1:]) if ndim else '()'}, "
+            f"slice_sizes={g.param(eqn.params['slice_sizes'], 'slice_sizes')}, "
+            f"allow_negative_indices=False)")
+
+
+def _dynamic_update_slice_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    ndim = len(eqn.invars[0].aval.shape)
+    if eqn.params or len(args) != 2 + ndim \
+            or not _dynamic_indices(eqn, "lax.dynamic_update_slice", eqn.invars[2:]):
+        return None
+    return (f"lax.dynamic_update_slice({args[0]}, {args[1]}, "
+            f"{_tuple(args[2:]) if ndim else '()'}, allow_negative_indices=False)")
+
+
+_SCATTER_PARAMS = ("dimension_numbers", "indices_are_sorted", "unique_indices", "mode")
+
+
+def _scatter_rule(fn: str, combine: core.Primitive | None) -> Callable:
+    """``lax.scatter_add(x, idx, upd, dimension_numbers=..., ...)``: the
+    function builds the update jaxpr (``combine`` of the two values; none
+    for ``lax.scatter``) itself."""
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        p = eqn.params
+        if tuple(p.get("update_consts", ())) or not _updates_with(p.get("update_jaxpr"), combine):
+            return None
+        kw = _keyword_args(g, eqn, fn, _SCATTER_PARAMS,
+                           fixed={"update_jaxpr": p.get("update_jaxpr"),
+                                  "update_consts": p.get("update_consts")})
+        return None if kw is None else f"{fn}({', '.join(args + kw)})"
+    return rule
+
+
+def _updates_with(update_jaxpr: Any, combine: core.Primitive | None) -> bool:
+    if combine is None:
+        return update_jaxpr is None
+    if update_jaxpr is None:
+        return False
+    return [e.primitive for e in _compat.jaxpr_parts(update_jaxpr).eqns] == [combine]
+
+
+def _callback_call_args(g: _Gen, in_tree: Any, args: list[str], static: dict,
+                        reserved: frozenset) -> list[str] | None:
+    """The arguments of a callback call: the ``(args, kwargs)`` pytree
+    ``in_tree`` with the equation's operands and static values as leaves."""
+    leaves, dynamic = [], iter(args)
+    for i in range(len(args) + len(static)):
+        leaves.append(_Src(g.param(static[i], "static_arg")) if i in static
+                      else _Src(next(dynamic)))
+    try:
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = [_tree_src(a) for a in call_args]
+        for k, v in call_kwargs.items():
+            if not (isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k)) \
+                    or k in reserved:
+                return None
+            out.append(f"{k}={_tree_src(v)}")
+    except (_NoSource, TypeError, ValueError, AttributeError):
+        return None
+    return out
+
+
+def _debug_print_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    if p.get("logging_record") is not None or p.get("in_tree") is None \
+            or tuple(p.get("np_printoptions", ())) != tuple(np.get_printoptions().items()):
+        return None  # (printed under other numpy print options: bound as it is)
+    call = _callback_call_args(g, p["in_tree"], args, dict(p.get("static_args", ())),
+                               _keywords("jax.debug.print"))
+    if call is None or not isinstance(p.get("fmt"), str):
+        return None
+    opts = [f"{k}=True" for k in ("ordered", "partitioned") if p.get(k)]
+    return f"jax.debug.print({', '.join([repr(p['fmt']), *call, *opts])})"
+
+
+def _closure_vars(fn: Any) -> dict:
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return {}
+    try:
+        return {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+    except ValueError:  # an empty cell
+        return {}
+
+
+def _debug_callback_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    # jax.debug.callback binds a closure over the user's callback, the
+    # arguments' tree and their static values (JAX's _flat_callback).
+    p = eqn.params
+    closure = _closure_vars(p.get("callback"))
+    if not {"callback", "in_tree", "static_args"} <= set(closure) \
+            or set(p) - {"callback", "effect", "partitioned"}:
+        return None
+    call = _callback_call_args(g, closure["in_tree"], args, dict(closure["static_args"]),
+                               _keywords("jax.debug.callback"))
+    if call is None:
+        return None
+    opts = []
+    if p.get("effect") is not _debug_effect("debug_effect"):
+        if p.get("effect") is not _debug_effect("ordered_debug_effect"):
+            return None
+        opts.append("ordered=True")
+    if p.get("partitioned"):
+        opts.append("partitioned=True")
+    fn = g.callable_src(closure["callback"], "debug_callback")
+    return f"jax.debug.callback({', '.join([fn, *call, *opts])})"
+
+
+def _debug_effect(name: str) -> Any:
+    module = sys.modules.get("jax._src.debugging")
+    return getattr(module, name, object())
+
+
+def _host_callback_rule(fn: str, options: tuple[str, ...]) -> Callable:
+    """``io_callback`` / ``pure_callback`` of the user's function (JAX binds
+    it wrapped with the arguments' tree), with flat result types."""
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        p = eqn.params
+        flat = p.get("callback")
+        user, in_tree = getattr(flat, "callback_func", None), getattr(flat, "in_tree", None)
+        if user is None or in_tree is None or p.get("sharding") is not None \
+                or set(p) - {"callback", "result_avals", "sharding", *options}:
+            return None
+        specs = [g.spec_src(a) for a in p["result_avals"]]
+        if None in specs or any(getattr(a, "weak_type", False) for a in p["result_avals"]):
+            return None
+        call = _callback_call_args(g, in_tree, args, {}, _keywords(fn))
+        if call is None or not set(options) <= _keywords(fn):
+            return None
+        opts = [f"{k}={g.param(p[k], k)}" for k in options if k in p]
+        return (f"{g.public(fn)}({', '.join([g.callable_src(user, 'callback'), _tuple(specs), *call, *opts])})")
+    return rule
+
+
+# PRNG keys: ``jax.random`` functions of typed keys.
+
+def _prng_impl_name(impl: Any) -> str | None:
+    """The name ``jax.random`` resolves to ``impl`` (``'threefry2x32'``)."""
+    name = getattr(impl, "name", None)
+    registry = getattr(sys.modules.get(type(impl).__module__), "prngs", {})
+    return name if isinstance(name, str) and registry.get(name) is impl else None
+
+
+def _random_key_rule(fn: str) -> Callable:
+    def rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+        name = _prng_impl_name(eqn.params.get("impl"))
+        if name is None or set(eqn.params) != {"impl"} \
+                or fn == "jax.random.key" and eqn.invars[0].aval.shape:
+            return None
+        return f"{fn}({args[0]}, impl={name!r})"
+    return rule
+
+
+def _random_bits_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    if set(p) - {"bit_width", "shape", "out_sharding"} or p.get("out_sharding") is not None \
+            or p.get("bit_width") not in (8, 16, 32, 64):
+        return None
+    return (f"jax.random.bits({args[0]}, shape={p['shape']!r}, "
+            f"dtype=np.uint{p['bit_width']})")
+
+
+def _random_split_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    p = eqn.params
+    if set(p) != {"shape"} or eqn.invars[0].aval.shape:  # (jax.random.split: one key)
+        return None
+    return f"jax.random.split({args[0]}, {p['shape']!r})"
+
+
+def _random_fold_in_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    if eqn.params or eqn.invars[0].aval.shape \
+            or np.dtype(eqn.invars[1].aval.dtype) != np.uint32:
+        return None
+    return f"jax.random.fold_in({args[0]}, {args[1]})"
+
+
+def _reduce_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    """``lax.reduce(operands, init_values, computation, dimensions=...)`` of
+    the function computing the reduction's jaxpr."""
+    p = eqn.params
+    if set(p) - {"computation", "jaxpr", "dimensions", "out_sharding"} \
+            or p.get("out_sharding") is not None:
+        return None
+    n = len(args) // 2
+    fn = g.function(p["jaxpr"], "reducer", "tuple")
+    if n == 1:  # (one operand: the computation takes and returns arrays)
+        return _Single(f"lax.reduce({args[0]}, {args[1]}, lambda acc, x: {fn}(acc, x)[0], "
+                       f"dimensions={p['dimensions']!r})")
+    return (f"lax.reduce({_tuple(args[:n])}, {_tuple(args[n:])}, "
+            f"lambda acc, x: {fn}(*acc, *x), dimensions={p['dimensions']!r})")
+
+
+def _linear_solve_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    """``lax.custom_linear_solve`` of the functions computing its jaxprs
+    (the matvec, the solve and, when given, the transpose solve)."""
+    p = eqn.params
+    lengths, jaxprs = p.get("const_lengths"), p.get("jaxprs")
+    if set(p) != {"const_lengths", "jaxprs"} or jaxprs.solve is None:
+        return None
+    offsets = np.cumsum([0, *lengths]).tolist()
+    consts = {f: args[offsets[i]:offsets[i + 1]] for i, f in enumerate(lengths._fields)}
+    b = args[offsets[-1]:]
+    if len(_compat.jaxpr_parts(jaxprs.solve).outvars) != len(b):
+        return None  # (solve with auxiliary outputs)
+
+    def call(field: str, hint: str) -> str:
+        fn = g.function(getattr(jaxprs, field), hint, "tuple")
+        return f"{fn}({', '.join([*consts[field], '*x'])})"
+
+    opts = [f"solve=lambda _, x: {call('solve', 'solve')}"]
+    if jaxprs.transpose_solve is not None:
+        symmetric = jaxprs.vecmat is jaxprs.matvec
+        opts.append(f"transpose_solve=lambda _, x: {call('transpose_solve', 'transpose_solve')}")
+        if symmetric:
+            opts.append("symmetric=True")
+    return (f"lax.custom_linear_solve(lambda x: {call('matvec', 'matvec')}, {_tuple(b)}, "
+            f"{', '.join(opts)})")
+
+
+def _public_rules() -> dict:
+    """The rules of the primitives the installed JAX defines, keyed by the
+    primitive."""
+    rules: dict = {}
+
+    def add(prim: Any, rule: Callable) -> None:
+        if isinstance(prim, core.Primitive):
+            rules[prim] = rule
+
+    for name in _READABLE:
+        fn = _LAX_FUNCTION.get(name, name)
+        if hasattr(lax, fn):
+            add(getattr(lax, f"{name}_p", None), _elementwise_rule(f"lax.{fn}"))
+    structural = {
+        "broadcast_in_dim": ("shape", "broadcast_dimensions"),
+        "reshape": ("new_sizes", "dimensions"),
+        "squeeze": ("dimensions",),
+        "slice": ("start_indices", "limit_indices", "strides"),
+        "transpose": ("permutation",),
+        "rev": ("dimensions",),
+        "pad": ("padding_config",),
+        "split": ("sizes", "axis"),
+        "reduce_precision": ("exponent_bits", "mantissa_bits"),
+        "bitcast_convert_type": ("new_dtype",),
+        "round": ("rounding_method",),
+        "dot_general": ("dimension_numbers", "precision", "preferred_element_type"),
+        "conv_general_dilated": ("window_strides", "padding", "lhs_dilation", "rhs_dilation",
+                                 "dimension_numbers", "feature_group_count",
+                                 "batch_group_count", "precision", "preferred_element_type"),
+        "gather": ("dimension_numbers", "slice_sizes", "unique_indices", "indices_are_sorted",
+                   "mode", "fill_value"),
+        "rng_bit_generator": ("shape", "dtype", "algorithm"),
+        "top_k": ("k", "axis", "is_stable"),
+        **{f"reduce_{op}": ("axes",) for op in ("sum", "max", "min", "prod", "and", "or", "xor")},
+        **{f"cum{op}": ("axis", "reverse") for op in ("sum", "prod", "max", "min", "logsumexp")},
+    }
+    for name, params in structural.items():
+        add(getattr(lax, f"{name}_p", None), _public(f"lax.{name}", *params))
+    add(lax.convert_element_type_p,
+        _public("lax.convert_element_type", "new_dtype", fixed={"weak_type": False}))
+    add(lax.concatenate_p, _public("lax.concatenate", "dimension", seq=True))
+    add(getattr(lax, "optimization_barrier_p", None),
+        _public("lax.optimization_barrier", seq=True))
+    add(lax.sort_p, _sort_rule)
+    add(lax.argmax_p, _arg_reduction_rule("lax.argmax"))
+    add(lax.argmin_p, _arg_reduction_rule("lax.argmin"))
+    add(lax.iota_p, _iota_rule)
+    add(lax.dynamic_slice_p, _dynamic_slice_rule)
+    add(lax.dynamic_update_slice_p, _dynamic_update_slice_rule)
+    add(lax.scatter_p, _scatter_rule("lax.scatter", None))
+    for op in ("add", "sub", "mul", "min", "max"):
+        add(getattr(lax, f"scatter_{op}_p", None),
+            _scatter_rule(f"lax.scatter_{op}", getattr(lax, f"{op}_p")))
+    add(getattr(lax, "reduce_p", None), _reduce_rule)
+    add(getattr(lax, "linear_solve_p", None), _linear_solve_rule)
+    debugging = sys.modules.get("jax._src.debugging")
+    add(getattr(debugging, "debug_print_p", None), _debug_print_rule)
+    add(getattr(debugging, "debug_callback_p", None), _debug_callback_rule)
+    callback = importlib.import_module("jax._src.callback")
+    add(getattr(callback, "io_callback_p", None),
+        _host_callback_rule("jax.experimental.io_callback", ("ordered",)))
+    add(getattr(callback, "pure_callback_p", None),
+        _host_callback_rule("jax.pure_callback", ("vmap_method",)))
+    prng = sys.modules.get("jax._src.random.prng") or sys.modules.get("jax._src.prng")
+    add(getattr(prng, "random_seed_p", None), _random_key_rule("jax.random.key"))
+    add(getattr(prng, "random_wrap_p", None), _random_key_rule("jax.random.wrap_key_data"))
+    add(getattr(prng, "random_unwrap_p", None), _public("jax.random.key_data"))
+    add(getattr(prng, "random_bits_p", None), _random_bits_rule)
+    add(getattr(prng, "random_split_p", None), _random_split_rule)
+    add(getattr(prng, "random_fold_in_p", None), _random_fold_in_rule)
+    return rules
+
+
 _RULES: dict = {
     _compat.scan_p: _scan_rule,
     _compat.while_p: _while_rule,
@@ -547,6 +1112,7 @@ _RULES: dict = {
     _compat.shard_map_p: _shard_map_rule,
     _tag.tag_p: _tag_rule,
     **{p: _call_rule("closed_call") for p in _compat.CLOSED_CALL_PRIMITIVES},
+    **_public_rules(),
 }
 
 
@@ -699,13 +1265,30 @@ def jaxpr_to_python_code(jaxpr: Any, fn_name: str = "f",
     main = g._function_src(jaxpr, fn_name, "top", 0)
     parts = ["\n".join(g.imports)]
     if g.objects:
-        parts.append("# OBJECTS: the Python objects this code cannot spell (callbacks, ...);\n"
-                     "# run it as exec(code, {'OBJECTS': code.objects}) or code.load().")
+        parts.append(_objects_check(g))
     if g.consts:
         parts.append("\n".join(g.consts))
     parts.extend(g.functions)
+    if g.late:
+        parts.append("\n".join(g.late))
     parts.append(main)
     return PythonCode("\n\n\n".join(parts) + "\n", g.objects, fn_name)
+
+
+def _objects_check(g: _Gen) -> str:
+    """The module's opening lines when it reads ``OBJECTS``: which objects,
+    and a clear error when they are not given."""
+    notes = "\n".join(f"#   {k!r}: {g.object_notes[k]}" for k in g.objects)
+    return (
+        "# This code reads Python objects that have no source form from a dict OBJECTS\n"
+        "# in its globals (taxpr's PythonCode.load() passes them):\n"
+        f"{notes}\n"
+        f"_OBJECTS_NEEDED = {tuple(g.objects)!r}\n"
+        "_OBJECTS_MISSING = [k for k in _OBJECTS_NEEDED if k not in globals().get('OBJECTS', {})]\n"
+        "if _OBJECTS_MISSING:\n"
+        "    raise NameError('this code needs Python objects that have no source form, missing '\n"
+        "                    'from OBJECTS: ' + ', '.join(_OBJECTS_MISSING) + '; run it with '\n"
+        "                    \"exec(code, {'OBJECTS': code.objects}) or code.load()\")")
 
 
 def fn_to_python_code(fn: Callable, *args: Any, **kwargs: Any) -> PythonCode:
