@@ -60,7 +60,7 @@ _IMPORT_NAMES = frozenset({"jax", "jnp", "np", "lax", "taxpr", "OBJECTS"})
 _RESERVED = (frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
              | frozenset(dir(builtins)) | _IMPORT_NAMES)
 # Modules ``import jax`` (and ``from jax import lax``) makes attributes.
-_IMPORTED_WITH_JAX = frozenset({"jax", "lax", "jax.lax", "jax.random", "jax.debug",
+_IMPORTED_WITH_JAX = frozenset({"jax", "lax", "jnp", "jax.lax", "jax.random", "jax.debug",
                                 "jax.tree_util", "jax.sharding"})
 _MODULE_ALIASES = {"numpy": "np", "jax.numpy": "jnp", "jax.lax": "lax"}
 DEFAULT_MAX_INLINE_ELEMENTS = 10_000
@@ -75,7 +75,9 @@ _READABLE = frozenset({
     "sqrt", "rsqrt", "cbrt", "atan2", "pow", "nextafter", "is_finite", "asin", "acos",
     "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "square", "integer_pow",
     "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count",
-    "clz", "erf", "erfc", "erf_inv", "lgamma", "digamma",
+    "clz", "erf", "erfc", "erf_inv", "lgamma", "digamma", "clamp", "one_minus_square",
+    "real", "imag", "complex", "igamma", "igammac", "igamma_grad_a", "polygamma", "zeta",
+    "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta", "random_gamma_grad",
 })
 
 
@@ -241,7 +243,9 @@ class _Gen:
         ``import jax`` provides it."""
         module = fn.rsplit(".", 1)[0]
         if module not in _IMPORTED_WITH_JAX:
-            self.add_import(f"import {module}")
+            head, _, rest = module.partition(".")
+            full = {"lax": "jax.lax", "jnp": "jax.numpy"}.get(head, head)
+            self.add_import(f"import {full}{'.' + rest if rest else ''}")
         return fn
 
     def add_import(self, line: str | None) -> None:
@@ -1028,6 +1032,64 @@ def _linear_solve_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | No
             f"{', '.join(opts)})")
 
 
+def _array_dtype(aval: Any) -> bool:
+    return isinstance(getattr(aval, "dtype", None), np.dtype)
+
+
+def _copy_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    # jnp.copy binds copy_p alone and keeps the weak type.
+    return None if eqn.params or not _array_dtype(eqn.invars[0].aval) else f"jnp.copy({args[0]})"
+
+
+def _stop_gradient_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    return None if eqn.params or not _array_dtype(eqn.invars[0].aval) \
+        else f"lax.stop_gradient({args[0]})"
+
+
+def _add_jaxvals_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    # The sum of two cotangents: lax.add's when its result has the first's
+    # type (add_jaxvals keeps it), that is unless only the first is weak.
+    a, b = (v.aval for v in eqn.invars)
+    if eqn.params or not _array_dtype(a) or np.dtype(a.dtype).kind not in "iufc" \
+            or (a.shape, a.dtype) != (b.shape, b.dtype) \
+            or getattr(a, "weak_type", False) and not getattr(b, "weak_type", False):
+        return None
+    return f"lax.add({', '.join(args)})"
+
+
+def _triangular_solve_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
+    # The function adds a dimension to a ``b`` of one dimension less than
+    # ``a`` and drops ``conjugate_a`` for real ``a``: the params must be
+    # what it binds.
+    a, b = (v.aval for v in eqn.invars)
+    if len(a.shape) != len(b.shape) or eqn.params.get("conjugate_a") \
+            and not np.issubdtype(a.dtype, np.complexfloating):
+        return None
+    return _public("lax.linalg.triangular_solve", "left_side", "lower", "transpose_a",
+                   "conjugate_a", "unit_diagonal")(g, eqn, args)
+
+
+@functools.cache
+def _device_put_params() -> dict | None:
+    """The params ``jax.device_put(x)`` binds (traced once)."""
+    try:
+        j = jax.make_jaxpr(jax.device_put)(jax.ShapeDtypeStruct((), np.float32))
+        (e,) = _compat.jaxpr_parts(j).eqns
+    except Exception:  # noqa: BLE001 - no single equation: not written with it
+        return None
+    return dict(e.params)
+
+
+def _device_put_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> Any:
+    # jax.device_put of a tuple binds once, each param a tuple per operand.
+    want, n = _device_put_params(), len(args)
+    if want is None or set(want) != set(eqn.params) \
+            or any(not _same(tuple(want[k]) * n, eqn.params[k]) for k in want):
+        return None
+    return _Single(f"jax.device_put({args[0]})") if n == 1 else \
+        f"jax.device_put({_tuple(args)})"
+
+
 def _public_rules() -> dict:
     """The rules of the primitives the installed JAX defines, keyed by the
     primitive."""
@@ -1061,6 +1123,8 @@ def _public_rules() -> dict:
                    "mode", "fill_value"),
         "rng_bit_generator": ("shape", "dtype", "algorithm"),
         "top_k": ("k", "axis", "is_stable"),
+        "tile": ("reps",),
+        "unstack": ("axis",),
         **{f"reduce_{op}": ("axes",) for op in ("sum", "max", "min", "prod", "and", "or", "xor")},
         **{f"cum{op}": ("axis", "reverse") for op in ("sum", "prod", "max", "min", "logsumexp")},
     }
@@ -1071,6 +1135,15 @@ def _public_rules() -> dict:
     add(lax.concatenate_p, _public("lax.concatenate", "dimension", seq=True))
     add(getattr(lax, "optimization_barrier_p", None),
         _public("lax.optimization_barrier", seq=True))
+    add(getattr(lax, "stack_p", None), _public("lax.stack", "axis", seq=True))
+    add(lax.copy_p, _copy_rule)
+    add(getattr(lax, "stop_gradient_p", None), _stop_gradient_rule)
+    add(getattr(lax, "device_put_p", None), _device_put_rule)
+    ad_util = sys.modules.get("jax._src.ad_util")
+    add(getattr(ad_util, "add_jaxvals_p", None), _add_jaxvals_rule)
+    linalg = getattr(lax, "linalg", None)
+    add(getattr(linalg, "lu_p", None), _public("lax.linalg.lu"))
+    add(getattr(linalg, "triangular_solve_p", None), _triangular_solve_rule)
     add(lax.sort_p, _sort_rule)
     add(lax.argmax_p, _arg_reduction_rule("lax.argmax"))
     add(lax.argmin_p, _arg_reduction_rule("lax.argmin"))

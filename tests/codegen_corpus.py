@@ -1,0 +1,287 @@
+"""Programs whose generated Python code must run on its own (in a fresh
+process, no ``OBJECTS``) and compute what their jaxpr computes, bit for bit:
+what the ir fuzzer generates (plain, vmapped, differentiated), what
+tests/test_ir_codegen.py covers family by family, and realistic programs
+(indexing updates, debug prints, gathers, batched matmuls, reductions,
+scans of sorts and cumulative sums, convolutions, dynamic slices, random
+numbers, host callbacks of module-level functions, linear algebra, taxpr
+state).
+
+``cases()`` lists ``(name, jaxpr, flat arguments)``. bench/codegen_binds.py
+counts the primitives the generated code of these programs still binds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import io_callback
+
+import taxpr as tx
+
+CALLS: Counter = Counter()
+
+F32 = np.array([0.5, -1.25, 3.0, -0.0, 2.0, -7.5, 1.0, 0.25], np.float32)
+IDX = np.array([0, 2, 2, 7, -1, 9, -9], np.int32)  # repeats, negative, out of bounds
+
+
+def host_square(x):
+    """A module-level function called back from the device."""
+    return (np.asarray(x) * np.asarray(x)).astype(np.float32)
+
+
+def host_count(x):
+    CALLS["host_count"] += 1
+    return x
+
+
+# ---- realistic programs -----------------------------------------------------------------------
+
+def scatter_updates(x, idx, upd):
+    return (x.at[idx].add(1.0), x.at[idx].add(upd), x.at[idx].set(upd, mode="drop"),
+            x.at[idx].mul(upd), x.at[idx].min(upd), x.at[idx].max(upd),
+            x.at[idx].get(mode="fill", fill_value=-1.0))
+
+
+def debug_prints(x, idx):
+    jax.debug.print("x is {} and {y}", x, y=idx)
+    jax.debug.print("sum {s:.3f}", s=x.sum(), ordered=True)
+    return x * 2.0
+
+
+def gathers(m, idx):
+    i = jnp.clip(idx, 0, 3)
+    return (m[i], m[:, i], m[i, i], jnp.take_along_axis(m, i[:4, None] % 4, axis=1),
+            jnp.take(m.ravel(), idx, mode="wrap"))
+
+
+def matmuls(a, b, h):
+    return (jnp.einsum("bij,bjk->bik", a, b), a[0] @ b[0],
+            lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,))),
+                            preferred_element_type=np.float32),
+            jnp.dot(h, h.T), jnp.tensordot(a, b, axes=([1, 2], [2, 1])))
+
+
+def reductions(m, k):
+    return (m.sum(), m.sum(axis=0), m.max(axis=1), m.min(), m.prod(axis=0), m.mean(),
+            jnp.argmax(m, axis=1), jnp.argmin(m), (m > 0).any(axis=0), (m > 0).all(),
+            jax.nn.logsumexp(m, axis=1), jnp.bitwise_xor.reduce(k), jnp.bitwise_or.reduce(k),
+            lax.reduce((m, m), (np.float32(0), np.float32(1)),
+                       lambda a, b: (a[0] + b[0], a[1] * b[1]), (0,)))
+
+
+def cumulative_and_sorts(x, k):
+    return (jnp.cumsum(x), jnp.cumprod(x[:4]), lax.cummax(x, reverse=True),
+            lax.cummin(x), lax.cumlogsumexp(x), jnp.sort(x), jnp.argsort(x),
+            lax.sort((k, x), num_keys=1), lax.top_k(x, 3))
+
+
+def convolution(img, ker):
+    return (lax.conv_general_dilated(img, ker, (1, 1), "SAME"),
+            lax.conv(img, ker, (2, 1), "VALID"),
+            lax.conv_general_dilated(img, ker, (1, 1), ((1, 0), (0, 1)),
+                                     rhs_dilation=(1, 2)))
+
+
+def dynamic_slices(x, m, i):
+    return (lax.dynamic_slice(x, (i,), (3,)), lax.dynamic_slice_in_dim(m, i, 2, axis=1),
+            lax.dynamic_update_slice(x, x[:2] * 10.0, (i,)),
+            lax.dynamic_update_slice(m, m[:1, :2], (i, np.int32(1))),
+            lax.dynamic_index_in_dim(x, i - 3, keepdims=False))
+
+
+def shapes(x, m, k):
+    return (jnp.arange(6), lax.broadcasted_iota(np.int32, (2, 3), 1), jnp.where(x > 0, x, -x),
+            lax.clamp(np.float32(-1.0), x, np.float32(1.0)), jnp.clip(k, -3, 3),
+            lax.select_n(k % 3, x, -x, x * 2.0), jnp.pad(m, ((1, 0), (0, 2)), constant_values=7.0),
+            jnp.concatenate([x, x[:3]]), m.T, jnp.flip(m, 0), jnp.split(x, [3, 5]),
+            x.reshape(2, 4)[None], jnp.roll(x, 3), jnp.tile(x[:2], 3), jnp.repeat(x[:3], 2),
+            lax.reduce_precision(x, 5, 10), lax.bitcast_convert_type(x, np.int32),
+            x.astype(jnp.bfloat16), k.astype(np.float32), jnp.round(x), jnp.expand_dims(x, 1),
+            lax.rev(m, (1,)), jnp.squeeze(m[:1]))
+
+
+def random_numbers(seed, x):
+    key = jax.random.key(seed)
+    k1, k2 = jax.random.split(key)
+    k3 = jax.random.fold_in(k1, 7)
+    old = jax.random.PRNGKey(seed)
+    return (jax.random.normal(k1, (3,)), jax.random.uniform(k2, (2, 2)),
+            jax.random.randint(k3, (4,), 0, 10), jax.random.bernoulli(k2, 0.3, (5,)),
+            jax.random.permutation(k3, x), jax.random.normal(old, (2,)),
+            jax.random.key_data(jax.random.split(k3, 3)), jax.random.bits(k1, (2,), np.uint8),
+            jax.random.gumbel(jax.random.key(3), (2,)))
+
+
+def rng_bit_generator(key):
+    new_key, bits = lax.rng_bit_generator(key, (2, 3))
+    return new_key, bits, lax.rng_bit_generator(key, (4,), dtype=np.uint8)[1]
+
+
+def host_callbacks(x):
+    a = jax.pure_callback(host_square, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    b = jax.pure_callback(np.sort, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                          vmap_method="sequential")
+    c = io_callback(host_count, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True)
+    return a + b, c
+
+
+def linear_algebra(a, b):
+    p, l, u = jax.scipy.linalg.lu(a)
+    return (jnp.linalg.solve(a, b), l @ u, p,
+            jax.scipy.linalg.solve_triangular(u, b, lower=False),
+            jax.scipy.sparse.linalg.cg(lambda v: a.T @ (a @ v), b, maxiter=3)[0])
+
+
+def neural_network(w, x):
+    h = jax.nn.relu(x @ w)
+    h = jax.nn.softmax(h, axis=-1)
+    g = jax.grad(lambda w: jnp.sum(jax.nn.gelu(x @ w) ** 2))(w)
+    return h, g, jnp.linalg.norm(h, axis=-1), jax.nn.one_hot(jnp.argmax(h, -1), 4)
+
+
+def stateful_rnn(w, xs):
+    def rnn(w, xs):
+        def step(_, x):
+            h = tx.get_state("h", lambda: jnp.zeros(2))
+            h = jnp.tanh(w @ h + x)
+            tx.set_state("h", h)
+            return None, h
+        return lax.scan(step, None, xs)[1]
+
+    pure, state0 = tx.uncurry(rnn, w, xs)
+    return pure(state0, w, xs)
+
+
+# ---- families of tests/test_ir_codegen.py ------------------------------------------------------
+
+def control_flow(x, i, n):
+    def body(c):
+        j, v = c
+        v = lax.cond(j % 2 == 0, jnp.sin, lambda u: u * 2.0, v)
+        return j + 1, v
+
+    s = lax.switch(i, [jnp.sin, jnp.cos, lambda v: -v], x)
+    w = lax.while_loop(lambda c: c[0] < n, body, (0, x))[1]
+    sc = lax.scan(lambda c, t: (c * t + 1.0, c.sum()), x, jnp.stack([x, -x, x * 0.5]),
+                  reverse=True)
+    fl = lax.fori_loop(0, 3, lambda k, c: c * 2.0 + k, x)
+    return s, w, sc, fl
+
+
+def calls(x):
+    @jax.jit
+    def g(v):
+        return jnp.sin(io_callback(host_count, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
+
+    @jax.custom_jvp
+    def cj(v):
+        return jnp.exp(v) - 1.0
+
+    cj.defjvp(lambda p, t: (cj(p[0]), t[0] * 100.0))
+
+    @jax.custom_vjp
+    def cv(v):
+        return jnp.log1p(v * v)
+
+    cv.defvjp(lambda v: (cv(v), v), lambda r, g: (g * 100.0,))
+    return g(x) + g(x), jax.checkpoint(lambda v: jnp.sin(v) * v)(x), cj(x) * cv(x)
+
+
+def tags(x):
+    y = tx.tag({"a": x, "b": x * 2.0}, op="hello", layer=3)
+    return y["a"] + tx.tag(y["b"], op="single")
+
+
+def literals(a, b, x, h):
+    return (lax.div(a, b), lax.rem(a, b), lax.div(a, np.int32(-2)), a // 3,
+            x + 2, x * -0.0, x + jnp.float32(np.inf), jnp.where(x > 0, x, np.nan),
+            h * jnp.bfloat16(2.5), h + 1, jnp.int8(-128) + jnp.int8(1), x * 1e-45)
+
+
+def vmapped_while(xs, ns):
+    def f(x, n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 1.5 - 0.25),
+                              (0, x))
+    return jax.vmap(f)(xs, ns)
+
+
+def closure_constants(x):
+    small = np.linspace(-1, 1, 5, dtype=np.float32)
+    key = jax.random.key(11)
+    return jnp.asarray(small) * x, jax.random.normal(key, (2,)) + x
+
+
+def _realistic() -> dict:
+    m = np.arange(16, dtype=np.float32).reshape(4, 4) / 3.0 - 2.0
+    k = np.array([3, -1, 4, 1, -5, 9, 2, -6], np.int32)
+    a = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((2, 4, 3)).astype(np.float32)
+    h = np.random.default_rng(2).standard_normal((3, 4)).astype(jnp.bfloat16)
+    img = np.random.default_rng(3).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    ker = np.random.default_rng(4).standard_normal((3, 2, 3, 2)).astype(np.float32)
+    sq = np.array([[4.0, 1.0, 0.5], [1.0, 3.0, -1.0], [0.5, -1.0, 5.0]], np.float32)
+    w = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32)
+    return {
+        "scatter_updates": (scatter_updates, (F32, IDX, np.linspace(-1, 1, 7, dtype=np.float32))),
+        "debug_prints": (debug_prints, (F32, IDX)),
+        "gathers": (gathers, (m, IDX)),
+        "matmuls": (matmuls, (a, b, h)),
+        "reductions": (reductions, (m, k)),
+        "cumulative_and_sorts": (cumulative_and_sorts, (F32, k)),
+        "convolution": (convolution, (img, ker)),
+        "dynamic_slices": (dynamic_slices, (F32, m, np.int32(-2))),
+        "dynamic_slices_out_of_bounds": (dynamic_slices, (F32, m, np.int32(7))),
+        "shapes": (shapes, (F32, m, k)),
+        "random_numbers": (random_numbers, (np.int32(42), F32)),
+        "rng_bit_generator": (rng_bit_generator, (np.array([1, 2, 3, 4], np.uint32),)),
+        "host_callbacks": (host_callbacks, (F32,)),
+        "linear_algebra": (linear_algebra, (sq, np.array([1.0, -2.0, 0.5], np.float32))),
+        "neural_network": (neural_network, (w, m)),
+        "stateful_rnn": (stateful_rnn, (0.5 * np.eye(2, dtype=np.float32),
+                                        np.ones((5, 2), np.float32))),
+        "control_flow": (control_flow, (F32[:3], np.int32(1), np.int32(5))),
+        "calls": (calls, (np.float32(0.3),)),
+        "tags": (tags, (np.float32(1.5),)),
+        "literals": (literals, (np.array([-7, 7, -2**31, 5], np.int32),
+                                np.array([2, -2, -3, 1], np.int32),
+                                np.array([1.0, -0.0, -3.0], np.float32),
+                                np.array([0.5, -2.0], jnp.bfloat16))),
+        "vmapped_while": (vmapped_while, (np.array([0.75, -2.0, 3.0], np.float32),
+                                          np.array([0, 4, 2], np.int32))),
+        "closure_constants": (closure_constants, (np.float32(2.0),)),
+    }
+
+
+# Seeds of tests/test_ir_fuzz.py's generator: plain, vmapped, differentiated.
+FUZZ_SEEDS = {"plain": range(8), "batched": (0, 2, 3), "differentiated": (1, 5)}
+
+
+def _fuzzed() -> dict:
+    import test_ir_fuzz as fuzz
+
+    out = {}
+    for mode, seeds in FUZZ_SEEDS.items():
+        for seed in seeds:
+            stmts = fuzz.program(seed)
+            if mode == "batched" and not fuzz.vmappable(stmts) \
+                    or mode == "differentiated" and not fuzz.differentiable(stmts):
+                continue
+            _, args, j = fuzz.traced_program(seed, batched=mode == "batched",
+                                             differentiated=mode == "differentiated")
+            out[f"fuzz_{mode}_{seed}"] = (j, list(args))
+    return out
+
+
+def cases() -> list[tuple[str, object, list]]:
+    """``(name, jaxpr, flat arguments)`` of every program of the corpus."""
+    out = []
+    for name, (fn, args) in _realistic().items():
+        flat = jax.tree_util.tree_leaves(args)
+        out.append((name, jax.make_jaxpr(fn)(*args), flat))
+    out.extend((name, j, args) for name, (j, args) in _fuzzed().items())
+    return out
