@@ -576,12 +576,20 @@ def staging_known_kept_tags() -> bool:
     return _STAGE_KNOWN_KEPT_TAGS.get()
 
 
-# While JAX hoists a differentiated scan's loop-invariant work, a custom_jvp /
-# custom_vjp call whose inputs are all known would be evaluated once outside
-# the loop (``JaxprTrace.process_custom_*_call``, which consults no rule): one
-# whose function holds kept tags is partially evaluated as unknown instead, so
-# it stays in the loop.
+# While JAX splits a loop into a known and a staged part (a differentiated
+# scan's loop-invariant work hoisted out of it; a ``while`` whose known part
+# runs before the whole loop runs again), a custom_jvp / custom_vjp call or a
+# ``checkpoint`` whose inputs are all known, or a kept tag in a checkpoint
+# (split by ``partial_eval_jaxpr_custom``, which consults no JaxprTrace rule),
+# would land in the known part: once outside a scan, or twice for a while. One
+# that holds kept tags is partially evaluated as unknown instead, so it stays
+# in the loop.
 _HOISTING = contextvars.ContextVar("taxpr_hoisting_loop_invariants", default=False)
+
+
+def splitting_a_loop() -> bool:
+    """Whether partial evaluation now splits a loop as above."""
+    return _HOISTING.get()
 
 
 def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -> Callable:
@@ -642,7 +650,7 @@ def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> Non
     # before it runs the known body every step: no staging needed there); its
     # partial_eval_jaxpr_custom rule traces with JaxprTrace only to hoist.
     hoisting = getattr(loops, "_scan_known_hoisting", None)
-    scopes = [(pe.custom_partial_eval_rules, while_p, None),
+    scopes = [(pe.custom_partial_eval_rules, while_p, True),
               (pe.partial_eval_jaxpr_custom_rules, scan_p, True)]
     if hoisting is None:
         scopes.append((pe.custom_partial_eval_rules, scan_p, True))
@@ -877,10 +885,34 @@ def trace_context_string(name: str, help: str) -> Any:
     return config.optional_string_state(name, None, help, include_in_trace_context=True)
 
 
-def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]]) -> None:
+def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]],
+                              current_scopes: Callable[[], Any]) -> None:
     """Let ``scoped(fun, fwd, bwd) -> (fwd, bwd)`` wrap the fwd and bwd
     (each a ``lu.WrappedFun``) of every custom_vjp that JAX differentiates
-    while a function is traced (JVP and direct linearization; once)."""
+    while a function is traced (JVP and direct linearization; once).
+
+    A custom_vjp call staged into a jaxpr keeps its fwd (and a custom_jvp call
+    its rule) as a thunk that traces it once, on first use, whatever the trace
+    context then (``pe._memoize``). A jaxpr holding the call can be
+    differentiated again in another scope (equinox's checkpointed loop
+    linearizes its body speculatively in the forward pass, then again in its
+    bwd): the thunks remember one trace per ``current_scopes()`` value, as
+    JAX's trace caches do per trace context."""
+    memoize = pe._memoize
+    if not getattr(memoize, "_taxpr_wrapped", False):
+        def memoize_per_scope(fn):
+            per_scope: dict[Any, Callable] = {}
+
+            def memoized(*args):
+                scope = current_scopes()
+                thunk = per_scope.get(scope)
+                if thunk is None:
+                    thunk = per_scope[scope] = memoize(fn)
+                return thunk(*args)
+            return memoized
+
+        memoize_per_scope._taxpr_wrapped = True
+        pe._memoize = memoize_per_scope
     for cls in (_ad.JVPTrace, getattr(_ad, "LinearizeTrace", None)):
         process = getattr(cls, "process_custom_vjp_call", None)
         if process is None or getattr(process, "_taxpr_wrapped", False):

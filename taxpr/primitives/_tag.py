@@ -394,7 +394,7 @@ def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
     return _compat.wrapped_fun_in(fwd, in_fwd), _compat.wrapped_fun_in(bwd, in_bwd)
 
 
-_compat.install_custom_vjp_scopes(_scoped_fwd_bwd)
+_compat.install_custom_vjp_scopes(_scoped_fwd_bwd, lambda: _SCOPES.value)
 
 
 tag_p = _TagPrimitive("tag")
@@ -754,6 +754,23 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
 
 
 _compat.wrap_partial_eval_rule(_compat.cond_p, _cond_partial_eval)
+
+
+def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
+    """While partial evaluation splits a loop (``_compat.splitting_a_loop``),
+    a ``checkpoint`` holding kept tags is staged whole. JAX's rule splits its
+    body with ``partial_eval_jaxpr_custom``, which puts a tag with known inputs
+    in the known part: hoisted out of a scan (run once) or run by a while's
+    known loop and again by its staged loop (twice)."""
+    if _compat.staging_known_kept_tags() and _compat.splitting_a_loop() and any(
+            isinstance(e, TagEffect) for e in jaxpr.effects):
+        tracers = [trace.instantiate_const(t) for t in tracers]
+        return trace.default_process_primitive(
+            _compat.remat_p, tracers, dict(jaxpr=jaxpr, **params))
+    return original(trace, *tracers, jaxpr=jaxpr, **params)
+
+
+_compat.wrap_partial_eval_rule(_compat.remat_p, _remat_partial_eval)
 _compat.install_known_kept_tag_scopes(
     lambda call_effects: any(isinstance(e, TagEffect) for e in call_effects))
 

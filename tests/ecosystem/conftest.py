@@ -43,11 +43,6 @@ _DIFFERENTIATED_IMPLEMENTATION = (
     "solve as its implementation, whose derivative from outside `pure` is a clear "
     "NotImplementedError (lineax's derivative rule would run the matvec again, outside the "
     "rewrite)", "NotImplementedError")
-_LOOP_IN_A_SCAN = (
-    "an equinox checkpointed loop inside a differentiated lax.scan, with a jax.checkpoint in "
-    "its body: under jax.grad inside, the program holds a further copy of the checkpointed "
-    "layer's tags, outside the scan and without scope marks, which the engine applies (a "
-    "counter counts twice, a key stream advances twice)")
 _SOW_IN_ONE_BRANCH = (
     "the matvec runs in one branch of a cond only (the solver's periodic recomputation of "
     "the residual): harvest's cond rule raises oryx's 'Mismatching number of sows between "
@@ -59,19 +54,11 @@ KNOWN_GAPS = {
     "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_BWD,
     "test_diffrax.py::test_grad_wrt_state_read_in_vector_field":
         _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP,
-    "test_diffrax.py::test_grad_inside_pure[recursive]": (
-        "JAX's partial evaluation of the checkpointed solve's inner loop, under grad inside, "
-        "recomputes the forward's vector-field calls in the backward pass as plain equations: "
-        "the evaluation counter counts them twice"),
     "test_diffrax.py::test_vector_field_reads_state_it_updates_grad_inside[recursive]":
         (_RECOMPUTING_BWD, "StateError"),
     "test_equinox.py::test_eqxi_while_loop_grad_inside[checkpointed]":
         (_RECOMPUTING_BWD, "StateError"),
     "test_equinox.py::test_eqxi_while_loop_grad_from_outside[checkpointed]": _STATE_IN_BWD,
-    "test_equinox.py::test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once"
-    "[checkpoint]": _LOOP_IN_A_SCAN,
-    "test_equinox.py::test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once"
-    "[scan_of_checkpoint]": _LOOP_IN_A_SCAN,
     "test_equinox.py::test_eqxi_while_loop_reap_plant_clobber[bounded]": (
         "equinox's bounded loop nests conds, one branch running the body: harvest raises "
         "oryx's 'Mismatching number of sows between branches'", "ValueError"),
@@ -123,12 +110,16 @@ if not _dce_rules_take_live_inputs():
         "JAX's two-argument dead-code-elimination rules cannot show that the derivatives of "
         "the checkpointed solve's replayed bwd ignore the evaluation counter it recomputes: "
         "a clear StateError")
-    for _inner in ("scan", "checkpoint"):
-        KNOWN_GAPS["test_equinox.py::test_checkpointed_loop_grad_inside_draws_the_forwards_keys"
-                   f"[{_inner}]"] = (
-            "JAX's two-argument dead-code-elimination rules cannot show that the derivatives "
-            "of the checkpointed loop's replayed bwd ignore the keys it draws (a "
-            "stop_gradient of them): a clear StateError", "StateError")
+    _KEYS_IN_REPLAYED_BWD = (
+        "JAX's two-argument dead-code-elimination rules cannot show that the derivatives "
+        "of the checkpointed loop's replayed bwd ignore the keys it draws (a "
+        "stop_gradient of them): a clear StateError", "StateError")
+    for _test, _inners in (("test_checkpointed_loop_grad_inside_draws_the_forwards_keys",
+                            ("scan", "checkpoint")),
+                           ("test_checkpointed_loop_in_a_scan_grad_inside_draws_the_forwards_keys",
+                            ("checkpoint", "scan_of_checkpoint"))):
+        for _inner in _inners:
+            KNOWN_GAPS[f"test_equinox.py::{_test}[{_inner}]"] = _KEYS_IN_REPLAYED_BWD
 
 
 def pytest_collection_modifyitems(config, items):

@@ -667,6 +667,39 @@ def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
         tx.uncurry(lambda x: jax.value_and_grad(dependent)(x), 0.5)
 
 
+def test_checkpointed_loop_grad_inside_counts_calls_in_a_custom_vjp_loop_once():
+    # The loop's body calls a custom_vjp whose function runs a lax.fori_loop
+    # of counting layers (diffrax's solver steps). equinox linearizes the
+    # body speculatively in the forward pass, then again in the backward
+    # pass: the counter counts the forward's calls only.
+    from jax import lax
+
+    layer = _counting_layer("ckv_n")
+
+    @jax.custom_vjp
+    def twice(x):
+        return lax.fori_loop(1, 3, lambda i, c: layer(c, i.astype(jnp.float32)), x)
+
+    def twice_fwd(x):
+        return twice(x), x
+
+    def twice_bwd(x, g):  # by hand: d/dx 2 sin(sin x)
+        return (g * 2.0 * jnp.cos(jnp.sin(x)) * jnp.cos(x),)
+
+    twice.defvjp(twice_fwd, twice_bwd)
+
+    def loss(x):
+        return eqxi.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, twice(c[1])),
+                               (0, x), max_steps=2, kind="checkpointed")[1]
+
+    pure, s0 = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = pure(s0, 0.5)
+    y1 = 2.0 * np.sin(np.sin(0.5))
+    close(value, 2.0 * np.sin(np.sin(y1)))
+    close(grad, 2.0 * np.cos(np.sin(y1)) * np.cos(y1) * 2.0 * np.cos(np.sin(0.5)) * np.cos(0.5))
+    assert float(s1["ckv_n"]) == 4.0
+
+
 @pytest.mark.parametrize("inner", ["checkpoint", "scan_of_checkpoint"])
 def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once(inner):
     # As above, the loop now inside a lax.scan, the layer checkpointed in the
@@ -683,3 +716,34 @@ def test_checkpointed_loop_in_a_scan_grad_inside_counts_each_call_once(inner):
     close(value, 2.0 * np.sin(np.sin(0.5)))
     close(grad, 2.0 * np.cos(np.sin(0.5)) * np.cos(0.5))
     assert float(s1["cks_n"]) == 2.0
+
+
+@pytest.mark.parametrize("inner", ["checkpoint", "scan_of_checkpoint"])
+def test_checkpointed_loop_in_a_scan_grad_inside_draws_the_forwards_keys(inner):
+    # Keys drawn in a checkpointed layer of a checkpointed loop that a
+    # differentiated lax.scan runs twice: the stream advances as without grad.
+    from jax import lax
+
+    def layer(c, w):
+        return c * w + lax.stop_gradient(jax.random.uniform(tx.next_key()))
+
+    loop = _checkpointed_loop_of(layer, inner)
+
+    def loss(x):
+        return lax.scan(lambda c, _: (loop(c), None), x, None, length=2)[0]
+
+    plain, s0 = tx.uncurry(loss, 0.5)
+    s0 = {**s0, "rng": jax.random.key(3)}
+    value_plain, s_plain = plain(s0, 0.5)
+    with_grad, _ = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = with_grad(s0, 0.5)
+    close(value, value_plain)
+    close(grad, 4.0)  # two scan steps of w = 1, 2
+    assert (jax.random.key_data(s1["rng"]).tolist()
+            == jax.random.key_data(s_plain["rng"]).tolist())
+    # by hand: four draws from the stream, in program order
+    key, expected = jax.random.key(3), 0.5
+    for w in (1.0, 2.0, 1.0, 2.0):
+        key, sub = jax.random.split(key)
+        expected = expected * w + float(jax.random.uniform(sub))
+    close(value, expected)
