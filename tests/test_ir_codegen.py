@@ -470,3 +470,23 @@ def test_module_level_names_never_clash_whatever_the_functions_are_called():
     assert len(top) == len(set(top)) and any(n.startswith("_const_") for n in top)
     assert_bitwise(_flat(code.load()(np.ones(3, np.float32))),
                    _flat(f(jnp.ones(3, np.float32))))
+
+
+applied_p = core.Primitive("test_applied")
+applied_p.def_impl(lambda x, *, fun: jax.extend.core.jaxpr_as_fun(fun)(x)[0])
+applied_p.def_abstract_eval(lambda x, *, fun: x)
+jax.interpreters.mlir.register_lowering(
+    applied_p, jax.interpreters.mlir.lower_fun(
+        lambda x, *, fun: jax.extend.core.jaxpr_as_fun(fun)(x)[0], multiple_results=False))
+
+
+def test_a_jaxpr_in_the_params_of_a_bound_primitive_is_rebuilt_in_the_code():
+    fun = jax.make_jaxpr(lambda v: jnp.sin(v) * 3.0 + 1.0)(np.float32(0.0))
+
+    def f(x):
+        return applied_p.bind(x, fun=fun)
+
+    code = assert_reproduces(f, np.float32(0.75))
+    assert not code.objects and "applied_p.bind(a, fun=_test_applied_fun_" in code
+    # Built from its generated function, at its input types.
+    assert "= jax.make_jaxpr(_test_applied_fun_1)(jax.ShapeDtypeStruct((), np.float32))" in code

@@ -1,18 +1,33 @@
 """Python source code from a jaxpr.
 
-``jaxpr_to_python_code`` writes a module: its imports, constants, one
-function per nested jaxpr (a scan body, a while cond/body, a cond branch, a
-jitted or checkpointed function) and the function ``fn_name`` itself.
-Running it computes the jaxpr's outputs bit for bit:
+``jaxpr_to_python_code`` writes a module that runs on its own (saved to a
+file, in a fresh process): its imports, constants, one function per nested
+jaxpr (a scan body, a while cond/body, a cond branch, a jitted or
+checkpointed function) and the function ``fn_name`` itself. Running it
+computes the jaxpr's outputs bit for bit, and it reads like JAX written by
+hand:
 
-* every equation becomes one statement: ``lax.<op>(...)`` for plain
-  elementwise primitives, ``lax.scan`` / ``lax.while_loop`` / ``lax.switch``
-  / ``jax.jit`` / ``jax.checkpoint`` for the control-flow primitives,
-  ``taxpr.tag(...)`` for tags and, for any other primitive,
-  ``<primitive>.bind(*args, **params)`` with the primitive named where JAX
-  defines it (``lax.gather_p`` when ``jax.lax`` exports it);
-* a ``custom_jvp`` / ``custom_vjp`` call becomes a call of its primal
-  function (its derivative rules have no source form);
+* every equation becomes one statement. A primitive with a public JAX
+  function is written as its call, the params as keywords (those equal to
+  the function's defaults left out): ``lax.add(a, b)``,
+  ``lax.broadcast_in_dim(a, shape=(4, 1), broadcast_dimensions=(0,))``,
+  ``lax.scatter_add(...)``, ``lax.gather(...)``, ``lax.dot_general(...)``,
+  ``lax.reduce_sum(a, axes=(0,))``, ``jax.debug.print('x {}', a)``,
+  ``jax.pure_callback(...)``, ``jax.random.bits(...)``; each rule sits in
+  ``_RULES``, keyed by the primitive, and checks that the installed JAX's
+  function binds exactly the equation's params (its signature has the
+  keywords; no explicit sharding, no value it would change), else the
+  primitive is bound as it is, ``<primitive>.bind(*args, **params)``, named
+  where JAX defines it;
+* ``scan`` / ``while`` / ``cond`` / ``jit`` / ``checkpoint`` / ``shard_map``
+  become ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` / ``jax.jit`` /
+  ``jax.checkpoint`` / ``jax.shard_map`` of generated functions; a
+  ``custom_jvp`` / ``custom_vjp`` call becomes a call of its primal
+  function (its derivative rules have no source form); tags become
+  ``taxpr.tag(...)``; a jaxpr in the params of a primitive bound as it is
+  is rebuilt, ``jax.make_jaxpr`` of its generated function;
+* a function the code calls back that a fresh process can import (found
+  again at ``module.qualname``) is imported by its module path;
 * literals keep their exact dtype and bits (``np.int32(3)``,
   ``np.float32(-0.0)``, ``float('nan')`` for a weakly typed float), so
   integer ``div`` / ``rem`` stay integer operations;
@@ -22,11 +37,11 @@ Running it computes the jaxpr's outputs bit for bit:
   ``_<lower-case hint>_<unique number>``, module aliases ``_M_<module>``,
   so no name clashes at any size.
 
-Python objects that have no source form (callback functions, shardings, a
-jaxpr passed to a primitive the generator has no rule for, constants over
-``max_inline_elements``) are read from a module-level dict ``OBJECTS``;
-``PythonCode.objects`` holds them and ``PythonCode.load()`` runs the code
-with them. Code without such objects is self-contained.
+Only Python objects that have no source form (a lambda or closure passed to
+a callback, a mesh, constants over ``max_inline_elements``) are read from a
+module-level dict ``OBJECTS``; the code then lists them at its top and
+raises a ``NameError`` naming those missing. ``PythonCode.objects`` holds
+them and ``PythonCode.load()`` runs the code with them.
 """
 
 from __future__ import annotations
@@ -450,7 +465,7 @@ class _Gen:
         if dtype is None or not isinstance(dtype, np.dtype) or not hasattr(aval, "shape"):
             return None
         weak = ", weak_type=True" if getattr(aval, "weak_type", False) else ""
-        return f"jax.ShapeDtypeStruct({tuple(aval.shape)!r}, {self.param(dtype, 'dtype')}{weak})"
+        return f"jax.ShapeDtypeStruct({tuple(aval.shape)!r}, {_dtype_src(dtype)}{weak})"
 
     def primitive(self, prim: core.Primitive) -> str:
         where = _location(prim)
@@ -1308,11 +1323,16 @@ def jaxpr_to_python_code(jaxpr: Any, fn_name: str = "f",
     ``jaxpr`` bit for bit.
 
     The function takes the jaxpr's inputs (an open jaxpr's constvars first)
-    and returns its output, or a tuple when there is not exactly one. Nested
-    jaxprs become module-level functions called through ``lax.scan``,
-    ``lax.while_loop``, ``lax.switch``, ``jax.jit`` and ``jax.checkpoint``;
-    custom_jvp/custom_vjp calls become calls of their primal function; tags
-    become ``taxpr.tag``; any other primitive is bound with its params.
+    and returns its output, or a tuple when there is not exactly one. A
+    primitive with a public JAX function that binds exactly its params is
+    written as that function's call with keywords (``lax.scatter_add``,
+    ``jax.debug.print``, ...); nested jaxprs become module-level functions
+    called through ``lax.scan``, ``lax.while_loop``, ``lax.switch``,
+    ``jax.jit`` and ``jax.checkpoint``; custom_jvp/custom_vjp calls become
+    calls of their primal function; tags become ``taxpr.tag``; any other
+    primitive is bound with its params. The module runs on its own in a
+    fresh process unless it reads ``OBJECTS`` (objects with no source form,
+    listed at its top).
 
     Arguments:
       jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.

@@ -1,0 +1,99 @@
+"""How much of ``ir.jaxpr_to_python_code``'s output still binds primitives.
+
+For every program of the codegen corpus (tests/codegen_corpus.py: the ir
+fuzzer's programs, the families of tests/test_ir_codegen.py, realistic
+programs), the generated code is scanned for ``<primitive>.bind(`` calls;
+each is resolved to the primitive it binds (in the loaded module) and
+listed with why no public JAX function writes it. Also counted: programs
+whose code reads ``OBJECTS`` (none should).
+
+Run: ``PYTHONPATH=. python bench/codegen_binds.py [--docs]`` from the
+checkout. ``bench/results_codegen.json`` holds the last run per JAX
+version; ``--docs`` also rewrites the table between the ``codegen-binds``
+markers of docs/ir.md from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+import jax  # noqa: E402
+from jax._src import ad_util  # noqa: E402
+
+import codegen_corpus  # noqa: E402
+from taxpr import ir  # noqa: E402
+from taxpr.primitives import _tag  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results_codegen.json"
+DOCS = ROOT / "docs" / "ir.md"
+START, END = "<!-- codegen-binds:start -->", "<!-- codegen-binds:end -->"
+BIND = re.compile(r"([A-Za-z_][\w.]*)\.bind\(")
+
+# Why a primitive the corpus still binds has no public function (keyed by
+# the primitive).
+WHY = {
+    ad_util.add_jaxvals_p: "the sum of a weakly typed and a strongly typed cotangent keeps "
+                           "the weak type; `lax.add` would not",
+    getattr(_tag, "tag_tangent_p", None): "taxpr's own primitive for a tag's tangent (no "
+                                          "public function)",
+}
+
+
+def count() -> dict:
+    binds: Counter = Counter()
+    reading_objects = []
+    cases = codegen_corpus.cases()
+    for name, j, _ in cases:
+        code = ir.jaxpr_to_python_code(j)
+        if code.objects:
+            reading_objects.append(name)
+        namespace: dict = {"OBJECTS": code.objects}
+        exec(compile(str(code), name, "exec"), namespace)
+        for expr in BIND.findall(str(code)):
+            binds[eval(expr, namespace)] += 1  # noqa: S307 - the generated code's own names
+    return {
+        "programs": len(cases),
+        "binds": sum(binds.values()),
+        "programs_reading_objects": reading_objects,
+        "bound": {p.name: {"count": n, "why": WHY.get(p, "no public function known")}
+                  for p, n in binds.most_common()},
+    }
+
+
+def docs_table(results: dict) -> str:
+    rows = []
+    for version, r in sorted(results.items()):
+        bound = "; ".join(f"`{name}` x{b['count']}: {b['why']}" for name, b in r["bound"].items())
+        rows.append(f"| {version} | {r['programs']} | {r['binds']} | "
+                    f"{len(r['programs_reading_objects'])} | {bound or '-'} |")
+    return "\n".join([
+        START,
+        "| JAX | programs | `_p.bind(` calls | programs reading `OBJECTS` | still bound, and why |",
+        "|---|---|---|---|---|",
+        *rows,
+        END,
+    ])
+
+
+def main() -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results[jax.__version__] = count()
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(results[jax.__version__], indent=1))
+    if "--docs" in sys.argv:
+        text = DOCS.read_text()
+        start, end = text.index(START), text.index(END) + len(END)
+        DOCS.write_text(text[:start] + docs_table(results) + text[end:])
+
+
+if __name__ == "__main__":
+    main()
