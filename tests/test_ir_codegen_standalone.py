@@ -187,3 +187,26 @@ def test_generated_code_reads_like_jax(standalone_runs):
             assert snippet in code[name], (name, snippet, code[name])
     for name, text in code.items():
         assert "import " in text.split("\ndef ")[0], name  # imports at the top
+
+
+def _bench_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "codegen_binds.py"
+    spec = importlib.util.spec_from_file_location("taxpr_bench_codegen_binds", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reported_bind_counts_are_those_of_the_generated_code():
+    # bench/results_codegen.json holds them per JAX version (written by
+    # bench/codegen_binds.py); docs/ir.md's table is made from it.
+    bench = _bench_module()
+    results = json.loads(bench.RESULTS.read_text())
+    assert jax.__version__ in results, "run: python bench/codegen_binds.py --docs"
+    assert bench.count() == results[jax.__version__]
+    assert bench.docs_table(results) in bench.DOCS.read_text()
+    for r in results.values():
+        assert not r["programs_reading_objects"]
+        assert all(b["why"] != "no public function known" for b in r["bound"].values())
