@@ -8,6 +8,8 @@ generically. ``PATH_LABELS`` only makes paths read well.
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, Callable, Iterator, NamedTuple
 
 from jax._src import core
@@ -124,8 +126,17 @@ def hi_name(eqn: core.JaxprEqn) -> str:
 
 
 def hidden_jaxprs(eqn: core.JaxprEqn) -> Iterator[Any]:
-    """The jaxprs a ``call_hi_primitive`` equation holds in its object."""
-    yield from _jaxprs_in(eqn.params["_prim"], set())
+    """The jaxprs a ``call_hi_primitive`` equation holds in its object: in
+    its params, and in the closures of functions there (a closure-converted
+    function of JAX's, such as custom_root's linearized ``f``). A jaxpr held
+    twice (a traced jaxpr and the function that evaluates it) is yielded
+    once."""
+    yielded: set[tuple[int, ...]] = set()
+    for jaxpr in _jaxprs_in(eqn.params["_prim"], set()):
+        eqns = tuple(map(id, _compat.jaxpr_parts(jaxpr).eqns))
+        if eqns not in yielded:
+            yielded.add(eqns)
+            yield jaxpr
 
 
 def _jaxprs_in(value: Any, seen: set) -> Iterator[Any]:
@@ -134,6 +145,15 @@ def _jaxprs_in(value: Any, seen: set) -> Iterator[Any]:
     seen.add(id(value))
     if isinstance(value, _compat.JAXPR_TYPES):
         yield value
+    elif isinstance(value, types.FunctionType):
+        for cell in value.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            yield from _jaxprs_in(contents, seen)
+    elif isinstance(value, functools.partial):
+        yield from _jaxprs_in((value.func, value.args, value.keywords), seen)
     elif isinstance(value, (tuple, list)):
         for v in value:
             yield from _jaxprs_in(v, seen)

@@ -83,22 +83,6 @@ KNOWN_GAPS = {
 }
 
 
-def _custom_root_is_a_high_level_primitive() -> bool:
-    import jax
-
-    jaxpr = jax.make_jaxpr(lambda x: jax.lax.custom_root(
-        lambda y: y - x, x, lambda f, y: y, lambda g, y: y))(1.0)
-    return any(e.primitive.name == "call_hi_primitive" for e in jaxpr.eqns)
-
-
-# Gaps where JAX has the feature named.
-if _custom_root_is_a_high_level_primitive():
-    KNOWN_GAPS["test_jax_primitives.py::test_custom_root_grad_inside"] = (
-        "jax.grad inside of a custom_root whose f writes state: the linearization of "
-        "JAX's high-level CustomRoot runs f's set_state outside taxpr's trace "
-        "(StateNotUncurriedWarning, an error in the suite)")
-
-
 def _dce_rules_take_live_inputs() -> bool:
     from taxpr import _compat
 

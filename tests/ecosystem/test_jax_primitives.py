@@ -17,7 +17,7 @@ from jax import lax
 import taxpr as tx
 from taxpr import harvest as h
 
-from ecohelpers import close
+from ecohelpers import Counter, close
 
 
 # --- lax.custom_root (the program B) --------------------------------
@@ -71,6 +71,20 @@ def test_custom_root_grad_inside():
     g, s1 = pure(s0, 2.0)
     close(g, 0.5, rtol=1e-4)
     assert float(s1["scale"]) == 2.0
+    # The evaluations of f JAX runs: the solve's, then the derivative rule's
+    # (f linearized at the root, and its transpose applied), counted at run
+    # time without taxpr.
+    counter = Counter()
+
+    def counted(x):
+        def fn(y):
+            counter.tick()
+            return y ** 2 - x * 2.0
+        return lax.custom_root(fn, 1.0, newton, lambda g, y: y / g(1.0))
+
+    close(jax.grad(counted)(2.0), 0.5, rtol=1e-4)
+    jax.effects_barrier()
+    assert int(s1["evals"]) == counter.n > 6
 
 
 def _sow_root(x):
