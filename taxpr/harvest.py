@@ -36,7 +36,7 @@ from ._engine import (Engine, Hooks, Level, format_path, inline,
 from ._find import dissolve_tags
 from ._inject import trace_program
 from ._inject import guarded_place
-from .primitives._tag import BATCHED, GUARD, TREE, n_values, tag, tag_p
+from .primitives._tag import BATCHED, GUARD, REPLAY_SCOPE, TREE, n_values, tag, tag_p
 
 __all__ = ["sow", "sow_cond", "reap", "call_and_reap", "plant", "harvest", "perturb", "nest",
            "rows", "PlantRows", "sow_p"]
@@ -467,6 +467,14 @@ class _Sites:
             want = tuple(v.aval for v in eqn.outvars[:len(value)])
             sown = value
             if mode == "append":
+                if eqn.params.get(REPLAY_SCOPE) is not None:
+                    raise NotImplementedError(
+                        f"taxpr.harvest: append-mode sow '{_disp(name)}' at "
+                        f"{format_path(level.path)} is bound again in a backward pass that "
+                        f"recomputes the forward pass (a custom_vjp's bwd, or jax.checkpoint "
+                        f"under jax_remat3), where plant cannot give it the row its forward "
+                        f"occurrence got; use clobber mode, or plant outside the "
+                        f"differentiated function")
                 key = ("plant", name, self.next_occurrence(level, "plant", name), False)
                 if name in self.partial:
                     # rows(...): a mask row says whether this iteration takes

@@ -559,13 +559,22 @@ def _tag_remat(*args, **params):
     on without writing again) runs once, in the forward pass, as JAX's
     partial evaluation does for effects under ``checkpoint``. Other tags (a
     sow, whose output carries the derivative its site rule gives) are bound
-    again, as is a tag nothing consumes (an identity)."""
-    outs = tag_p.bind(*args, **params)
-    recomputed = getattr(params.get("op"), "recomputed", None) if _keeping_here() else None
-    if recomputed is None:
-        return outs, None
-    n = n_values(params, len(args))
-    return outs, lambda saved, *args_: recomputed(list(saved), list(args_[:n]))
+    again by the recomputation as a replay of the forward's (as a custom_vjp
+    bwd's recomputation, see ``Engine.thread_site``): a sow there is not
+    collected again. A tag nothing consumes is an identity, bound again."""
+    if not _keeping_here():
+        return tag_p.bind(*args, **params), None
+    recomputed = getattr(params.get("op"), "recomputed", None)
+    if recomputed is not None:
+        n = n_values(params, len(args))
+        return (tag_p.bind(*args, **params),
+                lambda saved, *args_: recomputed(list(saved), list(args_[:n])))
+    k = next(_SCOPE_IDS)
+    outs = tag_p.bind(*args, **dict(params, **{
+        FWD_SCOPES: tuple(sorted({*params.get(FWD_SCOPES, ()), k}))}))
+    replayed = dict(params, **{REPLAY_SCOPE: k if params.get(REPLAY_SCOPE) is None
+                               else min(k, params[REPLAY_SCOPE])})
+    return outs, lambda saved, *args_: tag_p.bind(*args_, **replayed)
 
 
 _compat.register_remat_rule(tag_p, _tag_remat)

@@ -554,6 +554,35 @@ def test_remat3_grad_inside_flows_through_set_state_and_sow_values():
         close(s1["r3_last"], np.sin(0.3), rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["append", "clobber"])
+def test_remat3_grad_inside_reaps_and_plants_each_sow_once(mode):
+    # The backward pass's recomputation of a checkpointed layer binds its sow
+    # again: reap collects the forward's value only (an append sow, once per
+    # layer call), and a clobber plant gives the recomputation the planted
+    # value.
+    def f(x):
+        @jax.checkpoint
+        def layer(x):
+            return jnp.sin(h.sow(x * 2.0, tag="r3a", name="y", mode=mode))
+        return jax.value_and_grad(lambda x: layer(layer(x)))(x)
+
+    with _config("jax_remat3"):
+        (value, grad), reaped = h.call_and_reap(f, tag="r3a")(0.3)
+        y1 = 2.0 * 0.3
+        y2 = 2.0 * np.sin(y1)
+        close(value, np.sin(y2), rtol=1e-5)
+        close(grad, np.cos(y2) * 2.0 * np.cos(y1) * 2.0, rtol=1e-5)
+        close(reaped["y"], [y1, y2] if mode == "append" else y2, rtol=1e-5)
+        # planted: each layer is sin(c), with a zero derivative
+        if mode == "clobber":
+            value, grad = h.plant(f, tag="r3a")({"y": jnp.float32(0.5)}, 0.3)
+            close(value, np.sin(0.5), rtol=1e-5)
+            close(grad, 0.0)
+        else:  # which row the recomputation's sow gets is not known: a clear error
+            with pytest.raises(NotImplementedError, match="append-mode sow 'y' .* recomputes"):
+                h.plant(f, tag="r3a")({"y": jnp.array([0.5, 0.7])}, 0.3)
+
+
 def test_remat3_reap_sow():
     def f(x):
         return jax.checkpoint(lambda x: h.sow(jnp.sin(x), tag="r3", name="s"))(x) * 2.0
