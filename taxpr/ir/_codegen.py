@@ -957,8 +957,12 @@ def _host_callback_rule(fn: str, options: tuple[str, ...]) -> Callable:
         call = _callback_call_args(g, in_tree, args, {}, _keywords(fn))
         if call is None or not set(options) <= _keywords(fn):
             return None
-        opts = [f"{k}={g.param(p[k], k)}" for k in options if k in p]
-        return (f"{g.public(fn)}({', '.join([g.callable_src(user, 'callback'), _tuple(specs), *call, *opts])})")
+        opts = [f"{k}={g.param(p[k], k)}" for k in options
+                if k in p and not _is_default(fn, k, p[k])]
+        # One result type for one result, as a user writes it.
+        results = specs[0] if len(specs) == 1 else _tuple(specs)
+        src = f"{g.public(fn)}({', '.join([g.callable_src(user, 'callback'), results, *call, *opts])})"
+        return _Single(src) if len(specs) == 1 else src
     return rule
 
 
