@@ -637,6 +637,20 @@ def test_checkpointed_loop_grad_inside_counts_each_call_once(inner):
     assert float(s1["ck_n"]) == 2.0
 
 
+def _grad_inside_keeps_the_key_stream(loss, seed: int):
+    """``jax.value_and_grad(loss)`` inside ``tx.uncurry``: its value and key
+    stream are those of ``loss`` run without grad. Returns ``(value, grad)``."""
+    plain, s0 = tx.uncurry(loss, 0.5)
+    s0 = {**s0, "rng": jax.random.key(seed)}
+    value_plain, s_plain = plain(s0, 0.5)
+    with_grad, _ = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
+    (value, grad), s1 = with_grad(s0, 0.5)
+    close(value, value_plain)
+    assert (jax.random.key_data(s1["rng"]).tolist()
+            == jax.random.key_data(s_plain["rng"]).tolist())
+    return value, grad
+
+
 @pytest.mark.parametrize("inner", ["scan", "checkpoint"])
 def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
     # Keys drawn inside a scan or a checkpoint of a checkpointed loop's body:
@@ -652,16 +666,8 @@ def test_checkpointed_loop_grad_inside_draws_the_forwards_keys(inner):
             return c * u * w if scale_by_draw else c * w + lax.stop_gradient(u)
         return _checkpointed_loop_of(layer, inner, steps=2)
 
-    loss = make(scale_by_draw=False)
-    plain, s0 = tx.uncurry(loss, 0.5)
-    s0 = {**s0, "rng": jax.random.key(7)}
-    value_plain, s_plain = plain(s0, 0.5)
-    with_grad, _ = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
-    (value, grad), s1 = with_grad(s0, 0.5)
-    close(value, value_plain)
+    _, grad = _grad_inside_keeps_the_key_stream(make(scale_by_draw=False), seed=7)
     close(grad, 4.0)  # two steps of w = 1, 2
-    assert (jax.random.key_data(s1["rng"]).tolist()
-            == jax.random.key_data(s_plain["rng"]).tolist())
     dependent = make(scale_by_draw=True)
     with pytest.raises(tx.StateError, match="state 'rng'"):
         tx.uncurry(lambda x: jax.value_and_grad(dependent)(x), 0.5)
@@ -732,15 +738,8 @@ def test_checkpointed_loop_in_a_scan_grad_inside_draws_the_forwards_keys(inner):
     def loss(x):
         return lax.scan(lambda c, _: (loop(c), None), x, None, length=2)[0]
 
-    plain, s0 = tx.uncurry(loss, 0.5)
-    s0 = {**s0, "rng": jax.random.key(3)}
-    value_plain, s_plain = plain(s0, 0.5)
-    with_grad, _ = tx.uncurry(lambda x: jax.value_and_grad(loss)(x), 0.5)
-    (value, grad), s1 = with_grad(s0, 0.5)
-    close(value, value_plain)
+    value, grad = _grad_inside_keeps_the_key_stream(loss, seed=3)
     close(grad, 4.0)  # two scan steps of w = 1, 2
-    assert (jax.random.key_data(s1["rng"]).tolist()
-            == jax.random.key_data(s_plain["rng"]).tolist())
     # by hand: four draws from the stream, in program order
     key, expected = jax.random.key(3), 0.5
     for w in (1.0, 2.0, 1.0, 2.0):
