@@ -55,7 +55,10 @@ def is_hi(eqn: core.JaxprEqn) -> bool:
 
 
 def holds_tags(eqn: core.JaxprEqn) -> bool:
-    return any(e.primitive is tag_p for j in hidden_jaxprs(eqn)
+    """Whether a high-level equation holds tags, also in the functions it
+    keeps (custom_root's linearized ``f`` runs only in its derivative rule,
+    whose expansion is then what JAX runs)."""
+    return any(e.primitive is tag_p for j in hidden_jaxprs(eqn, in_functions=True)
                for e, _ in _traverse.iter_eqns(j))
 
 

@@ -125,45 +125,46 @@ def hi_name(eqn: core.JaxprEqn) -> str:
     return type(eqn.params["_prim"]).__name__
 
 
-def hidden_jaxprs(eqn: core.JaxprEqn) -> Iterator[Any]:
-    """The jaxprs a ``call_hi_primitive`` equation holds in its object: in
-    its params, and in the closures of functions there (a closure-converted
-    function of JAX's, such as custom_root's linearized ``f``). A jaxpr held
-    twice (a traced jaxpr and the function that evaluates it) is yielded
-    once."""
+def hidden_jaxprs(eqn: core.JaxprEqn, in_functions: bool = False) -> Iterator[Any]:
+    """The jaxprs a ``call_hi_primitive`` equation holds in its object's
+    params; with ``in_functions``, also those in the closures of functions
+    there (a closure-converted function of JAX's, such as custom_root's
+    linearized ``f``: code JAX runs only in a derivative rule, so not part of
+    what walks over the program see). A jaxpr held twice (a traced jaxpr and
+    the function that evaluates it) is yielded once."""
     yielded: set[tuple[int, ...]] = set()
-    for jaxpr in _jaxprs_in(eqn.params["_prim"], set()):
+    for jaxpr in _jaxprs_in(eqn.params["_prim"], set(), in_functions):
         eqns = tuple(map(id, _compat.jaxpr_parts(jaxpr).eqns))
         if eqns not in yielded:
             yielded.add(eqns)
             yield jaxpr
 
 
-def _jaxprs_in(value: Any, seen: set) -> Iterator[Any]:
+def _jaxprs_in(value: Any, seen: set, in_functions: bool) -> Iterator[Any]:
     if id(value) in seen:
         return
     seen.add(id(value))
     if isinstance(value, _compat.JAXPR_TYPES):
         yield value
-    elif isinstance(value, types.FunctionType):
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _jaxprs_in(v, seen, in_functions)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _jaxprs_in(v, seen, in_functions)
+    elif isinstance(value, _compat.HI_PRIM_TYPE):
+        yield from _jaxprs_in(value.params, seen, in_functions)
+    elif _compat.TRACED_TYPE is not None and isinstance(value, _compat.TRACED_TYPE):
+        yield value.jaxpr
+    elif in_functions and isinstance(value, types.FunctionType):
         for cell in value.__closure__ or ():
             try:
                 contents = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            yield from _jaxprs_in(contents, seen)
-    elif isinstance(value, functools.partial):
-        yield from _jaxprs_in((value.func, value.args, value.keywords), seen)
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _jaxprs_in(v, seen)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _jaxprs_in(v, seen)
-    elif isinstance(value, _compat.HI_PRIM_TYPE):
-        yield from _jaxprs_in(value.params, seen)
-    elif _compat.TRACED_TYPE is not None and isinstance(value, _compat.TRACED_TYPE):
-        yield value.jaxpr
+            yield from _jaxprs_in(contents, seen, in_functions)
+    elif in_functions and isinstance(value, functools.partial):
+        yield from _jaxprs_in((value.func, value.args, value.keywords), seen, in_functions)
 
 
 def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:
