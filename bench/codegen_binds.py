@@ -45,6 +45,9 @@ WHY = {
                            "the weak type; `lax.add` would not",
     getattr(_tag, "tag_tangent_p", None): "taxpr's own primitive for a tag's tangent (no "
                                           "public function)",
+    getattr(sys.modules.get("jax._src.lax.parallel"), "psum_invariant_p", None):
+        "shard_map's sum over mesh axes; `lax.psum` binds it only after making its operand "
+        "vary over those axes (`pvary`), which would change the jaxpr",
 }
 
 
@@ -72,7 +75,7 @@ def count() -> dict:
 def docs_table(results: dict) -> str:
     rows = []
     for version, r in sorted(results.items()):
-        bound = "; ".join(f"`{name}` x{b['count']}: {b['why']}" for name, b in r["bound"].items())
+        bound = "; ".join(f"`{name}` x{b['count']}: {b['why']}" for name, b in sorted(r["bound"].items()))
         rows.append(f"| {version} | {r['programs']} | {r['binds']} | "
                     f"{len(r['programs_reading_objects'])} | {bound or '-'} |")
     return "\n".join([

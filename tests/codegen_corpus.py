@@ -5,7 +5,7 @@ tests/test_ir_codegen.py covers family by family, and realistic programs
 (indexing updates, debug prints, gathers, batched matmuls, reductions,
 scans of sorts and cumulative sums, convolutions, dynamic slices, random
 numbers, host callbacks of module-level functions, linear algebra, taxpr
-state).
+state, a shard_map over two CPU devices).
 
 ``cases()`` lists ``(name, jaxpr, flat arguments)``. bench/codegen_binds.py
 counts the primitives the generated code of these programs still binds.
@@ -216,6 +216,15 @@ def closure_constants(x):
     return jnp.asarray(small) * x, jax.random.normal(key, (2,)) + x
 
 
+def sharded_sum(x):
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    return shard_map()(lambda v: lax.psum(jnp.sin(v), "i"), mesh=cpu_mesh("i", 2),
+                       in_specs=P("i"), out_specs=P())(x)
+
+
 def _realistic() -> dict:
     m = np.arange(16, dtype=np.float32).reshape(4, 4) / 3.0 - 2.0
     k = np.array([3, -1, 4, 1, -5, 9, 2, -6], np.int32)
@@ -254,6 +263,7 @@ def _realistic() -> dict:
         "vmapped_while": (vmapped_while, (np.array([0.75, -2.0, 3.0], np.float32),
                                           np.array([0, 4, 2], np.int32))),
         "closure_constants": (closure_constants, (np.float32(2.0),)),
+        "sharded_sum": (sharded_sum, (F32,)),
     }
 
 

@@ -399,7 +399,51 @@ def test_shard_map_becomes_jax_shard_map_with_its_mesh_and_specs():
 
     code = assert_reproduces(f, np.linspace(-1, 1, 8, dtype=np.float32))
     assert "jax.shard_map(" in code and "jax.sharding.PartitionSpec('i')" in code
-    assert list(code.objects.values()) == [mesh]
+    assert not code.objects, code.objects  # the mesh is written, its devices found by id
+    assert "jax.sharding.Mesh(_mesh_devices_" in code and "((0, 1, 2, 3), (4,), 'cpu'), ('i',))" in code
+
+
+def test_a_mesh_whose_devices_are_missing_fails_naming_their_ids():
+    from helpers import cpu_mesh
+
+    namespace: dict = {}
+    exec(compile(_mesh_code(cpu_mesh("i", 2)), "<mesh>", "exec"), namespace)
+    helper = next(v for k, v in namespace.items() if k.startswith("_mesh_devices_"))
+    with pytest.raises(RuntimeError, match=r"cpu devices with ids \[99, 1000\]"):
+        helper((0, 99, 1000), (3,), "cpu")
+
+
+def _mesh_code(mesh):
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import shard_map
+
+    return ir.fn_to_python_code(
+        lambda x: shard_map()(lambda v: v * 2.0, mesh=mesh, in_specs=P(mesh.axis_names[0]),
+                              out_specs=P(mesh.axis_names[0]))(x),
+        np.zeros(4, np.float32))
+
+
+def test_meshes_and_abstract_meshes_are_written_with_their_axis_types():
+    from jax.sharding import AbstractMesh, AxisType, Mesh
+
+    from taxpr.ir._codegen import _Gen
+
+    devices = np.array(jax.devices()[:4]).reshape(2, 2)
+    explicit = Mesh(devices[:, ::-1], ("a", "b"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    meshes = [Mesh(devices, ("a", "b")), explicit, explicit.abstract_mesh,
+              AbstractMesh((2, 3), ("x", "y")),
+              AbstractMesh((2,), ("x",), axis_types=(AxisType.Explicit,)),
+              AbstractMesh((2,), ("x",), axis_types=(AxisType.Auto,))]
+    for mesh in meshes:
+        g = _Gen(64)
+        src = g.param(mesh, "mesh")
+        assert not g.objects and src.startswith(f"jax.sharding.{type(mesh).__name__}("), src
+        back = eval(src, g.namespace)  # noqa: S307
+        assert type(back) is type(mesh) and back == mesh, src
+        assert back.axis_types == mesh.axis_types and back.axis_names == mesh.axis_names
+    assert "axis_types=(jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto)" \
+        in _Gen(64).param(explicit, "mesh")
 
 
 def test_linear_solve_and_prng_keys_are_written_with_public_functions():

@@ -363,6 +363,9 @@ class _Gen:
             items = sorted((self.param(v, hint) for v in value))
             inner = "{" + ", ".join(items) + "}" if items else ""
             return f"{type(value).__name__}({inner})"
+        if type(value) in (jax.sharding.Mesh, jax.sharding.AbstractMesh):
+            src = self.mesh_src(value)
+            return src if src is not None else self.obj(value, hint)
         if type(value) is PartitionSpec:
             src = f"jax.sharding.PartitionSpec({', '.join(self.param(v, hint) for v in value)})"
             return src if _eval_roundtrips(src, value, self.namespace) else self.obj(value, hint)
@@ -405,6 +408,64 @@ class _Gen:
         except TypeError:
             pass
         return src
+
+    def mesh_src(self, mesh: Any) -> str | None:
+        """``jax.sharding.Mesh(<its devices, by id>, <names>, ...)`` or
+        ``jax.sharding.AbstractMesh(<sizes>, <names>, ...)``, or None when
+        no such source gives back an equal mesh."""
+        cls = type(mesh)
+        names = self.param(tuple(mesh.axis_names), "mesh")
+        if cls is jax.sharding.Mesh:
+            devices = np.asarray(mesh.devices)
+            platforms = {d.platform for d in devices.flat}
+            if len(platforms) != 1:
+                return None
+            ids = tuple(int(d.id) for d in devices.flat)
+            head = (f"jax.sharding.Mesh({self.mesh_devices()}({ids!r}, {devices.shape!r}, "
+                    f"{platforms.pop()!r}), {names}")
+        else:
+            head = f"jax.sharding.AbstractMesh({tuple(mesh.axis_sizes)!r}, {names}"
+        try:
+            accepted = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            return None
+        # Keywords only where this JAX takes them and the value differs from
+        # what the constructor gives without them (its defaults differ by
+        # version): the fewest that give back an equal mesh.
+        opts: dict[str, str] = {}
+        for field in ("axis_types", "abstract_device"):
+            value = getattr(mesh, field, None)
+            if field in accepted and value is not None:
+                value_src = (self.axis_types_src(value) if field == "axis_types"
+                             else self.param(value, "mesh"))
+                if "OBJECTS[" not in value_src:
+                    opts[field] = value_src
+        for chosen in ((), ("axis_types",), ("abstract_device",),
+                       ("axis_types", "abstract_device")):
+            if set(chosen) <= set(opts):
+                src = f"{head}{''.join(f', {k}={opts[k]}' for k in chosen)})"
+                if _eval_roundtrips(src, mesh, self.namespace):
+                    return src
+        return None
+
+    def axis_types_src(self, types: Any) -> str:
+        """``(jax.sharding.AxisType.<name>, ...)``: by its public name."""
+        public = getattr(jax.sharding, "AxisType", None)
+        if public is not None and all(type(t) is public for t in types):
+            items = [f"jax.sharding.AxisType.{t.name}" for t in types]
+            return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+        return self.param(tuple(types), "mesh")
+
+    def mesh_devices(self) -> str:
+        """The name of the module's helper finding a mesh's devices by id
+        (written once, when first needed)."""
+        hit = self.fn_memo.get("mesh_devices")
+        if hit is None:
+            hit = self.fn_memo["mesh_devices"] = self.fn_name("mesh_devices")
+            src = _MESH_DEVICES.format(name=hit)
+            self.functions.append(src)
+            exec(src, self.namespace)  # noqa: S102 - for checking mesh sources here
+        return hit
 
     def _structured(self, value: Any, hint: str, lines: list) -> str | None:
         cls = type(value)
@@ -600,6 +661,19 @@ _BATCHED_WHILE_LOOP = '''def {name}(cond, body, cond_consts, body_consts, init):
         return tuple(lax.select(lax.broadcast_in_dim(pred, n.shape, tuple(range(pred.ndim))),
                                 n, c) for n, c in zip(new, carry))
     return lax.while_loop(lambda carry: jnp.any(cond(*cond_consts, *carry)), step, init)'''
+
+
+_MESH_DEVICES = '''def {name}(ids, shape, platform):
+    """A mesh's devices: those of ``ids`` among this process's ``platform``
+    devices, in ``shape``."""
+    by_id = {{d.id: d for d in jax.devices(platform)}}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise RuntimeError(
+            f"this code's mesh needs {{platform}} devices with ids {{missing}}, which this "
+            f"process lacks (it has ids {{sorted(by_id)}}; for CPU devices, set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count=<n> before JAX starts)")
+    return np.array([by_id[i] for i in ids], dtype=object).reshape(shape)'''
 
 
 def _cond_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
