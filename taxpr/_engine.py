@@ -820,6 +820,14 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     # step while any example runs): an example whose own index is false took
     # the first branch eagerly, so its ctx is that branch's.
     index = level.atom(eqn.invars[0])
+    if (_per_example.reduces_an_inner_batch(level.eqns, index)
+            and any(engine.has_selected(b) for b in branches)):
+        raise NotImplementedError(
+            f"taxpr: the cond at {format_path(level.path)} takes one branch for a whole "
+            f"batch of a vmap inside the transformed function (its index is reduced over "
+            f"that batch, as in equinox's bounded loop), and its branches hold tags: which "
+            f"examples take a branch is not known there. Apply the taxpr transformation "
+            f"inside the vmap, or vmap the transformed function")
     per_example = _per_example.per_example_value(level.eqns, index, level.eqns.append)
     if per_example is not None:
         own_ctx = ctx

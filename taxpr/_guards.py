@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import core
 
-from . import _compat, _traverse
+from . import _compat, _per_example, _traverse
 from ._engine import Engine, Level, inline
 from .primitives._tag import GUARD, GUARD_FROM, tag_p
 
@@ -147,8 +147,59 @@ def _while_batching_rule(original, axis_data, args, dims, *, cond_nconsts, cond_
         carry_bat = [a or b for a, b in zip(carry_bat, out_bat)]
     (pred_bat,) = _compat.batched_outputs(cond_jaxpr, axis_data, cconst_bat + carry_bat, False)
     if not pred_bat:
-        return original(axis_data, args, dims, **params)
+        # A predicate reduced over the batch (equinox's loops, and so
+        # diffrax's and optimistix's solves, run while any example runs):
+        # the loop is per example all the same, with each example's own
+        # predicate the reduction's operand.
+        own = _own_predicate(cond_jaxpr)
+        if own is None or not _compat.batched_outputs(own, axis_data, cconst_bat + carry_bat,
+                                                      False)[0]:
+            return original(axis_data, args, dims, **params)
+        return _while_guarded_by_own_predicate(original, axis_data, args, dims, own, **params)
     return _masked_while(axis_data, args, dims, **params)
+
+
+def _while_guarded_by_own_predicate(original, axis_data, args, dims, own, *, cond_nconsts,
+                                    cond_jaxpr, body_nconsts, body_jaxpr):
+    """JAX's rule for a loop that runs while any example runs and masks its
+    own carry, its body's tags guarded by each example's own predicate at the
+    start of the step (the library's carry, step counter included, stays as
+    JAX batches it)."""
+    cc, bc = cond_nconsts, body_nconsts
+    own_fn = _compat.jaxpr_as_fun(own)
+    guarded = _compat.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
+
+    def body(*a):
+        cvals, bvals, carry = a[:cc], a[cc:cc + bc], a[cc + bc:]
+        (running,) = own_fn(*cvals, *carry)
+        return guarded(running, *bvals, *carry)
+
+    avals = [*_compat.in_avals(cond_jaxpr)[:cc], *_compat.in_avals(body_jaxpr)]
+    new_body = _compat.trace_flat(body, avals, "while_body_guarded")
+    cconsts, rest = args[:cc], args[cc:]
+    return original(axis_data, [*cconsts, *cconsts, *rest], [*dims[:cc], *dims[:cc], *dims[cc:]],
+                    cond_nconsts=cc, cond_jaxpr=cond_jaxpr, body_nconsts=cc + bc,
+                    body_jaxpr=new_body)
+
+
+def _own_predicate(cond_jaxpr: Any) -> Any | None:
+    """``cond_jaxpr`` giving each example's own predicate where it reduces
+    its predicate over a vmap batch (``_per_example``), else None."""
+    with_own = _per_example.with_per_example_output(cond_jaxpr, 0)
+    if with_own is None:
+        return None
+    parts = _compat.jaxpr_parts(with_own)
+    # The reductions and what only they feed are left out: batched, they
+    # would reduce over the batch again (equinox's ``nonbatchable`` raises).
+    used = {v for v in parts.outvars[-1:] if type(v) is core.Var}
+    kept = []
+    for eqn in reversed(parts.eqns):
+        if (eqn.effects or eqn.primitive is tag_p or _traverse.subjaxprs(eqn)
+                or any(o in used for o in eqn.outvars)):
+            kept.append(eqn)
+            used.update(v for v in eqn.invars if type(v) is core.Var)
+    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, kept[::-1],
+                               parts.outvars[-1:], parts.effects, parts.debug_info)
 
 
 def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,

@@ -78,20 +78,16 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
     """
     if not OVER_BATCH_PRIMITIVES or type(atom) is not core.Var:
         return None
-    producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
-    needed, todo = set(), [atom]
-    while todo:
-        i = producer.get(todo.pop())
-        if i is None or i in needed:
-            continue
-        needed.add(i)
-        todo.extend(v for v in eqns[i].invars if type(v) is core.Var)
     per_example: dict = {}
     copies = []
-    for i in sorted(needed):
+    for i in _producers(eqns, atom):
         eqn = eqns[i]
         if eqn.primitive in OVER_BATCH_PRIMITIVES:
             operand = eqn.invars[0]
+            if operand.aval.shape != eqn.outvars[0].aval.shape:
+                # A reduction over a vmap inside the program: the batching
+                # rules guard the tags of that loop per example (``_guards``).
+                return None
             if type(operand) is core.Var:
                 operand = per_example.get(operand, operand)
             per_example[eqn.outvars[0]] = operand
@@ -112,6 +108,29 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
     for eqn in copies:
         emit(eqn)
     return per_example[atom]
+
+
+def _producers(eqns: Sequence[core.JaxprEqn], atom: Any) -> list[int]:
+    """Indices of the equations ``atom`` depends on, in program order."""
+    producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+    needed, todo = set(), [atom]
+    while todo:
+        i = producer.get(todo.pop())
+        if i is None or i in needed:
+            continue
+        needed.add(i)
+        todo.extend(v for v in eqns[i].invars if type(v) is core.Var)
+    return sorted(needed)
+
+
+def reduces_an_inner_batch(eqns: Sequence[core.JaxprEqn], atom: Any) -> bool:
+    """Whether ``atom`` depends on a reduction over a ``vmap`` inside the
+    program (the reduction's operand has the batch axis the result lacks)."""
+    if not OVER_BATCH_PRIMITIVES or type(atom) is not core.Var:
+        return False
+    return any(eqns[i].primitive in OVER_BATCH_PRIMITIVES
+               and eqns[i].invars[0].aval.shape != eqns[i].outvars[0].aval.shape
+               for i in _producers(eqns, atom))
 
 
 def with_per_example_output(closed: Any, index: int) -> Any | None:

@@ -240,3 +240,20 @@ def test_vector_field_reads_state_it_updates_grad_inside(adjoint):
     close(val, y, rtol=1e-5)
     close(g, dy, rtol=1e-5)  # the backward pass sees each step's count
     assert float(s1["g_n"]) == n == EULER_STEPS
+
+
+def test_vmap_inside_pure_vector_field_reads_state():
+    """A batch of initial conditions solved with `jax.vmap` inside the
+    uncurried function, the decay rate read from a state in the vector
+    field: each example as its own solve, and the gradient from outside."""
+    def solve(y0):
+        return _solve(lambda t, y, a: -tx.get_state("k", jnp.float32(K)) * y, y0).ys[-1]
+
+    ys = jnp.array([1.0, 2.0, 5.0])
+    pure, s0 = tx.uncurry(lambda ys: jax.vmap(solve)(ys), ys)
+    out, s1 = jax.jit(pure)({"k": jnp.float32(3.0)}, ys)
+    ref = jax.vmap(lambda y: _solve(lambda t, y, a: -a * y, y, args=3.0).ys[-1])(ys)
+    close(out, ref)
+    close(out, ys * np.exp(-3.0), rtol=1e-4)
+    g = jax.grad(lambda ys: pure(s1, ys)[0].sum())(ys)
+    close(g, np.full(3, np.exp(-3.0)), rtol=1e-4)

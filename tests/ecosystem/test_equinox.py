@@ -746,3 +746,73 @@ def test_checkpointed_loop_in_a_scan_grad_inside_draws_the_forwards_keys(inner):
         key, sub = jax.random.split(key)
         expected = expected * w + float(jax.random.uniform(sub))
     close(value, expected)
+
+
+# --- a vmap inside the transformed function, around an equinox loop ----------
+# equinox runs the batched loop while any example runs and masks its carry;
+# each example's own predicate guards the body's tags (a read reads, a
+# clobber sow keeps the example's last value, a set is the documented
+# per-example StateError, as for lax.while_loop with a batched predicate).
+
+_YS = np.array([1.0, 2.0, 5.0], np.float32)
+
+
+def _halving_loop(kind, body_effect):
+    def loop(y):
+        def body(c):
+            i, y = c
+            body_effect()
+            y = h.sow(y * tx.get_state("rate", jnp.float32(0.5)), tag="t", name="last",
+                      mode="clobber")
+            return i + 1, y
+        return eqxi.while_loop(lambda c: c[1] > 0.1, body, (0, y), max_steps=50, kind=kind)
+    return lambda ys: jax.vmap(loop)(ys)
+
+
+def _halving_reference(ys, rate=0.5):
+    steps, last = [], []
+    for y in ys:
+        i = 0
+        while y > 0.1:
+            y, i = y * rate, i + 1
+        steps.append(i)
+        last.append(y)
+    return np.array(steps), np.array(last, np.float32)
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed"])
+def test_vmap_inside_uncurry_loop_reads_state_per_example(kind):
+    f = _halving_loop(kind, lambda: None)
+    pure, s0 = tx.uncurry(f, _YS)
+    (steps, ys), s1 = jax.jit(pure)({**s0, "rate": jnp.float32(0.25)}, _YS)
+    ref_steps, ref_last = _halving_reference(_YS, 0.25)
+    np.testing.assert_array_equal(steps, ref_steps)
+    np.testing.assert_allclose(ys, ref_last)
+    assert float(s1["rate"]) == 0.25
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed"])
+def test_vmap_inside_reap_keeps_each_examples_last_sow(kind):
+    reaped = h.reap(_halving_loop(kind, lambda: None), tag="t")(_YS)
+    np.testing.assert_allclose(reaped["last"], _halving_reference(_YS)[1])
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed"])
+def test_vmap_inside_plant_stops_each_example_as_eagerly(kind):
+    steps, ys = h.plant(_halving_loop(kind, lambda: None), tag="t")(
+        {"last": jnp.array([0.05, 0.2, 0.01], jnp.float32)}, _YS)
+    # planted 0.2 keeps the second example running until max_steps
+    np.testing.assert_array_equal(steps, [1, 50, 1])
+
+
+@pytest.mark.parametrize("kind", ["lax", "checkpointed"])
+def test_vmap_inside_uncurry_loop_set_state_is_a_per_example_error(kind):
+    def count():
+        tx.set_state("n", tx.get_state("n", 0) + 1)
+    with pytest.raises(tx.StateError, match=r"state 'n'.*while\[body\].*batched by vmap"):
+        tx.uncurry(_halving_loop(kind, count), _YS)
+
+
+def test_vmap_inside_bounded_loop_with_tags_is_a_clear_error():
+    with pytest.raises(NotImplementedError, match=r"cond at .*scan.*whole batch of a vmap"):
+        tx.uncurry(_halving_loop("bounded", lambda: None), _YS)
