@@ -116,7 +116,31 @@ def get_state(name: str, init: Any) -> jax.Array:
     # The init stays in the jaxpr as the tag's operand: a state the example
     # run never reaches gets it from there (``initial_states``). (asarray
     # returns arrays and tracers as they are: skip its checks for them.)
-    return tag(init if isinstance(init, jax.Array) else jnp.asarray(init), op=GET, name=name)
+    return tag(_one_array(name, init, "get_state's init"), op=GET, name=name)
+
+
+def _one_array(name: str, value: Any, what: str) -> Any:
+    """``value`` as the one array a state holds. A pytree of several arrays
+    (a tuple of arrays, a dict, a NamedTuple) is an error naming the state:
+    ``jnp.asarray`` would silently stack it into one array. Nested lists or
+    tuples of Python scalars are an array literal, as for ``jnp.asarray``."""
+    if isinstance(value, jax.Array):
+        return value
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if tree.num_nodes > 1 and not (
+            isinstance(value, (list, tuple)) and _scalars_only(value)):
+        raise TypeError(
+            f"taxpr: state {name!r}: {what} is a {type(value).__name__} holding "
+            f"{len(leaves)} leaves, but a state holds one array (it would be stacked into "
+            f"one). Keep each array in its own state (e.g. {name + '_0'!r}, "
+            f"{name + '_1'!r}), or stack them explicitly with jnp.stack")
+    return jnp.asarray(value)
+
+
+def _scalars_only(value: Any) -> bool:
+    return all(_scalars_only(v) if isinstance(v, (list, tuple))
+               else isinstance(v, (bool, int, float, complex, np.bool_, np.number))
+               for v in value)
 
 
 # Per outermost trace (weakly held, so a finished trace drops its entries):
@@ -270,8 +294,7 @@ def set_state(name: str, value: Any) -> Any:
     Returns:
         ``value``.
     """
-    return tag(value if isinstance(value, jax.Array) else jnp.asarray(value), op=SET,
-               name=name)
+    return tag(_one_array(name, value, "set_state's value"), op=SET, name=name)
 
 
 @dataclasses.dataclass(frozen=True)
