@@ -2,7 +2,8 @@
 
 For every program of the codegen corpus (tests/codegen_corpus.py: the ir
 fuzzer's programs, the families of tests/test_ir_codegen.py, realistic
-programs), the generated code is scanned for ``<primitive>.bind(`` calls;
+programs, the examples' programs and those of the JAX libraries installed:
+equinox, diffrax, optimistix, lineax, optax, flax), the generated code is scanned for ``<primitive>.bind(`` calls;
 each is resolved to the primitive it binds (in the loaded module) and
 listed with why no public JAX function writes it. Also counted: programs
 whose code reads ``OBJECTS`` (none should).
@@ -31,6 +32,7 @@ from jax._src import ad_util  # noqa: E402
 
 import codegen_corpus  # noqa: E402
 from taxpr import ir  # noqa: E402
+from taxpr.ir import _codegen  # noqa: E402
 from taxpr.primitives import _tag  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results_codegen.json"
@@ -48,7 +50,28 @@ WHY = {
     getattr(sys.modules.get("jax._src.lax.parallel"), "psum_invariant_p", None):
         "shard_map's sum over mesh axes; `lax.psum` binds it only after making its operand "
         "vary over those axes (`pvary`), which would change the jaxpr",
+    getattr(sys.modules.get("taxpr._random"), "key_p", None):
+        "taxpr's own primitive marking a key drawn from a `next_key` stream (an identity; no "
+        "public function)",
+    getattr(sys.modules.get("jax._src.lax.lax"), "empty2_p", None):
+        "an uninitialised array that JAX's autodiff makes for an integer carry of a loop "
+        "(`jax._src.lax.lax.empty2`, no public function)",
+    jax.lax.convert_element_type_p:
+        "a conversion with a weakly typed result; `lax.convert_element_type` binds "
+        "`weak_type=False`",
 }
+
+
+def why(prim) -> str:
+    """Why the generated code binds ``prim``: ``WHY``'s reason, or, for a
+    primitive a library other than JAX and taxpr defines, that library's."""
+    if prim in WHY:
+        return WHY[prim]
+    where = _codegen._location(prim) or ""
+    top = where.split(".")[0]
+    if top and top not in ("jax", "jaxlib", "taxpr"):
+        return f"{top}'s own primitive (`{where}`): JAX has no function for it"
+    return "no public function known"
 
 
 def count() -> dict:
@@ -67,8 +90,7 @@ def count() -> dict:
         "programs": len(cases),
         "binds": sum(binds.values()),
         "programs_reading_objects": reading_objects,
-        "bound": {p.name: {"count": n, "why": WHY.get(p, "no public function known")}
-                  for p, n in binds.most_common()},
+        "bound": {p.name: {"count": n, "why": why(p)} for p, n in binds.most_common()},
     }
 
 

@@ -5,7 +5,10 @@ tests/test_ir_codegen.py covers family by family, and realistic programs
 (indexing updates, debug prints, gathers, batched matmuls, reductions,
 scans of sorts and cumulative sums, convolutions, dynamic slices, random
 numbers, host callbacks of module-level functions, linear algebra, taxpr
-state, a shard_map over two CPU devices).
+state, a shard_map over two CPU devices), the programs of examples/ (their
+pure functions, reap/plant-transformed functions and training steps) and,
+for the JAX libraries installed, their programs with taxpr state or sows
+(equinox, diffrax, optimistix, lineax, optax, flax linen and nnx).
 
 ``cases()`` lists ``(name, jaxpr, flat arguments)``. bench/codegen_binds.py
 counts the primitives the generated code of these programs still binds.
@@ -13,7 +16,12 @@ counts the primitives the generated code of these programs still binds.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import sys
 from collections import Counter
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -287,11 +295,315 @@ def _fuzzed() -> dict:
     return out
 
 
+# ---- the programs of examples/ ---------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def has(*modules: str) -> bool:
+    """Whether every one of ``modules`` is installed."""
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+@functools.cache
+def example(name: str):
+    """examples/<name>.py as a module: its functions and constants (its
+    ``main()`` runs only as a script)."""
+    spec = importlib.util.spec_from_file_location(f"taxpr_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _traced(fn, *args) -> tuple:
+    """``(jax.make_jaxpr(fn)(*args), the flat arguments)``."""
+    return jax.make_jaxpr(fn)(*args), jax.tree_util.tree_leaves(args)
+
+
+def _examples() -> dict:
+    """The jaxprs the examples' programs run (their pure functions, their
+    transformed functions, their training steps), with their inputs."""
+    from taxpr import harvest as h
+
+    out = {}
+    m = example("activation_patching")
+    params, x = m.init(jax.random.key(0)), jnp.linspace(-1.0, 1.0, m.WIDTH)
+    out["example_activation_patching_reap"] = _traced(
+        h.call_and_reap(m.model, tag="acts"), params, x)
+    out["example_activation_patching_plant"] = _traced(
+        h.plant(m.model, tag="acts"), {"act": h.rows({1: jnp.ones(m.WIDTH)})}, params, x)
+
+    m = example("constraint_tracking")
+    state, dt = (np.float32(2.0), np.float32(0.0)), np.float32(0.05)
+    jaxpr = jax.make_jaxpr(m.simulate)(state, dt)
+    out["example_constraint_tracking"] = (jaxpr, [*state, dt])
+    values, _, _ = tx.transpose(jaxpr, predicate=lambda p, shape: p.get("kind") == "constraint")
+    out["example_constraint_tracking_values"] = (values, [*state, dt])
+
+    m = example("running_sum")
+    xs = np.arange(1.0, 5.0, dtype=np.float32)
+    pure, state0 = tx.uncurry(m.program, xs)
+    jaxpr, infos = tx.make_jaxpr_with_states(m.program)(xs)
+    out["example_running_sum"] = (jaxpr, [state0[i.name] for i in infos] + [xs])
+    out["example_running_sum_jit_pure"] = _traced(jax.jit(pure), state0, xs)
+
+    m = example("stateful_rnn")
+    kp, kx, ky = jax.random.split(jax.random.key(0), 3)
+    params = m.init_params(kp)
+    xs, targets = jax.random.normal(kx, (m.STEPS, m.IN)), jax.random.normal(ky, (m.STEPS, m.OUT))
+    pure, state0 = tx.uncurry(m.rnn, params, xs)
+    out["example_stateful_rnn"] = _traced(pure, state0, params, xs)
+    state1 = {"h": jnp.linspace(-0.5, 0.5, m.HIDDEN)}
+    out["example_stateful_rnn_grad"] = _traced(
+        jax.grad(lambda p, s: jnp.mean((pure(s, p, xs)[0] - targets) ** 2)), params, state1)
+
+    if has("equinox"):
+        out.update(_equinox_examples())
+    return out
+
+
+def _equinox_examples() -> dict:
+    import equinox as eqx
+
+    out = {}
+    m = example("dropout_mlp")
+    k_model, k_x = jax.random.split(jax.random.key(0))
+    model = m.MLP(k_model)
+    x = jax.random.normal(k_x, (m.BATCH, m.WIDTH))
+    y = jnp.sin(x.sum(axis=1))
+    pure, _ = tx.uncurry(m.loss, model, x, y)
+    weights, static = eqx.partition(model, eqx.is_array)
+
+    @eqx.filter_jit
+    def step(weights, key_data):
+        # examples/dropout_mlp.py's training step; its dropout stream's key
+        # is given as its data.
+        model = eqx.combine(weights, static)
+        state = {"dropout": jax.random.wrap_key_data(key_data)}
+
+        def objective(m):
+            (value, masks), new_state = pure(state, m, x, y)
+            return value, (masks, new_state)
+        (value, (masks, new_state)), grads = eqx.filter_value_and_grad(
+            objective, has_aux=True)(model)
+        new_model = jax.tree_util.tree_map(lambda p, g: p - m.LR * g, model, grads)
+        return (eqx.filter(new_model, eqx.is_array), jax.random.key_data(new_state["dropout"]),
+                value, masks)
+
+    out["example_dropout_mlp_step"] = _traced(
+        step, weights, jax.random.key_data(jax.random.key(1)))
+
+    m = example("mlp_running_stats")
+    kmodel, kdata = jax.random.split(jax.random.key(0))
+    model = m.MLP(kmodel)
+    xs = jax.random.normal(kdata, (2, m.BATCH, m.SIZES[0]))
+    ys = jax.vmap(m.target_fn)(xs)
+    pure, state = tx.uncurry(lambda model, x, train: model(x, train), model, xs[0], True)
+
+    def sgd_step(model, state, x, y):
+        def loss(model, state, x, y):
+            pred, new_state = pure(state, model, x, True)
+            return jnp.mean((pred - y) ** 2), new_state
+        (value, new_state), g = jax.value_and_grad(loss, has_aux=True)(model, state, x, y)
+        return jax.tree_util.tree_map(lambda p, d: p - m.LR * d, model, g), new_state, value
+
+    out["example_mlp_running_stats_step"] = _traced(jax.jit(sgd_step), model, state, xs[0], ys[0])
+    out["example_mlp_running_stats_eval"] = _traced(
+        lambda s, model, x: pure(s, model, x, False), state, model, xs[1])
+    return out
+
+
+# ---- programs of JAX libraries (those installed) ----------------------------------------------
+
+def _equinox() -> dict:
+    import equinox as eqx
+    import equinox.internal as eqxi
+
+    out = {}
+    model = eqx.nn.MLP(3, 2, 8, 2, activation=jax.nn.softplus, key=jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+
+    @eqx.filter_jit
+    def forward(params, x):
+        return jax.vmap(eqx.combine(params, static))(x)
+
+    x = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+    out["equinox_mlp_forward"] = _traced(forward, params, x)
+
+    def loop(x):
+        def body(carry):
+            i, y = carry
+            return i + 1, jnp.sin(y) * tx.get_state("scale", jnp.float32(1.0)) + 0.125 * y
+        tx.set_state("scale", jnp.float32(1.25))  # (set before the loop, read in it)
+        return eqxi.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=8,
+                               kind="checkpointed")[1].sum()
+
+    pure, state0 = tx.uncurry(loop, F32[:3])
+    out["equinox_checkpointed_while_grad"] = _traced(
+        jax.grad(lambda x, s: pure(s, x), has_aux=True), F32[:3], state0)
+    return out
+
+
+@contextlib.contextmanager
+def equinox_checks_as_nan():
+    """equinox's runtime checks (``eqx.error_if``, which diffrax's solvers
+    call) as under ``EQX_ON_ERROR=nan``: a failed check gives NaNs. Under
+    the default ("raise") a check calls back to a closure raising the error,
+    which has no source form (the generated code reads it from ``OBJECTS``)."""
+    import equinox._errors as errors
+
+    old = errors.EQX_ON_ERROR
+    errors.EQX_ON_ERROR = "nan"
+    try:
+        yield
+    finally:
+        errors.EQX_ON_ERROR = old
+
+
+def _diffrax() -> dict:
+    import diffrax
+
+    def vector_field(t, y, k):
+        tx.set_state("evaluations", tx.get_state("evaluations", jnp.zeros((), jnp.int32)) + 1)
+        return -k * y + jnp.sin(t)
+
+    def solve(y0, k):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(vector_field), diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, args=k,
+            stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
+            saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 4)), max_steps=64).ys
+
+    y0, k = np.array([1.0, 0.5], np.float32), np.float32(2.0)
+    with equinox_checks_as_nan():
+        pure, state0 = tx.uncurry(solve, y0, k)
+        # jax.grad inside the stateful function (the backward pass through
+        # the default RecursiveCheckpointAdjoint's checkpointed loop).
+        pure_grad, grad_state0 = tx.uncurry(
+            jax.grad(lambda y0, k: solve(y0, k).sum(), argnums=(0, 1)), y0, k)
+        return {
+            "diffrax_tsit5_pid_saveat": _traced(pure, state0, y0, k),
+            "diffrax_tsit5_grad_recursive_checkpoint": _traced(pure_grad, grad_state0, y0, k),
+        }
+
+
+def _optimistix() -> dict:
+    import optimistix as optx
+
+    def fn(y, target):
+        tx.set_state("evaluations", tx.get_state("evaluations", jnp.zeros((), jnp.int32)) + 1)
+        return y ** 3 - target
+
+    def root(target):
+        return optx.root_find(fn, optx.Newton(rtol=1e-6, atol=1e-6),
+                              jnp.ones_like(target), target).value
+
+    target = np.array([8.0, 2.0, 0.5], np.float32)
+    with equinox_checks_as_nan():
+        pure, state0 = tx.uncurry(root, target)
+        return {"optimistix_newton_root_find": _traced(pure, state0, target)}
+
+
+def _lineax() -> dict:
+    import lineax as lx
+
+    def solves(a, spd, b):
+        lu = lx.linear_solve(lx.MatrixLinearOperator(a), b, lx.LU()).value
+        cg = lx.linear_solve(lx.MatrixLinearOperator(spd, lx.positive_semidefinite_tag), b,
+                             lx.CG(rtol=1e-6, atol=1e-6, max_steps=20)).value
+        return lu, cg
+
+    a = np.array([[4.0, 1.0, 0.5], [1.0, -3.0, -1.0], [0.5, -1.0, 5.0]], np.float32)
+    spd = np.array([[4.0, 1.0, 0.5], [1.0, 3.0, -1.0], [0.5, -1.0, 5.0]], np.float32)
+    return {"lineax_lu_and_cg": _traced(solves, a, spd, np.array([1.0, -2.0, 0.5], np.float32))}
+
+
+def _optax() -> dict:
+    import optax
+
+    opt = optax.adam(1e-2)
+    params = {"w": np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 2),
+              "b": np.zeros(2, np.float32)}
+    x = np.linspace(-2.0, 2.0, 12, dtype=np.float32).reshape(4, 3)
+    y = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, -0.5]], np.float32)
+
+    def step(params, opt_state, x, y):
+        grads = jax.grad(lambda p: jnp.mean((jnp.tanh(x @ p["w"] + p["b"]) - y) ** 2))(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    opt_state = opt.init(params)
+    params1, opt_state = step(params, opt_state, x, y)  # a later step (count 1)
+    return {"optax_adam_step": _traced(step, params1, opt_state, x, y)}
+
+
+def _flax() -> dict:
+    from flax import linen as nn
+    from flax import nnx
+
+    from taxpr import harvest as h
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, carry, _):
+            carry = jnp.tanh(nn.Dense(3)(carry))
+            h.sow(carry.sum(), tag="layers", name="carry_sum", mode="append")
+            return carry, None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.scan(Block, variable_broadcast="params", split_rngs={"params": False},
+                           length=3)()(x, None)[0]
+
+    x = np.array([[0.5, -1.0, 2.0], [1.0, 0.0, -0.5]], np.float32)
+    model = Stack()
+    variables = model.init(jax.random.key(0), x)
+    out = {"flax_linen_scan_over_layers_reap": _traced(
+        h.call_and_reap(model.apply, tag="layers"), variables, x)}
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(3, 4, rngs=rngs)
+            self.norm = nnx.BatchNorm(4, rngs=rngs)
+
+        def __call__(self, x):
+            tx.set_state("calls", tx.get_state("calls", jnp.zeros((), jnp.int32)) + 1)
+            return nnx.relu(self.norm(self.linear(x)))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(0)))
+
+    def apply(state, x):
+        net = nnx.merge(graphdef, state)
+        y = net(x)
+        return y, nnx.split(net)[1]
+
+    pure, s0 = tx.uncurry(apply, state, x)
+    out["flax_nnx_linear_batchnorm"] = _traced(pure, s0, state, x)
+    return out
+
+
+LIBRARIES = {"equinox": (_equinox, ("equinox",)), "diffrax": (_diffrax, ("diffrax",)),
+             "optimistix": (_optimistix, ("optimistix",)), "lineax": (_lineax, ("lineax",)),
+             "optax": (_optax, ("optax",)), "flax": (_flax, ("flax",))}
+
+
+def _libraries() -> dict:
+    out = {}
+    for make, modules in LIBRARIES.values():
+        if has(*modules):
+            out.update(make())
+    return out
+
+
 def cases() -> list[tuple[str, object, list]]:
-    """``(name, jaxpr, flat arguments)`` of every program of the corpus."""
+    """``(name, jaxpr, flat arguments)`` of every program of the corpus
+    (the library programs of the libraries installed)."""
     out = []
     for name, (fn, args) in _realistic().items():
         flat = jax.tree_util.tree_leaves(args)
         out.append((name, jax.make_jaxpr(fn)(*args), flat))
+    out.extend((name, j, list(args)) for name, (j, args) in _examples().items())
+    out.extend((name, j, list(args)) for name, (j, args) in _libraries().items())
     out.extend((name, j, args) for name, (j, args) in _fuzzed().items())
     return out

@@ -1,6 +1,7 @@
 """The generated Python code of every program of the codegen corpus
 (tests/codegen_corpus.py: the ir fuzzer's programs, the families of
-tests/test_ir_codegen.py and realistic programs) runs as a standalone file
+tests/test_ir_codegen.py, realistic programs, the programs of examples/ and
+those of the JAX libraries installed) runs as a standalone file
 in a fresh Python process, with no ``OBJECTS`` handed over, and computes
 what the jaxpr computes in this process, bit for bit: the same outputs, the
 same printed text, the same number of host callback calls. All programs
@@ -134,6 +135,18 @@ def test_the_corpus_covers_the_primitive_families():
     names = [name for name, _, _ in codegen_corpus.cases()]
     assert len(names) == len(set(names)) >= 30
     assert {"fuzz_plain_0", "fuzz_batched_0", "fuzz_differentiated_1"} <= set(names)
+
+
+def test_the_corpus_runs_the_examples_and_the_installed_libraries_programs():
+    names = {name for name, _, _ in codegen_corpus.cases()}
+    examples = {p.stem for p in codegen_corpus.EXAMPLES.glob("*.py")}
+    if not codegen_corpus.has("equinox"):  # (these examples' models are equinox modules)
+        examples -= {"dropout_mlp", "mlp_running_stats"}
+    for example in examples:
+        assert any(n.startswith(f"example_{example}") for n in names), example
+    for library, (_, modules) in codegen_corpus.LIBRARIES.items():
+        assert any(n.startswith(f"{library}_") for n in names) == codegen_corpus.has(*modules), \
+            library
 
 
 def test_generated_files_run_standalone_and_compute_the_same_bits(standalone_runs):

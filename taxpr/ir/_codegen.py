@@ -150,6 +150,51 @@ def _location(obj: Any) -> str | None:
     return hit[1] if hit is not None and hit[0] is obj else None
 
 
+_named: dict[int, tuple[Any, str, str]] = {}
+_named_scanned: set[str] = set()
+
+
+def _named_object(obj: Any) -> tuple[str, str] | None:
+    """``(module, name)`` of a module-level object (a library's sentinel or
+    marker object) that a fresh process finds again by importing the module:
+    the same object, not an equal one. Values of builtin types (numbers,
+    strings, containers) and modules are never looked up."""
+    if type(obj).__module__ == "builtins" and type(obj) is not object \
+            or isinstance(obj, type(sys)):
+        return None
+    for name, module in list(sys.modules.items()):
+        if name in _named_scanned or module is None or name == "__main__":
+            continue
+        _named_scanned.add(name)
+        try:
+            items = list(vars(module).items())
+        except Exception:  # noqa: BLE001 - a module whose attributes cannot be read
+            continue
+        for attr, value in items:
+            if type(value).__module__ == "builtins" and type(value) is not object \
+                    or isinstance(value, (type(sys), type, core.Primitive)) or callable(value):
+                continue
+            key, old = id(value), _named.get(id(value))
+            # The most public name: fewest private parts.
+            if old is None or old[0] is not value or \
+                    _private_parts(name, attr) < _private_parts(old[1], old[2]):
+                _named[key] = (value, name, attr)
+    hit = _named.get(id(obj))
+    return (hit[1], hit[2]) if hit is not None and hit[0] is obj else None
+
+
+def _named_instance(cls: type) -> tuple[str, str] | None:
+    """``(module, name)`` of the one module-level object of class ``cls``
+    (a class made for a single marker object), or None."""
+    _named_object(object())  # (index the modules imported since)
+    hits = [(m, a) for v, m, a in _named.values() if type(v) is cls]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _private_parts(module: str, attr: str) -> int:
+    return sum(part.startswith("_") for part in [*module.split("."), attr])
+
+
 def _eval_roundtrips(src: str, value: Any, namespace: dict) -> bool:
     try:
         back = eval(src, namespace)  # noqa: S307 - our own generated expression
@@ -320,6 +365,14 @@ class _Gen:
                 self.consts.append(f"{name} = jax.random.wrap_key_data({_array_src(data)}, "
                                    f"impl={impl!r})")
                 return name
+        if isinstance(value, core.Tracer) and isinstance(getattr(value, "dtype", None), np.dtype):
+            # A tracer of a finished trace, kept in a jaxpr held by a param
+            # (equinox's closure-converted functions keep the jaxpr; their
+            # consts are passed as operands): it has no value, and reading it
+            # raises, so the program never reads it. Zeros of its type.
+            self.consts.append(f"{name} = np.zeros({tuple(value.shape)!r}, "
+                               f"dtype={_dtype_src(np.dtype(value.dtype))})")
+            return name
         try:
             a = np.asarray(value, dtype=dtype)
         except (TypeError, ValueError):  # e.g. PRNG keys (an extended dtype)
@@ -380,6 +433,19 @@ class _Gen:
             return self.obj(value, hint)
         if callable(value) and not isinstance(value, type):
             return self.callable_src(value, hint)
+        if isinstance(value, type):
+            if getattr(builtins, value.__name__, None) is value:
+                return value.__name__
+            where = _location(value)
+            if where is not None:
+                return self.import_module(where)[0]
+            where = _named_instance(value)  # a class made for one module-level object
+            return f"type({self.import_object(*where)})" if where is not None \
+                else self.obj(value, hint)
+        if type(value) is jax.ShapeDtypeStruct:
+            src = self.spec_src(value)
+            return src if src is not None and _eval_roundtrips(src, value, self.namespace) \
+                else self.obj(value, hint)
         key = (type(value), repr(value))
         try:
             hit = self.repr_memo.get(key)
@@ -400,6 +466,9 @@ class _Gen:
             # Whole, rather than in parts (drop the parts' entries).
             for k in set(self.objects) - set(before):
                 self.object_keys.pop(id(self.objects.pop(k)), None)
+            where = _named_object(value)
+            if where is not None:  # a module-level object (a sentinel, a tag)
+                return self.import_object(*where)
             return self.obj(value, hint)
         for line in lines:
             self.add_import(line)
@@ -493,13 +562,36 @@ class _Gen:
 
     def treedef_src(self, tree: Any) -> str | None:
         """``jax.tree_util.tree_structure(<an example>)`` for a structure of
-        tuples, lists, dicts and None, or None."""
+        tuples, lists, dicts and None; else, where JAX rebuilds a structure
+        from its nodes (``PyTreeDef.from_node_data_and_children``), the
+        structure node by node (custom nodes: their class and auxiliary data,
+        when those have a source form); or None."""
         try:
             src = _tree_src(jax.tree_util.tree_unflatten(tree, [_Src("0")] * tree.num_leaves))
+            src = f"jax.tree_util.tree_structure({src})"
         except (_NoSource, TypeError, ValueError):
+            src = self.treedef_nodes_src(tree)
+        return src if src is not None and _eval_roundtrips(src, tree, self.namespace) else None
+
+    def treedef_nodes_src(self, tree: Any) -> str | None:
+        if not hasattr(jax.tree_util.PyTreeDef, "from_node_data_and_children") \
+                or not hasattr(jax.tree_util, "default_registry"):
             return None
-        src = f"jax.tree_util.tree_structure({src})"
-        return src if _eval_roundtrips(src, tree, self.namespace) else None
+        data = tree.node_data()
+        if data is None:  # a leaf
+            return "jax.tree_util.tree_structure(0)"
+        cls, aux = data
+        lines: list = []
+        cls_src = self.param(cls, "treedef")
+        aux_src = self.param(aux, "treedef")
+        children = [self.treedef_nodes_src(c) for c in tree.children()]
+        if "OBJECTS[" in cls_src + aux_src or None in children:
+            return None
+        for line in lines:
+            self.add_import(line)
+        return (f"jax.tree_util.PyTreeDef.from_node_data_and_children("
+                f"jax.tree_util.default_registry, ({cls_src}, {aux_src}), "
+                f"[{', '.join(children)}])")
 
     def jaxpr_src(self, j: Any, hint: str) -> str:
         """A module-level jaxpr rebuilt from the function computing ``j``:
@@ -613,10 +705,24 @@ class _Gen:
     def bind(self, eqn: core.JaxprEqn, args: list[str]) -> str:
         kw = []
         for k, v in eqn.params.items():
-            src = self.param(v, f"{eqn.primitive.name}_{k}")
+            if k == "flatten" and _is_filter_flatten(v):
+                # equinox's filter primitives record their output's
+                # structure in a Flatten object at each bind: a new one.
+                src = f"{self.param(type(v), 'flatten')}()"
+            else:
+                src = self.param(v, f"{eqn.primitive.name}_{k}")
             kw.append(f"{k}={src}" if k.isidentifier() and not keyword.iskeyword(k)
                       else f"**{{{k!r}: {src}}}")
         return f"{self.primitive(eqn.primitive)}.bind({', '.join(args + kw)})"
+
+
+def _is_filter_flatten(value: Any) -> bool:
+    """Whether ``value`` is the ``Flatten`` of an equinox filter primitive
+    (``equinox.internal.filter_primitive_bind``): the param in which the
+    primitive's rules record the structure of its outputs."""
+    cls = type(value)
+    return cls.__qualname__ == "Flatten" and cls.__module__.startswith("equinox.") \
+        and _location(cls) is not None
 
 
 # ---- rules for higher-order primitives and tags ---------------------------------------------
