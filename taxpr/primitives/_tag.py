@@ -114,10 +114,15 @@ def _in_analysis_trace() -> bool:
     return False
 
 
-def _keeping_here() -> bool:
-    """Whether a tag bound now is kept: inside ``keep_tags()``, and not in
-    a library's analysis trace (``_ANALYSIS_TRACES``)."""
-    return bool(_KEEP.value) and not _in_analysis_trace()
+def _keeping_here(params: dict) -> bool:
+    """Whether a tag bound now with ``params`` is kept: inside
+    ``keep_tags()``, and not in a library's analysis trace
+    (``_ANALYSIS_TRACES``) unless its ``op`` is told of untransformed use (a
+    state access: the analysis keeps it, and evaluates it as it does a
+    ``jax.debug.callback``, also inside a ``checkpoint`` or ``jit`` there)."""
+    if not _KEEP.value:
+        return False
+    return not _in_analysis_trace() or _wants_to_be_told(params)
 
 
 HIDDEN_PREFIX = "_taxpr_"
@@ -431,7 +436,7 @@ def _kept_if_consumed(params: dict) -> dict:
     transformation's trace (``keep_tags()``), where something will consume
     it: an effect reaching a top-level ``jax.jit`` turns off JAX's fast
     dispatch path, which tags nothing consumes must not cost."""
-    return dict(params, **{KEPT: True}) if not params.get(KEPT) and _keeping_here() else params
+    return dict(params, **{KEPT: True}) if not params.get(KEPT) and _keeping_here(params) else params
 
 
 def _tag_jvp(primals, tangents, **params):
@@ -562,7 +567,7 @@ def _tag_remat(*args, **params):
     again by the recomputation as a replay of the forward's (as a custom_vjp
     bwd's recomputation, see ``Engine.thread_site``): a sow there is not
     collected again. A tag nothing consumes is an identity, bound again."""
-    if not _keeping_here():
+    if not _keeping_here(params):
         return tag_p.bind(*args, **params), None
     recomputed = getattr(params.get("op"), "recomputed", None)
     if recomputed is not None:
@@ -715,7 +720,7 @@ def tag(value: Any, **params: Any) -> Any:
         _tell_untransformed(params, "ran eagerly")
         return value
     params = {TREE: tree, **params}
-    if _keeping_here():
+    if _keeping_here(params):
         params[KEPT] = True
     if _compat.eager_constant_folding():
         # Under ``jax.ensure_compile_time_eval()`` a trace evaluates a

@@ -322,3 +322,50 @@ def test_dropout_in_scan_over_layers_rng_from_next_key():
     out, _ = pure(s0, X)
     _, sub = jax.random.split(s0["rng"])
     close(out, model.apply(variables, X, rngs={"dropout": sub}))
+
+
+# --- nn.scan / nn.remat_scan over checkpointed layers ---------------------------
+# flax evaluates its analysis trace of the body with its effects; a state
+# access there runs as a jax.debug.callback does, also inside the layer's
+# checkpoint (where an effect-free equation would be dropped).
+
+class CountingLayer(nn.Module):
+    tick: object = None  # a Counter's tick in the reference run, else the state
+
+    @nn.compact
+    def __call__(self, x):
+        if self.tick is None:
+            tx.set_state("layer_calls", tx.get_state("layer_calls", jnp.zeros((), jnp.int32)) + 1)
+        else:
+            self.tick()
+        return x + jnp.tanh(nn.Dense(3)(x))
+
+
+class CountingScanLayer(CountingLayer):
+    def __call__(self, x, _=None):
+        return super().__call__(x), None
+
+
+_CHECKPOINTED_STACKS = {
+    "scan_of_remat": lambda **kw: nn.scan(
+        nn.remat(CountingScanLayer), variable_axes={"params": 0}, split_rngs={"params": True},
+        length=4)(**kw),
+    "remat_scan": lambda **kw: nn.remat_scan(CountingLayer, lengths=(2, 3))(**kw),
+}
+
+
+@pytest.mark.parametrize("stack", sorted(_CHECKPOINTED_STACKS))
+def test_state_counter_in_checkpointed_scanned_layers_counts_as_a_callback(stack):
+    make = _CHECKPOINTED_STACKS[stack]
+    counter = Counter()
+    ticking = make(tick=counter.tick)
+    variables = ticking.init(jax.random.key(0), X)
+    jax.effects_barrier()
+    counter.reset()
+    want_out = ticking.apply(variables, X)
+    jax.effects_barrier()
+    model = make()
+    pure, s0 = tx.uncurry(model.apply, variables, X)
+    out, s1 = jax.jit(pure)(s0, variables, X)
+    close(jax.tree.leaves(out)[0], jax.tree.leaves(want_out)[0])
+    assert counter.n > 0 and int(s1["layer_calls"]) == counter.n
