@@ -581,14 +581,11 @@ class _Gen:
         if data is None:  # a leaf
             return "jax.tree_util.tree_structure(0)"
         cls, aux = data
-        lines: list = []
         cls_src = self.param(cls, "treedef")
         aux_src = self.param(aux, "treedef")
         children = [self.treedef_nodes_src(c) for c in tree.children()]
         if "OBJECTS[" in cls_src + aux_src or None in children:
             return None
-        for line in lines:
-            self.add_import(line)
         return (f"jax.tree_util.PyTreeDef.from_node_data_and_children("
                 f"jax.tree_util.default_registry, ({cls_src}, {aux_src}), "
                 f"[{', '.join(children)}])")

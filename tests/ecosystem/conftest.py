@@ -31,10 +31,11 @@ LIBRARIES = {
 _STATE_IN_BWD = ("a custom_vjp bwd recomputes the forward pass from saved steps (diffrax's "
                  "BacksolveAdjoint solves backwards through a custom_vjp that keeps every input; "
                  "equinox's checkpointed loop reading the state it updates): taxpr cannot show "
-                 "that the derivatives ignore what the recomputation reads, a clear StateError")
+                 "that the derivatives ignore what the recomputation reads, a clear StateError",
+                 "StateError")
 _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP = (
     "differentiating w.r.t. a state that a custom_vjp fwd reads (diffrax's solve): a clear "
-    "NotImplementedError (the library's rules give no derivative for it)")
+    "NotImplementedError (the library's rules give no derivative for it)", "NotImplementedError")
 _RECOMPUTING_BWD = ("a custom_vjp bwd recomputes the forward (checkpointed loop) from saved "
                     "steps, and the gradient depends on a state the body updates: what the "
                     "recomputation reads depends on an order taxpr cannot see, a clear StateError")
