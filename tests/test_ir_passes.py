@@ -419,3 +419,136 @@ def test_dce_keeps_an_unused_cond_whose_branches_hold_tags_even_after_jitting():
     check(o)
     assert sorted(s.params["op"] for s in tx.find_tags(o)) == ["a", "b"]
     assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("cond") == 1
+
+
+# ---- the default passes stop where another round would change nothing -----------------
+
+def _identity(j) -> tuple:
+    """What ``j`` is: its text (variables numbered in order) and its consts."""
+    consts = _compat.jaxpr_parts(j).consts or ()
+    return str(j), tuple((np.asarray(c).dtype.str, np.asarray(c).shape,
+                          np.asarray(c).tobytes()) for c in consts)
+
+
+def _default_passes_to_fixpoint(j, rounds: int = 10):
+    """The default passes (algebraic simplification, copy propagation and
+    CSE in one walk) repeated until a round returns its input, and how many
+    rounds changed something."""
+    from taxpr.ir import _passes
+    for changed in range(rounds):
+        before = j
+        for p in (ir.constant_fold, _passes._simplify_copies_and_cse,
+                  ir.dead_code_elimination):
+            j = p(j)
+        if j is before:
+            return j, changed
+    raise AssertionError(f"no fixpoint in {rounds} rounds")
+
+
+def _bench_ir_program():
+    import importlib.util
+    import pathlib
+    import sys
+    bench = pathlib.Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))  # bench_ir imports its _common
+    try:
+        spec = importlib.util.spec_from_file_location("_taxpr_bench_ir", bench / "bench_ir.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench))
+    return module.program
+
+
+_SELECTED = np.arange(3, dtype=np.float32)
+
+
+def _select_of_equal_constants_plus_constant(p, y):
+    # select_n(p, c, c) is c, a constant: the add becomes constant.
+    return lax.select_n(p, _SELECTED, _SELECTED) + 2.0, y
+
+
+def _constant_divisor_of_dead_division(x, y):
+    # d is not folded while a division uses it; DCE removes that division.
+    d = lax.add(np.int32(1), np.int32(2))
+    _ = lax.div(x, d)
+    return d * y
+
+
+def _splat_one_divisor(x):
+    # x / s is x for s = [1, 1, 1]; then s is no integer divisor and folds.
+    s = lax.broadcast_in_dim(np.int32(1), (3,), ())
+    return lax.div(x, s), x + s
+
+
+def _calls_equal_once_pruned(x, y, z):
+    # DCE prunes the unused output of both calls: they become the same call.
+    f = jax.jit(lambda a, b: (a * 2.0, jnp.sin(b)))
+    return f(x, y)[0] + f(x, z)[0]
+
+
+def _call_constant_once_pruned(x, y):
+    # DCE prunes the call's unused output and then its unused input x.
+    f = jax.jit(lambda a, b: (a * 2.0, b * 2.0))
+    return f(x, jnp.float32(3.0))[1] + y
+
+
+NEEDS_A_SECOND_ROUND = {
+    "select_of_equal_constants": (_select_of_equal_constants_plus_constant,
+                                  (np.array([True, False, True]), np.float32(1.0))),
+    "constant_divisor_of_dead_division": (_constant_divisor_of_dead_division,
+                                          (np.int32(7), np.int32(2))),
+    "splat_one_divisor": (_splat_one_divisor, (np.arange(1, 4, dtype=np.int32),)),
+    "calls_equal_once_pruned": (_calls_equal_once_pruned,
+                                (np.float32(1.0), np.float32(2.0), np.float32(3.0))),
+    "call_constant_once_pruned": (_call_constant_once_pruned, (np.float32(1.0), np.float32(2.0))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_A_SECOND_ROUND))
+def test_default_passes_run_the_round_an_earlier_round_gave_work(name):
+    f, args = NEEDS_A_SECOND_ROUND[name]
+    j = jax.make_jaxpr(f)(*args)
+    want, rounds = _default_passes_to_fixpoint(j)
+    assert rounds >= 2, name  # one round does not reach the fixpoint
+    o = ir.optimize_jaxpr(j, validate=True)
+    assert _identity(o) == _identity(want), (name, o, want)
+    assert_bitwise(run(o, *args), run(j, *args), name)
+
+
+def test_default_passes_reach_the_fixpoint_of_the_rewrite_rich_bench_program(monkeypatch):
+    from taxpr.ir import _passes
+    j = jax.make_jaxpr(_bench_ir_program()(400))(jnp.float32(0.5), jnp.float32(0.25))
+    want, rounds = _default_passes_to_fixpoint(j)
+    assert rounds == 1
+    folds = []  # one constant folding per round
+    fold_level = _passes._fold_level
+    monkeypatch.setattr(_passes, "_fold_level", lambda *a: folds.append(a) or fold_level(*a))
+    assert _identity(ir.optimize_jaxpr(j)) == _identity(want)
+    assert len(folds) == 1  # the one round that changes the program, no confirming round
+
+
+@pytest.mark.parametrize("batched,differentiated",
+                         [(False, False), (True, False), (False, True)])
+def test_default_passes_reach_the_fixpoint_of_fuzzed_programs(batched, differentiated):
+    import test_ir_fuzz as fuzz
+    for seed in range(40):
+        stmts = fuzz.program(seed)
+        if batched and not fuzz.vmappable(stmts) or differentiated and not fuzz.differentiable(stmts):
+            continue
+        _, _, j = fuzz.traced_program(seed, batched, differentiated)
+        want, _ = _default_passes_to_fixpoint(j)
+        assert _identity(ir.optimize_jaxpr(j)) == _identity(want), (seed, stmts)
+
+
+def test_constant_fold_evaluates_a_folded_equation_that_uses_a_kept_constant():
+    # d stays (an integer divisor); d * 5 folds, computed from d's value.
+    def f(x):
+        d = lax.add(np.int32(1), np.int32(2))
+        return lax.div(x, d) + d * 5
+
+    j = jax.make_jaxpr(f)(np.int32(7))
+    o = ir.constant_fold(j)
+    check(o)
+    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns] == ["add", "div", "add"]
+    assert_bitwise(run(o, np.int32(7)), run(j, np.int32(7)))

@@ -75,6 +75,32 @@ class _Purity:
         return False
 
 
+class _RoundReport:
+    """Whether a round of the default passes (constant folding, the forward
+    walk, DCE) left work for a next round. Each pass leaves a jaxpr it would
+    not change again, so the next round finds work only where a pass gave an
+    earlier one new work; ``reopened`` is set for each way that can happen:
+
+    * folding: a constant is an integer divisor (neither folded nor accepted
+      as a divisor by folding, which depends on the equations around it, and
+      DCE or the walk may remove some), or a constant equation with several
+      outputs stays because one of its used outputs cannot be materialized
+      (that use may be dead code);
+    * the walk: a variable replaced by a literal, or a ``select_n`` of equal
+      operands replaced by its operand (possibly a constant selected by a
+      non-constant predicate): their uses may now have only constant inputs;
+    * DCE: an equation rewritten by a DCE rule (a call whose pruned inputs
+      or outputs leave it with only constant inputs, or equal to another
+      call), or an impure equation removed (the jaxpr calling it may now be
+      pure). Removing pure equations gives no pass new work.
+    """
+
+    __slots__ = ("reopened",)
+
+    def __init__(self):
+        self.reopened = False
+
+
 def _is_collective(eqn: core.JaxprEqn) -> bool:
     return "axis_name" in eqn.params or "axis_index_groups" in eqn.params
 
@@ -166,7 +192,7 @@ def _is_copy(eqn: core.JaxprEqn) -> bool:
 
 
 def _forward_level(purity: _Purity, copies: bool = False, algebra: bool = False,
-                   cse: bool = False):
+                   cse: bool = False, report: _RoundReport | None = None):
     """One forward walk over a level doing any of copy propagation,
     algebraic simplification and CSE (the default pipeline does all three in
     one walk; each is a legal rewrite on its own, so their interleaving is
@@ -186,11 +212,16 @@ def _forward_level(purity: _Purity, copies: bool = False, algebra: bool = False,
             single = len(eqn.outvars) == 1 and not eqn.primitive.multiple_results
             if copies and _is_copy(eqn):
                 env[eqn.outvars[0]] = eqn.invars[0]
+                if report is not None and isinstance(eqn.invars[0], core.Literal):
+                    report.reopened = True
                 continue
             if algebra and single:
                 repl = _simplify(eqn, splats, producers)
                 if repl is not None:
                     env[eqn.outvars[0]] = repl
+                    if report is not None and (isinstance(repl, core.Literal)
+                                               or eqn.primitive.name == "select_n"):
+                        report.reopened = True
                     continue
                 producers[eqn.outvars[0]] = eqn
                 if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
@@ -373,7 +404,8 @@ def _eqn_count(eqns) -> int:
     return n
 
 
-def _dce_level(level: Level, path, is_top) -> Level | None:
+def _dce_level(level: Level, path, is_top, purity: _Purity | None = None,
+               report: _RoundReport | None = None) -> Level | None:
     free_constvars = level.consts is None  # an open 0.10 jaxpr's constvars are its inputs
     used_consts, eqns, effects = _compat.dce_level(
         [] if free_constvars else level.constvars,
@@ -384,12 +416,28 @@ def _dce_level(level: Level, path, is_top) -> Level | None:
             all(a is b for a, b in zip(eqns, level.eqns))
             or _eqn_count(eqns) == _eqn_count(level.eqns)):
         return None
+    if report is not None and not report.reopened:
+        report.reopened = _dce_reopens(level.eqns, eqns, purity)
     constvars, consts = level.constvars, level.consts
     if dropped_consts:
         constvars = [v for v, u in zip(level.constvars, used_consts) if u]
         consts = [c for c, u in zip(level.consts, used_consts) if u]
     return level._replace(constvars=constvars, consts=consts, eqns=list(eqns),
                           effects=effects)
+
+
+def _dce_reopens(before: list, after: Sequence, purity: _Purity) -> bool:
+    """Whether DCE, turning ``before`` into ``after``, rewrote an equation or
+    removed an impure one (``_RoundReport``). ``after`` is a subsequence of
+    ``before`` (the same objects, in order) when DCE only removed pure
+    equations."""
+    k, n = 0, len(after)
+    for eqn in before:
+        if k < n and after[k] is eqn:
+            k += 1
+        elif purity.impure(eqn):
+            return True
+    return k != n
 
 
 def dead_code_elimination(jaxpr: Any) -> Any:
@@ -405,6 +453,10 @@ def dead_code_elimination(jaxpr: Any) -> Any:
     Returns:
       The same kind of jaxpr.
     """
+    return _dead_code_elimination(jaxpr)
+
+
+def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> Any:
     # An unused call of a jaxpr holding a tag (a cond with tags in its
     # branches, ...) is kept whole: JAX's rules would drop it, tags and all.
     purity = _Purity()
@@ -423,12 +475,15 @@ def dead_code_elimination(jaxpr: Any) -> Any:
     callers -= TAG_PRIMITIVES
     with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
             _compat.keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
-        return _apply(jaxpr, _dce_level)
+        if report is None:
+            return _apply(jaxpr, _dce_level)
+        return _apply(jaxpr, lambda level, path, is_top: _dce_level(
+            level, path, is_top, purity, report))
 
 
 # ---- constant folding -------------------------------------------------------------------
 
-def _fold_level(purity: _Purity, max_elements: int):
+def _fold_level(purity: _Purity, max_elements: int, report: _RoundReport | None = None):
     def rewrite(level: Level, path, is_top) -> Level | None:
         can_add_consts = is_top and level.consts is not None
         known: dict = {}  # constvar -> value (consts small enough to fold)
@@ -455,6 +510,8 @@ def _fold_level(purity: _Purity, max_elements: int):
         int_divisors = {e.invars[1] for e in level.eqns if e.primitive.name in ("div", "rem")
                         and not isinstance(e.invars[1], core.Literal)
                         and e.invars[1].aval.dtype.kind in "iub"}
+        if report is not None and int_divisors and not int_divisors.isdisjoint(constant):
+            report.reopened = True
         materialize: list = []
         for i in range(len(level.eqns) - 1, -1, -1):
             eqn = level.eqns[i]
@@ -465,12 +522,17 @@ def _fold_level(purity: _Purity, max_elements: int):
                     materialize.extend(outs)
                     continue
                 folded_idx.discard(i)
+                if report is not None and len(eqn.outvars) > 1:
+                    report.reopened = True
             needed.update(a for a in eqn.invars if not isinstance(a, core.Literal))
         if not folded_idx:
             return None
-        # Constvars still needed by kept equations or outputs stay.
-        values = _evaluate([level.eqns[i] for i in sorted(folded_idx)], known,
-                           materialize)
+        # Constvars still needed by kept equations or outputs stay. A folded
+        # equation may use the value of a constant one that stays (an
+        # integer divisor, a value that cannot be materialized): every
+        # constant equation is offered to the evaluation, which keeps those
+        # the materialized values need.
+        values = _evaluate([level.eqns[i] for i in foldable], known, materialize)
         env: dict = {}
         constvars, consts = list(level.constvars), level.consts
         for v, val in zip(materialize, values):
@@ -573,8 +635,19 @@ def constant_fold(jaxpr: Any, max_elements: int = DEFAULT_MAX_CONSTANT_ELEMENTS)
 
 # ---- pipeline ---------------------------------------------------------------------------
 
-def _simplify_copies_and_cse(jaxpr: Any) -> Any:
-    return _apply(jaxpr, _forward_level(_Purity(), copies=True, algebra=True, cse=True))
+def _simplify_copies_and_cse(jaxpr: Any, report: _RoundReport | None = None) -> Any:
+    return _apply(jaxpr, _forward_level(_Purity(), copies=True, algebra=True, cse=True,
+                                        report=report))
+
+
+def _default_round(report: _RoundReport) -> list[Callable[[Any], Any]]:
+    """The default passes, algebraic simplification, copy propagation and
+    CSE done in one walk per jaxpr, reporting into ``report``."""
+    return [
+        lambda j: _apply(j, _fold_level(_Purity(), DEFAULT_MAX_CONSTANT_ELEMENTS, report)),
+        lambda j: _simplify_copies_and_cse(j, report),
+        lambda j: _dead_code_elimination(j, report),
+    ]
 
 
 PASSES: dict[str, Callable[[Any], Any]] = {
@@ -611,8 +684,9 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
     """Run ``passes`` (names or functions; default: constant folding,
     algebraic simplification, copy propagation, CSE, DCE) in order, repeated
     until an iteration changes nothing or ``max_iterations`` is reached. The
-    default does the middle three in one walk per jaxpr; a built-in pass is
-    never rerun on a jaxpr it returned (they are idempotent).
+    default does the middle three in one walk per jaxpr, and stops after a
+    round that left no pass new work (the next would change nothing); a
+    built-in pass is never rerun on a jaxpr it returned (they are idempotent).
 
     Arguments:
       jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
@@ -627,12 +701,16 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
     unknown = [p for p in (passes or ()) if isinstance(p, str) and p not in PASSES]
     if unknown:
         raise ValueError(f"optimize_jaxpr: unknown passes {unknown}; known: {sorted(PASSES)}")
-    if passes is None:
-        # The default passes, with algebraic simplification, copy
-        # propagation and CSE done in one walk per jaxpr.
-        fns = [constant_fold, _simplify_copies_and_cse, dead_code_elimination]
+    # The default passes report whether a round left work for the next one
+    # (``_RoundReport``): a round after one that ran every pass and left
+    # none would change nothing, and is not run.
+    report = _RoundReport() if passes is None else None
+    if report is not None:
+        fns = _default_round(report)
+        idempotent = range(len(fns))
     else:
         fns = [PASSES[p] if isinstance(p, str) else p for p in passes]
+        idempotent = [i for i, fn in enumerate(fns) if fn in _IDEMPOTENT]
     # A built-in pass is idempotent: it is not run again on a jaxpr it
     # produced (or left unchanged), e.g. DCE after a round whose other passes
     # changed nothing.
@@ -641,13 +719,18 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
         size = None
         for _ in range(max_iterations):
             before = jaxpr
+            ran_every_pass = True
+            if report is not None:
+                report.reopened = False
             for i, fn in enumerate(fns):
                 if fixed.get(i) is jaxpr:
+                    ran_every_pass = False
                     continue
                 jaxpr = fn(jaxpr)
-                if fn in _IDEMPOTENT:
+                if i in idempotent:
                     fixed[i] = jaxpr
-            if jaxpr is before:
+            if jaxpr is before or (report is not None and ran_every_pass
+                                   and not report.reopened):
                 break
             if size is None:
                 size = _eqn_count(_compat.jaxpr_parts(before).eqns)
