@@ -189,17 +189,26 @@ def _own_predicate(cond_jaxpr: Any) -> Any | None:
     if with_own is None:
         return None
     parts = _compat.jaxpr_parts(with_own)
-    # The reductions and what only they feed are left out: batched, they
-    # would reduce over the batch again (equinox's ``nonbatchable`` raises).
+    # Only what the example's predicate needs: the reductions are left out
+    # (batched, they would reduce over the batch again: equinox's
+    # ``nonbatchable`` raises), and the body evaluates this again each step,
+    # so a predicate that needs an effect or a tag is not taken apart.
     used = {v for v in parts.outvars[-1:] if type(v) is core.Var}
     kept = []
     for eqn in reversed(parts.eqns):
-        if (eqn.effects or eqn.primitive is tag_p or _traverse.subjaxprs(eqn)
-                or any(o in used for o in eqn.outvars)):
+        if any(o in used for o in eqn.outvars):
+            if eqn.effects or eqn.primitive is tag_p or any(
+                    has_tags(sj) for _, sj in _traverse.subjaxprs(eqn)):
+                raise NotImplementedError(
+                    f"taxpr: a while loop that runs while any example of a vmap batch runs "
+                    f"(equinox's loops) computes each example's predicate with "
+                    f"'{eqn.primitive.name}', which has an effect or holds tags: its body's "
+                    f"tags cannot be guarded per example. vmap the transformed function "
+                    f"instead, or keep effects out of the loop's condition")
             kept.append(eqn)
             used.update(v for v in eqn.invars if type(v) is core.Var)
     return _compat.make_closed(parts.constvars, parts.consts, parts.invars, kept[::-1],
-                               parts.outvars[-1:], parts.effects, parts.debug_info)
+                               parts.outvars[-1:], core.no_effects, parts.debug_info)
 
 
 def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,

@@ -816,3 +816,27 @@ def test_vmap_inside_uncurry_loop_set_state_is_a_per_example_error(kind):
 def test_vmap_inside_bounded_loop_with_tags_is_a_clear_error():
     with pytest.raises(NotImplementedError, match=r"cond at .*scan.*whole batch of a vmap"):
         tx.uncurry(_halving_loop("bounded", lambda: None), _YS)
+
+
+def test_vmap_inside_loop_condition_callback_runs_as_without_taxpr():
+    """Guarding the body by each example's predicate evaluates no effect of
+    the loop's condition again: its callback runs as often as without taxpr."""
+    calls = []
+
+    def loop(y, rate):
+        def cond(c):
+            jax.debug.callback(lambda: calls.append(1))
+            return c[1] > 0.1
+        return eqxi.while_loop(cond, lambda c: (c[0] + 1, c[1] * rate()), (0, y),
+                               max_steps=50, kind="lax")
+
+    jax.block_until_ready(jax.jit(jax.vmap(lambda y: loop(y, lambda: 0.5)))(_YS))
+    jax.effects_barrier()
+    want, calls[:] = len(calls), []
+    pure, s0 = tx.uncurry(
+        lambda ys: jax.vmap(lambda y: loop(y, lambda: tx.get_state("rate", 0.5)))(ys), _YS)
+    calls.clear()
+    (steps, _), _ = jax.jit(pure)(s0, _YS)
+    jax.effects_barrier()
+    np.testing.assert_array_equal(steps, _halving_reference(_YS)[0])
+    assert want > 0 and len(calls) == want
