@@ -185,30 +185,27 @@ def _while_guarded_by_own_predicate(original, axis_data, args, dims, own, *, con
 def _own_predicate(cond_jaxpr: Any) -> Any | None:
     """``cond_jaxpr`` giving each example's own predicate where it reduces
     its predicate over a vmap batch (``_per_example``), else None."""
-    with_own = _per_example.with_per_example_output(cond_jaxpr, 0)
-    if with_own is None:
+    parts = _compat.jaxpr_parts(cond_jaxpr)
+    eqns = list(parts.eqns)
+    own = _per_example.per_example_value(parts.eqns, parts.outvars[0], eqns.append)
+    if own is None:
         return None
-    parts = _compat.jaxpr_parts(with_own)
     # Only what the example's predicate needs: the reductions are left out
     # (batched, they would reduce over the batch again: equinox's
     # ``nonbatchable`` raises), and the body evaluates this again each step,
     # so a predicate that needs an effect or a tag is not taken apart.
-    used = {v for v in parts.outvars[-1:] if type(v) is core.Var}
-    kept = []
-    for eqn in reversed(parts.eqns):
-        if any(o in used for o in eqn.outvars):
-            if eqn.effects or eqn.primitive is tag_p or any(
-                    has_tags(sj) for _, sj in _traverse.subjaxprs(eqn)):
-                raise NotImplementedError(
-                    f"taxpr: a while loop that runs while any example of a vmap batch runs "
-                    f"(equinox's loops) computes each example's predicate with "
-                    f"'{eqn.primitive.name}', which has an effect or holds tags: its body's "
-                    f"tags cannot be guarded per example. vmap the transformed function "
-                    f"instead, or keep effects out of the loop's condition")
-            kept.append(eqn)
-            used.update(v for v in eqn.invars if type(v) is core.Var)
-    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, kept[::-1],
-                               parts.outvars[-1:], core.no_effects, parts.debug_info)
+    kept = [eqns[i] for i in _per_example.producers(eqns, own)]
+    for eqn in kept:
+        if eqn.effects or eqn.primitive is tag_p or any(
+                has_tags(sj) for _, sj in _traverse.subjaxprs(eqn)):
+            raise NotImplementedError(
+                f"taxpr: a while loop that runs while any example of a vmap batch runs "
+                f"(equinox's loops) computes each example's predicate with "
+                f"'{eqn.primitive.name}', which has an effect or holds tags: its body's "
+                f"tags cannot be guarded per example. vmap the transformed function "
+                f"instead, or keep effects out of the loop's condition")
+    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, kept, [own],
+                               core.no_effects, parts.debug_info)
 
 
 def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,

@@ -80,14 +80,14 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
         return None
     per_example: dict = {}
     copies = []
-    for i in _producers(eqns, atom):
+    for i in producers(eqns, atom):
         eqn = eqns[i]
         if eqn.primitive in OVER_BATCH_PRIMITIVES:
-            operand = eqn.invars[0]
-            if operand.aval.shape != eqn.outvars[0].aval.shape:
-                # A reduction over a vmap inside the program: the batching
-                # rules guard the tags of that loop per example (``_guards``).
+            if _over_an_inner_batch(eqn):
+                # The batching rules guard the tags of that loop per example
+                # (``_guards``).
                 return None
+            operand = eqn.invars[0]
             if type(operand) is core.Var:
                 operand = per_example.get(operand, operand)
             per_example[eqn.outvars[0]] = operand
@@ -110,8 +110,10 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
     return per_example[atom]
 
 
-def _producers(eqns: Sequence[core.JaxprEqn], atom: Any) -> list[int]:
+def producers(eqns: Sequence[core.JaxprEqn], atom: Any) -> list[int]:
     """Indices of the equations ``atom`` depends on, in program order."""
+    if type(atom) is not core.Var:
+        return []
     producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
     needed, todo = set(), [atom]
     while todo:
@@ -128,9 +130,14 @@ def reduces_an_inner_batch(eqns: Sequence[core.JaxprEqn], atom: Any) -> bool:
     program (the reduction's operand has the batch axis the result lacks)."""
     if not OVER_BATCH_PRIMITIVES or type(atom) is not core.Var:
         return False
-    return any(eqns[i].primitive in OVER_BATCH_PRIMITIVES
-               and eqns[i].invars[0].aval.shape != eqns[i].outvars[0].aval.shape
-               for i in _producers(eqns, atom))
+    return any(eqns[i].primitive in OVER_BATCH_PRIMITIVES and _over_an_inner_batch(eqns[i])
+               for i in producers(eqns, atom))
+
+
+def _over_an_inner_batch(eqn: core.JaxprEqn) -> bool:
+    """Whether a reduction's operand has a batch axis its result lacks (a
+    ``vmap`` inside the program, rather than one around it)."""
+    return eqn.invars[0].aval.shape != eqn.outvars[0].aval.shape
 
 
 def with_per_example_output(closed: Any, index: int) -> Any | None:
