@@ -257,3 +257,14 @@ def test_vmap_inside_pure_vector_field_reads_state():
     close(out, ys * np.exp(-3.0), rtol=1e-4)
     g = jax.grad(lambda ys: pure(s1, ys)[0].sum())(ys)
     close(g, np.full(3, np.exp(-3.0)), rtol=1e-4)
+
+
+def test_grad_inside_of_vmap_inside_pure_vector_field_reads_state():
+    def solve(y0):
+        return _solve(lambda t, y, a: -tx.get_state("k", jnp.float32(K)) * y, y0).ys[-1]
+
+    ys = jnp.array([1.0, 2.0, 5.0])
+    pure, s0 = tx.uncurry(lambda ys: jax.grad(lambda ys: jax.vmap(solve)(ys).sum())(ys), ys)
+    g, s1 = pure({"k": jnp.float32(3.0)}, ys)
+    close(g, np.full(3, np.exp(-3.0)), rtol=1e-4)
+    assert float(s1["k"]) == 3.0

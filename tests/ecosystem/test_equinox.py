@@ -840,3 +840,21 @@ def test_vmap_inside_loop_condition_callback_runs_as_without_taxpr():
     jax.effects_barrier()
     np.testing.assert_array_equal(steps, _halving_reference(_YS)[0])
     assert want > 0 and len(calls) == want
+
+
+def test_vmap_of_vmap_inside_after_warm_caches_reads_state_per_example():
+    """Two nested vmaps inside the transformed function, after JAX's caches
+    were warmed by the same loop without taxpr."""
+    ys = np.array([[1.0, 2.0], [5.0, 0.5]], np.float32)
+
+    def loop(y, rate):
+        return eqxi.while_loop(lambda c: c[1] > 0.1, lambda c: (c[0] + 1, c[1] * rate()),
+                               (0, y), max_steps=50, kind="checkpointed")
+
+    jax.jit(jax.vmap(jax.vmap(lambda y: loop(y, lambda: 0.5))))(ys)
+    pure, s0 = tx.uncurry(lambda ys: jax.vmap(jax.vmap(
+        lambda y: loop(y, lambda: tx.get_state("rate", jnp.float32(0.5)))))(ys), ys)
+    (steps, last), _ = pure({"rate": jnp.float32(0.25)}, ys)
+    ref_steps, ref_last = _halving_reference(ys.ravel(), 0.25)
+    np.testing.assert_array_equal(steps, ref_steps.reshape(2, 2))
+    np.testing.assert_allclose(last, ref_last.reshape(2, 2))
