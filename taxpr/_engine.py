@@ -185,6 +185,11 @@ class Hooks:
         threaded through the rule when JAX differentiates ``eqn``."""
         return False
 
+    # Whether ``rule_has_selected`` answers "may hold" (without tracing the
+    # rule): a primitive without a thread rule whose only reason to be
+    # threaded is such a rule is then left as it is.
+    rules_may_hold_sites = False
+
     def prepare_rule(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
         """The custom JVP rule jaxpr ``rule`` (inputs: ``n_primals`` primals,
         then tangents) as it should be threaded: its ctx outputs must not
@@ -339,7 +344,7 @@ class Engine:
         self._channels: dict[int, Channels] = {}
         self.predicate = predicate
         self.ctx_avals = list(ctx_avals)
-        self._selected: dict[int, tuple[Any, bool]] = {}
+        self._selected: dict[tuple[int, bool], tuple[Any, bool]] = {}
         self._threaded: dict[tuple, tuple[Any, Any]] = {}
         # The ctx leaves that a site inside each threaded jaxpr changes
         # (``writes``), collected while threading: one set per jaxpr being
@@ -365,23 +370,33 @@ class Engine:
         return self._written.get(id(threaded), frozenset())
 
     # ---- selection ----------------------------------------------------------
-    def has_selected(self, jaxpr: Any) -> bool:
-        hit = self._selected.get(id(jaxpr))
+    def has_selected(self, jaxpr: Any, maybe_rules: bool = False) -> bool:
+        """Whether ``jaxpr`` holds a selected tag, in itself, a nested jaxpr
+        or a custom_jvp rule that ``Hooks.rule_has_selected`` answers for.
+        ``maybe_rules``: also count the custom_jvp functions whose rules may
+        hold one (``Hooks.rules_may_hold_sites``), outside custom_vjp
+        functions (a bwd replays its forward: what it runs is the body's)."""
+        key = (id(jaxpr), maybe_rules)
+        hit = self._selected.get(key)
         if hit is not None:
             return hit[1]
         found = False
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
-            if is_selected(eqn, self.predicate) or self._rule_selected(eqn):
+            if is_selected(eqn, self.predicate) or self._rule_selected(eqn, maybe_rules):
                 found = True
                 break
-            if any(self.has_selected(sj) for _, sj in _traverse.subjaxprs(eqn)):
+            inner_maybe = maybe_rules and eqn.primitive is not _compat.custom_vjp_call_p
+            if any(self.has_selected(sj, inner_maybe) for _, sj in _traverse.subjaxprs(eqn)):
                 found = True
                 break
-        self._selected[id(jaxpr)] = (jaxpr, found)
+        self._selected[key] = (jaxpr, found)
         return found
 
-    def _rule_selected(self, eqn) -> bool:
-        return eqn.primitive.name == "custom_jvp_call" and self.hooks.rule_has_selected(self, eqn)
+    def _rule_selected(self, eqn, maybe_rules: bool = False) -> bool:
+        if eqn.primitive is not _compat.custom_jvp_call_p:
+            return False
+        return (self.hooks.rule_has_selected(self, eqn)
+                or (maybe_rules and self.hooks.rules_may_hold_sites))
 
     # ---- the interpreter ----------------------------------------------------
     def thread_eqns(self, eqns: Sequence[core.JaxprEqn], level: Level, ctx: list) -> list:
@@ -393,12 +408,17 @@ class Engine:
                     continue
             else:
                 subs = _traverse.subjaxprs(eqn)
-                if subs and (any(self.has_selected(sj) for _, sj in subs)
-                             or self._rule_selected(eqn)):
+                maybe = not _in_custom_vjp(level.path)
+                inner_maybe = maybe and prim is not _compat.custom_vjp_call_p
+                if subs and (any(self.has_selected(sj, inner_maybe) for _, sj in subs)
+                             or self._rule_selected(eqn, maybe)):
                     rule = THREAD_RULES.get(prim)
                     if rule is None:
                         inner = next((e for _, sj in subs for e, _ in _traverse.iter_eqns(sj)
                                       if is_selected(e, self.predicate)), None)
+                        if inner is None and self.hooks.rules_may_hold_sites:
+                            level.emit(eqn)  # only rules that may hold none: left as is
+                            continue
                         held = (describe_tag(user_params(inner.params)) if inner is not None
                                 else "selected tags in its derivative rule")
                         raise NotImplementedError(
@@ -918,6 +938,10 @@ register_thread_rule(_compat.shard_map_p, _open_call_rule(
     "jaxpr", _shard_map_specs, lambda eqn: ShardMapBody(eqn.params)))
 
 
+def _in_custom_vjp(path: tuple[str, ...]) -> bool:
+    return any(p.startswith("custom_vjp") for p in path)
+
+
 def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     """custom_jvp: ctx enters first as an ordinary input. The new JVP takes
     the outputs' tangents w.r.t. the original inputs from the user's rule,
@@ -937,7 +961,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     cache: dict = {}
     rule_path = level.path + ("custom_jvp[rule]",)
     rule_context = level.context
-    thread_rule = engine._rule_selected(eqn)
+    thread_rule = engine._rule_selected(eqn)  # definite: harvest's hooks
     if engine.hooks.threads_rules:
         jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded_fn,
                                               in_avals, user, n_out,
@@ -1080,9 +1104,14 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
             user_zeros = zeros[user] if user_symbolic else (False,) * (user.stop - user.start)
             jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
             n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
-            rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start, path,
-                                context)
-            rule_fn = _compat.jaxpr_as_fun(rule)
+            if any(e.primitive is tag_p and engine.predicate(e.params)
+                   for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
+                rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start,
+                                    path, context)
+                rule_fn = _compat.jaxpr_as_fun(rule)
+            else:  # a rule without sites runs as JAX runs it, ctx passing by
+                def rule_fn(*a):
+                    return [*core.eval_jaxpr(jvp_jaxpr, jvp_consts, *a[n:]), *a[:n]]
 
             def f(*args):
                 primals, per_input = tangents_of(args)
@@ -1118,7 +1147,16 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
 
         closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
         n_rest = (len(_compat.jaxpr_parts(closed).outvars) - 2 * n_out) // 2
-        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n_rest))
+        # With no tangent for ctx and the fed values, ctx and what is
+        # collected after the call have none either: symbolic zeros, so that
+        # JAX goes on differentiating only what depends on the inputs (a
+        # rule downstream runs as JAX would run it, or not at all).
+        rest_zero = all(zeros[:n]) and all(zeros[user.stop:])
+        if rest_zero and n_rest:
+            n_all_out = 2 * n_out + 2 * n_rest
+            closed = _compat.dce_closed(closed, [True] * (n_all_out - n_rest) + [False] * n_rest)
+        result = (*_compat.open_with_constvars(closed),
+                  [False] * n_out + [rest_zero] * n_rest)
         cache[key] = result
         return result
 

@@ -31,7 +31,7 @@ import numpy as np
 from jax._src import core
 
 from . import _compat
-from ._engine import Hooks, format_path
+from ._engine import THREAD_RULES, Hooks, format_path
 from ._find import TagSite, tag_shape
 from ._expand import expand_for
 from ._inject import check_no_hidden_tags, inject, trace_program
@@ -423,9 +423,12 @@ def _walk_program(closed: Any) -> tuple[list, list]:
 
 
 def guard_custom_rules(closed: Any) -> Any:
-    """``closed`` with the derivative rules of its ``custom_jvp`` /
-    ``custom_vjp`` functions whose body uses no state checked when JAX runs
-    them: state accesses in such a rule are an error.
+    """``closed`` with the fwd and bwd of its ``custom_vjp`` functions whose
+    body uses no state, and the rules of the ``custom_jvp`` functions inside
+    those, checked when JAX runs them: state accesses there are an error
+    (other ``custom_jvp`` functions are threaded whole, rules included, see
+    ``_StateHooks.rules_may_hold_sites``), and of those inside a primitive
+    the engine has no thread rule for.
 
     Such a rule runs instead of the function when uncurry's pure function is
     differentiated from outside (``jax.grad(lambda x: pure(state, x)[0])``),
@@ -440,9 +443,26 @@ def guard_custom_rules(closed: Any) -> Any:
     Raises (when JAX runs such a rule):
         StateError: naming the state and the rule's place.
     """
-    def rewrite(eqn, path, env):
+    def rewrite(eqn, path, env, every_custom_jvp=False):
         prim = eqn.primitive
-        if prim is not _compat.custom_jvp_call_p and prim is not _compat.custom_vjp_call_p:
+        if prim is not _compat.custom_vjp_call_p and prim is not _compat.custom_jvp_call_p:
+            subs = _traverse.subjaxprs(eqn)
+            if every_custom_jvp or not subs or prim in THREAD_RULES:
+                return None
+            # The engine leaves a primitive it has no thread rule for as it
+            # is (lineax's linear_solve, custom_vmap): custom_jvp functions
+            # in it are not threaded, so their rules are checked.
+            new = {}
+            for sub, sj in subs:
+                nj = _traverse.map_jaxpr(sj, functools.partial(rewrite, every_custom_jvp=True),
+                                         path + (sub.label,))
+                if nj is not sj:
+                    new[(sub.key, sub.index)] = nj
+            return [_traverse.with_subjaxprs(eqn, new)] if new else None
+        if (prim is _compat.custom_jvp_call_p and not every_custom_jvp
+                and not any(p.startswith("custom_vjp") for p in path)):
+            # (custom_jvp functions outside custom_vjp functions are
+            # threaded whole, rules included: ``rules_may_hold_sites``.)
             return None
         if any(e.primitive is tag_p and _is_state(e.params)
                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
@@ -494,11 +514,12 @@ def _rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
             f"would be lost. Access the state in the function or its fwd rule")
     return StateError(
         f"taxpr: state {name!r}: {where} is in the derivative rule of a function whose "
-        f"body uses no state. Such a rule runs instead of the function when uncurry's pure "
-        f"function is differentiated from outside, and taxpr threads state through a rule "
-        f"only where the function's body uses state too (a read would see the init, a "
-        f"write would be lost). Access the state in the function itself, or differentiate "
-        f"inside the function")
+        f"body uses no state, inside a custom_vjp function or a primitive taxpr has no "
+        f"thread rule for (or in a custom_vjp fwd). Such a rule runs instead of the function "
+        f"when uncurry's pure function is differentiated from outside, and taxpr threads "
+        f"state through it only where the function's body uses state too (a read would see "
+        f"the init, a write would be lost). Access the state in the function itself, or "
+        f"differentiate inside the function")
 
 
 def _state_direct(names: Sequence[str]) -> Callable:
@@ -575,6 +596,15 @@ class _StateHooks(Hooks):
         self.names = None if names is None else frozenset(names)
         leaf_names = names if leaf_names is None else leaf_names
         self.leaf_names = None if leaf_names is None else list(leaf_names)
+
+    @property
+    def rules_may_hold_sites(self) -> bool:
+        # Any custom_jvp rule may read a state (a gradient scale kept in
+        # state) though its function's body uses none: with states to
+        # thread, every custom_jvp function outside a custom_vjp takes them,
+        # and its rule, when JAX runs it, is threaded (traced then, never
+        # ahead of JAX).
+        return bool(self.names)
 
     def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
         return _rule_error(params["name"], params["op"], path)

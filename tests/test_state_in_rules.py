@@ -349,3 +349,138 @@ def test_custom_vjp_bwd_recomputing_a_state_the_forward_updates_is_a_clear_error
     pure, s0 = tx.uncurry(loss, 2.0)
     with pytest.raises(tx.StateError, match=r"state 'rb_k'.*custom_vjp\[bwd\].*recomputes"):
         jax.grad(lambda x: pure(s0, x)[0])(2.0)
+
+
+def _rule_reads_a_state_the_body_does_not(S, xs):
+    """A gradient scale kept in a state, read only by the JVP rule of a
+    function whose body uses no state (the state is set elsewhere in the
+    program, per step of a scan)."""
+    @jax.custom_jvp
+    def scale_grad(x):
+        return x
+
+    @scale_grad.defjvp
+    def _(primals, tangents):
+        return primals[0], tangents[0] * S.get("grad_scale", f32(1.0))
+
+    def step(c, x):
+        S.set("grad_scale", S.get("grad_scale", f32(1.0)) * 2.0)
+        return c + jnp.sin(scale_grad(c * x)), None
+
+    return S.scan(step, f32(0.5), xs)[0]
+
+
+def test_rule_reading_a_state_its_function_does_not_use_sees_the_current_value():
+    xs = jnp.array([1.0, 0.5, 2.0], f32)
+    pure, s0 = tx.uncurry(functools.partial(_rule_reads_a_state_the_body_does_not, TX), xs)
+    for start in (s0, {"grad_scale": f32(0.25)}):
+        want_out, want_g, want_state = _eager_value_and_grad(
+            _rule_reads_a_state_the_body_does_not, start, xs)
+        (out, s1), g = jax.jit(jax.value_and_grad(lambda xs: pure(start, xs), has_aux=True))(xs)
+        assert_close((out, g), (want_out, want_g))
+        assert_states(s1, want_state)
+    # the scale matters: the gradient differs from the one with the init
+    _, g_init = jax.value_and_grad(lambda xs: pure({"grad_scale": f32(1.0)}, xs),
+                                   has_aux=True)(xs)
+    assert not np.allclose(g, g_init)
+
+
+def _grad_scale_layer(S):
+    """A layer whose JVP rule scales tangents by a gradient scale kept in a
+    state; its body uses no state (the program updates the scale)."""
+    @jax.custom_jvp
+    def scale_grad(x):
+        return x
+
+    @scale_grad.defjvp
+    def _(primals, tangents):
+        return primals[0], tangents[0] * S.get("grad_scale", f32(1.0))
+
+    return scale_grad
+
+
+def _two_calls_of_a_scaled_layer(S, x):
+    S.set("grad_scale", S.get("grad_scale", f32(1.0)) * 3.0)
+    u = _grad_scale_layer(S)(x)
+    return jnp.sin(u) * _grad_scale_layer(S)(x)
+
+
+@pytest.mark.parametrize("how", ["grad_of_jit", "jvp", "vmap_of_grad", "hessian"])
+def test_rule_reading_a_state_its_function_does_not_use_under_jax_transformations(how):
+    pure, s0 = tx.uncurry(functools.partial(_two_calls_of_a_scaled_layer, TX), f32(0.5))
+    x, starts = f32(0.5), (s0, {"grad_scale": f32(2.0)})
+
+    def eager(start, x):
+        return _two_calls_of_a_scaled_layer(Eager(start), x)
+
+    if how == "grad_of_jit":
+        for start in starts:
+            assert_close(jax.grad(lambda x: jax.jit(pure)(start, x)[0])(x),
+                         jax.grad(functools.partial(eager, start))(x))
+    elif how == "jvp":
+        for start in starts:
+            assert_close(jax.jvp(lambda x: pure(start, x)[0], (x,), (f32(1.0),)),
+                         jax.jvp(functools.partial(eager, start), (x,), (f32(1.0),)))
+    elif how == "vmap_of_grad":
+        scales = jnp.array([1.0, 2.0, -0.5], f32)
+        got = jax.vmap(jax.grad(lambda x, k: pure({"grad_scale": k}, x)[0]))(
+            jnp.full(3, 0.5, f32), scales)
+        want = [jax.grad(functools.partial(eager, {"grad_scale": k}))(x) for k in scales]
+        assert_close(got, jnp.stack(want))
+        assert len(set(np.asarray(got).round(4).tolist())) == 3  # the scale matters
+    else:
+        for start in starts:
+            assert_close(jax.hessian(lambda x: pure(start, x)[0])(x),
+                         jax.hessian(functools.partial(eager, start))(x))
+
+
+def test_rule_reading_a_state_its_function_does_not_use_inside_a_custom_vjp_is_a_clear_error():
+    # The custom_vjp's bwd runs after pure has returned its states: a
+    # custom_jvp rule it runs cannot read the state as it stands.
+    scale_grad = _grad_scale_layer(TX)
+
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(scale_grad(x))
+
+    def fwd(x):
+        return g(x), x
+
+    def bwd(x, ct):
+        return (jax.vjp(lambda x: jnp.sin(scale_grad(x)), x)[1](ct)[0],)
+
+    g.defvjp(fwd, bwd)
+
+    def prog(x):
+        tx.set_state("grad_scale", f32(3.0))
+        return g(x)
+
+    pure, s0 = tx.uncurry(prog, f32(0.5))
+    assert_close(pure(s0, f32(0.5))[0], np.sin(0.5))
+    with pytest.raises(tx.StateError, match=r"state 'grad_scale'.*custom_vjp\[bwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+
+
+def test_rule_reading_a_state_inside_a_primitive_without_thread_rule_is_a_clear_error():
+    # custom_vmap has no thread rule: the custom_jvp function in it is left
+    # as it is, and its rule, run when JAX differentiates, is checked.
+    scale_grad = _grad_scale_layer(TX)
+
+    @jax.custom_batching.custom_vmap
+    def g(x):
+        return jnp.sin(scale_grad(x))
+
+    @g.def_vmap
+    def _(axis_size, in_batched, x):
+        return jnp.sin(scale_grad(x)), in_batched[0]
+
+    def prog(x):
+        tx.set_state("grad_scale", f32(3.0))
+        return g(x)
+
+    pure, s0 = tx.uncurry(prog, f32(0.5))
+    with pytest.raises(tx.StateError,
+                       match=r"state 'grad_scale'.*custom_vmap_call\[call\]/custom_jvp\[jvp rule\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
