@@ -13,8 +13,6 @@ The neutral form used by the rest of taxpr for a jaxpr is its parts, a
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 import inspect
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -527,88 +525,6 @@ def control_flow_primitives() -> tuple[Any, Any]:
     return cond_p, while_p
 
 
-def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
-    """Replace ``prim``'s batching rule by ``wrapper(original, axis_data,
-    args, dims, **params)``; ``original`` takes ``(axis_data, args, dims,
-    **params)`` too."""
-    from jax._src.interpreters import batching
-    if hasattr(batching, "fancy_primitive_batchers") and prim in batching.fancy_primitive_batchers:
-        original = batching.fancy_primitive_batchers[prim]
-        if getattr(original, "_taxpr_wrapped", False):
-            return
-        rule = lambda axis_data, args, dims, **params: wrapper(  # noqa: E731
-            original, axis_data, args, dims, **params)
-        rule._taxpr_wrapped = True
-        batching.fancy_primitive_batchers[prim] = rule
-        return
-    raise NotImplementedError(  # a JAX without axis-data batching rules
-        f"taxpr: cannot find the batching rule of {prim}")
-
-
-def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
-    """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
-    ``wrapper(original, trace, *tracers, **params)``."""
-    original = pe.custom_partial_eval_rules[prim]
-    if getattr(original, "_taxpr_wrapped", False):
-        return
-    rule = lambda trace, *tracers, **params: wrapper(  # noqa: E731
-        original, trace, *tracers, **params)
-    rule._taxpr_wrapped = True
-    pe.custom_partial_eval_rules[prim] = rule
-
-
-# ---- where partial evaluation must stage kept tags whose inputs are known -----
-#
-# A kept tag whose inputs are all known is staged by taxpr's partial-evaluation
-# rule where JAX would otherwise run it a different number of times than eager
-# execution: a differentiated ``scan`` hoists loop-invariant work out of the
-# loop (once instead of every step), a ``while`` runs its known part and then
-# the whole loop again (twice). Where JAX linearizes a function from its JVP
-# (``ad.linearize_from_jvp``: a custom_jvp rule under ``grad``, and primitives
-# without a linearization rule), the primal outputs must stay known, so known
-# kept tags are evaluated there (once, as eagerly). The innermost scope wins.
-
-_STAGE_KNOWN_KEPT_TAGS = contextvars.ContextVar("taxpr_stage_known_kept_tags", default=True)
-
-
-def staging_known_kept_tags() -> bool:
-    """Whether partial evaluation now stages kept tags whose inputs are known."""
-    return _STAGE_KNOWN_KEPT_TAGS.get()
-
-
-# While JAX splits a loop into a known and a staged part (a differentiated
-# scan's loop-invariant work hoisted out of it; a ``while`` whose known part
-# runs before the whole loop runs again), a custom_jvp / custom_vjp call or a
-# ``checkpoint`` whose inputs are all known, or a kept tag in a checkpoint
-# (split by ``partial_eval_jaxpr_custom``, which consults no JaxprTrace rule),
-# would land in the known part: once outside a scan, or twice for a while. One
-# that holds kept tags is partially evaluated as unknown instead, so it stays
-# in the loop.
-_HOISTING = contextvars.ContextVar("taxpr_hoisting_loop_invariants", default=False)
-
-
-def splitting_a_loop() -> bool:
-    """Whether partial evaluation now splits a loop as above."""
-    return _HOISTING.get()
-
-
-def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -> Callable:
-    """``fn`` run with staging ``stage`` and hoisting ``hoisting`` (None:
-    unchanged)."""
-    @functools.wraps(fn)
-    def scoped(*args, **kwargs):
-        token = _STAGE_KNOWN_KEPT_TAGS.set(stage)
-        hoisting_token = None if hoisting is None else _HOISTING.set(hoisting)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if hoisting_token is not None:
-                _HOISTING.reset(hoisting_token)
-            _STAGE_KNOWN_KEPT_TAGS.reset(token)
-    scoped._taxpr_wrapped = True
-    return scoped
-
-
 try:
     from jax._src.linear_util import WrappedFun as WRAPPED_FUN_TYPE
 except ImportError:  # pragma: no cover
@@ -623,49 +539,6 @@ def called_jaxpr(fun: Any) -> Any:
         if isinstance(arg, JAXPR_TYPES):
             return arg
     return None
-
-
-def _unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Callable:
-    def process_unhoisted(self, prim, fun, *subfuns_and_tracers, **params):
-        *subfuns, tracers = subfuns_and_tracers
-        tracers = [self.to_jaxpr_tracer(t) for t in tracers]
-        if _HOISTING.get() and tracers and all(t.is_known() for t in tracers):
-            called = called_jaxpr(fun)
-            # unseen: assume it holds tags (the call then stays in the loop)
-            if called is None or holds_kept_tags(called.effects):
-                tracers = [self.instantiate_const(t) for t in tracers]
-        return process(self, prim, fun, *subfuns, tracers, **params)
-    process_unhoisted._taxpr_wrapped = True
-    return process_unhoisted
-
-
-def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> None:
-    """Set the scopes above on JAX's functions and rules (once).
-    ``holds_kept_tags(effects)`` says whether a jaxpr with these effects holds
-    kept tags. Where ``linearize_from_jvp`` is missing, kept tags are always
-    staged: loops stay right, and grad of a custom_jvp whose rule holds a tag
-    fails loudly."""
-    from jax._src.lax.control_flow import loops
-    # scan's JaxprTrace rule hoists in ``_scan_known_hoisting`` (the body split
-    # before it runs the known body every step: no staging needed there); its
-    # partial_eval_jaxpr_custom rule traces with JaxprTrace only to hoist.
-    hoisting = getattr(loops, "_scan_known_hoisting", None)
-    scopes = [(pe.custom_partial_eval_rules, while_p, True),
-              (pe.partial_eval_jaxpr_custom_rules, scan_p, True)]
-    if hoisting is None:
-        scopes.append((pe.custom_partial_eval_rules, scan_p, True))
-    elif not getattr(hoisting, "_taxpr_wrapped", False):
-        loops._scan_known_hoisting = _in_staging_scope(True, hoisting, hoisting=True)
-    for registry, prim, hoists in scopes:
-        if not getattr(registry[prim], "_taxpr_wrapped", False):
-            registry[prim] = _in_staging_scope(True, registry[prim], hoisting=hoists)
-    linearize_from_jvp = getattr(_ad, "linearize_from_jvp", None)
-    if linearize_from_jvp is not None and not getattr(linearize_from_jvp, "_taxpr_wrapped", False):
-        _ad.linearize_from_jvp = _in_staging_scope(False, linearize_from_jvp, hoisting=False)
-    for name in ("process_custom_jvp_call", "process_custom_vjp_call"):
-        process = getattr(pe.JaxprTrace, name)
-        if not getattr(process, "_taxpr_wrapped", False):
-            setattr(pe.JaxprTrace, name, _unhoisted_custom_call(process, holds_kept_tags))
 
 
 def batch_closed_jaxpr(closed: Any, axis_data: Any, in_axes: Sequence[Any],

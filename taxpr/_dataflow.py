@@ -10,7 +10,7 @@ from jax._src import core
 
 from . import _compat
 from ._engine import Engine, Hooks, Level, format_path
-from ._find import Predicate, tag_shape
+from ._find import Predicate
 from .primitives._tag import GUARD, TREE, tag_p, user_params
 
 

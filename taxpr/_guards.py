@@ -247,7 +247,3 @@ def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_ncons
                         body_nconsts=cc + bc, body_jaxpr=step_batched)
     return outs[1:], [0] * n
 
-
-_cond_p, _while_p = _compat.control_flow_primitives()
-_compat.wrap_batching_rule(_cond_p, _cond_batching_rule)
-_compat.wrap_batching_rule(_while_p, _while_batching_rule)

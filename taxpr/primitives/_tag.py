@@ -38,7 +38,7 @@ from jax.interpreters import ad, batching, mlir
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 
-from .. import _compat
+from .. import _compat, _jax_overrides
 
 # Hidden params: the tagged pytree's structure, whether the tag carries
 # TagEffect, and whether vmap batched it. Users cannot pass keys with this
@@ -740,8 +740,8 @@ def _tag_partial_eval(trace, *tracers, **params):
     than eagerly: hoisted out of a differentiated ``scan`` (once instead of
     every step), or in both parts of a partially evaluated ``while``. Not
     while JAX linearizes from a JVP (a custom_jvp rule under ``grad``), whose
-    primal outputs must stay known (see ``_compat.staging_known_kept_tags``)."""
-    if (params.get(KEPT) and _compat.staging_known_kept_tags()
+    primal outputs must stay known (see ``_jax_overrides.staging_known_kept_tags``)."""
+    if (params.get(KEPT) and _jax_overrides.staging_known_kept_tags()
             and all(t.pval.is_known() for t in tracers)):
         tracers = [trace.instantiate_const(t) for t in tracers]
     return trace.default_process_primitive(tag_p, tracers, params)
@@ -759,7 +759,7 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
     ``cond`` is an effectful equation the partial evaluator always keeps.
     Not while JAX linearizes from a JVP (as ``_tag_partial_eval``): there
     JAX's split keeps the known kept tags in its known ``cond``."""
-    if index.pval.is_known() and _compat.staging_known_kept_tags() and any(
+    if index.pval.is_known() and _jax_overrides.staging_known_kept_tags() and any(
             isinstance(e, TagEffect) for b in branches for e in b.jaxpr.effects):
         tracers = [trace.instantiate_const(t) for t in (index, *operands)]
         return trace.default_process_primitive(
@@ -767,16 +767,13 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
     return original(trace, index, *operands, branches=branches, **params)
 
 
-_compat.wrap_partial_eval_rule(_compat.cond_p, _cond_partial_eval)
-
-
 def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
-    """While partial evaluation splits a loop (``_compat.splitting_a_loop``),
+    """While partial evaluation splits a loop (``_jax_overrides.splitting_a_loop``),
     a ``checkpoint`` holding kept tags is staged whole. JAX's rule splits its
     body with ``partial_eval_jaxpr_custom``, which puts a tag with known inputs
     in the known part: hoisted out of a scan (run once) or run by a while's
     known loop and again by its staged loop (twice)."""
-    if _compat.staging_known_kept_tags() and _compat.splitting_a_loop() and any(
+    if _jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop() and any(
             isinstance(e, TagEffect) for e in jaxpr.effects):
         tracers = [trace.instantiate_const(t) for t in tracers]
         return trace.default_process_primitive(
@@ -784,9 +781,12 @@ def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
     return original(trace, *tracers, jaxpr=jaxpr, **params)
 
 
-_compat.wrap_partial_eval_rule(_compat.remat_p, _remat_partial_eval)
-_compat.install_known_kept_tag_scopes(
-    lambda call_effects: any(isinstance(e, TagEffect) for e in call_effects))
+def holds_kept_tags(effects) -> bool:
+    """Whether a jaxpr with these effects holds kept tags."""
+    return any(isinstance(e, TagEffect) for e in effects)
+
+# (``_jax_overrides.install`` puts ``_cond_partial_eval`` and
+# ``_remat_partial_eval`` in place of JAX's rules.)
 
 
 def _tag_linearized_primal(*primals, **params):

@@ -1,0 +1,170 @@
+"""Every change taxpr makes to JAX's own rules and functions, in one place.
+
+``import taxpr`` calls ``install()`` once. taxpr's own primitives (tags,
+``taxpr_key``, replay reads) register their rules where they are defined;
+what is listed here replaces or wraps something JAX defines for its own
+primitives. Each replacement falls through to JAX's original whenever the
+program holds no tag, so a tag-free program traces to the same jaxpr and
+lowers to the same StableHLO with and without taxpr
+(``tests/test_leaves_jax_as_found.py`` checks it in two processes).
+
+| What is replaced | By | Why | What taxpr relies on |
+|---|---|---|---|
+| batching rule of ``cond`` | ``_guards._cond_batching_rule`` | a batched index runs every branch for every example: tags there get a per-example guard | JAX's rule for a cond without tags, or with an unbatched index |
+| batching rule of ``while`` | ``_guards._while_batching_rule`` | a batched predicate runs the body while any example runs: tags there get a guard (also equinox's loops, which reduce the predicate over the batch) | JAX's rule otherwise |
+| partial-eval rule of ``cond`` (``JaxprTrace``) | ``primitives._tag._cond_partial_eval`` | a ``cond`` whose branches hold kept tags is staged whole (JAX dropped a staged cond without used outputs, and a ``set_state`` with it) | JAX's rule otherwise |
+| partial-eval rule of ``checkpoint`` | ``primitives._tag._remat_partial_eval`` | while a loop is split, a checkpoint holding kept tags is staged whole (not hoisted out of a scan, not run by both parts of a while) | JAX's rule otherwise |
+| partial-eval rules of ``while`` and ``scan``; ``loops._scan_known_hoisting`` | the same rule in a staging scope (``_in_staging_scope``) | inside them, kept tags with known inputs are staged: eager runs them once per step | the rules themselves, unchanged |
+| ``ad.linearize_from_jvp`` | the same function in a scope that evaluates known kept tags | a custom_jvp rule under ``grad`` must keep its primal outputs known | the function itself, unchanged |
+| ``JaxprTrace.process_custom_jvp_call`` / ``process_custom_vjp_call`` | ``_unhoisted_custom_call`` | while a loop is split, a custom function holding kept tags stays in the loop | the methods themselves, unchanged |
+
+Every wrapper is marked ``_taxpr_wrapped``, so installing twice (a reload)
+wraps once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from typing import Any, Callable
+
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import partial_eval as pe
+
+from . import _compat
+
+def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s batching rule by ``wrapper(original, axis_data,
+    args, dims, **params)``; ``original`` takes ``(axis_data, args, dims,
+    **params)`` too."""
+    from jax._src.interpreters import batching
+    if hasattr(batching, "fancy_primitive_batchers") and prim in batching.fancy_primitive_batchers:
+        original = batching.fancy_primitive_batchers[prim]
+        if getattr(original, "_taxpr_wrapped", False):
+            return
+        rule = lambda axis_data, args, dims, **params: wrapper(  # noqa: E731
+            original, axis_data, args, dims, **params)
+        rule._taxpr_wrapped = True
+        batching.fancy_primitive_batchers[prim] = rule
+        return
+    raise NotImplementedError(  # a JAX without axis-data batching rules
+        f"taxpr: cannot find the batching rule of {prim}")
+
+
+def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
+    ``wrapper(original, trace, *tracers, **params)``."""
+    original = pe.custom_partial_eval_rules[prim]
+    if getattr(original, "_taxpr_wrapped", False):
+        return
+    rule = lambda trace, *tracers, **params: wrapper(  # noqa: E731
+        original, trace, *tracers, **params)
+    rule._taxpr_wrapped = True
+    pe.custom_partial_eval_rules[prim] = rule
+
+
+# ---- where partial evaluation must stage kept tags whose inputs are known -----
+#
+# A kept tag whose inputs are all known is staged by taxpr's partial-evaluation
+# rule where JAX would otherwise run it a different number of times than eager
+# execution: a differentiated ``scan`` hoists loop-invariant work out of the
+# loop (once instead of every step), a ``while`` runs its known part and then
+# the whole loop again (twice). Where JAX linearizes a function from its JVP
+# (``ad.linearize_from_jvp``: a custom_jvp rule under ``grad``, and primitives
+# without a linearization rule), the primal outputs must stay known, so known
+# kept tags are evaluated there (once, as eagerly). The innermost scope wins.
+
+_STAGE_KNOWN_KEPT_TAGS = contextvars.ContextVar("taxpr_stage_known_kept_tags", default=True)
+
+
+def staging_known_kept_tags() -> bool:
+    """Whether partial evaluation now stages kept tags whose inputs are known."""
+    return _STAGE_KNOWN_KEPT_TAGS.get()
+
+
+# While JAX splits a loop into a known and a staged part (a differentiated
+# scan's loop-invariant work hoisted out of it; a ``while`` whose known part
+# runs before the whole loop runs again), a custom_jvp / custom_vjp call or a
+# ``checkpoint`` whose inputs are all known, or a kept tag in a checkpoint
+# (split by ``partial_eval_jaxpr_custom``, which consults no JaxprTrace rule),
+# would land in the known part: once outside a scan, or twice for a while. One
+# that holds kept tags is partially evaluated as unknown instead, so it stays
+# in the loop.
+_HOISTING = contextvars.ContextVar("taxpr_hoisting_loop_invariants", default=False)
+
+
+def splitting_a_loop() -> bool:
+    """Whether partial evaluation now splits a loop as above."""
+    return _HOISTING.get()
+
+
+def _in_staging_scope(stage: bool, fn: Callable, hoisting: bool | None = None) -> Callable:
+    """``fn`` run with staging ``stage`` and hoisting ``hoisting`` (None:
+    unchanged)."""
+    @functools.wraps(fn)
+    def scoped(*args, **kwargs):
+        token = _STAGE_KNOWN_KEPT_TAGS.set(stage)
+        hoisting_token = None if hoisting is None else _HOISTING.set(hoisting)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if hoisting_token is not None:
+                _HOISTING.reset(hoisting_token)
+            _STAGE_KNOWN_KEPT_TAGS.reset(token)
+    scoped._taxpr_wrapped = True
+    return scoped
+
+
+def _unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Callable:
+    def process_unhoisted(self, prim, fun, *subfuns_and_tracers, **params):
+        *subfuns, tracers = subfuns_and_tracers
+        tracers = [self.to_jaxpr_tracer(t) for t in tracers]
+        if _HOISTING.get() and tracers and all(t.is_known() for t in tracers):
+            called = _compat.called_jaxpr(fun)
+            # unseen: assume it holds tags (the call then stays in the loop)
+            if called is None or holds_kept_tags(called.effects):
+                tracers = [self.instantiate_const(t) for t in tracers]
+        return process(self, prim, fun, *subfuns, tracers, **params)
+    process_unhoisted._taxpr_wrapped = True
+    return process_unhoisted
+
+
+def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> None:
+    """Set the scopes above on JAX's functions and rules (once).
+    ``holds_kept_tags(effects)`` says whether a jaxpr with these effects holds
+    kept tags. Where ``linearize_from_jvp`` is missing, kept tags are always
+    staged: loops stay right, and grad of a custom_jvp whose rule holds a tag
+    fails loudly."""
+    from jax._src.lax.control_flow import loops
+    # scan's JaxprTrace rule hoists in ``_scan_known_hoisting`` (the body split
+    # before it runs the known body every step: no staging needed there); its
+    # partial_eval_jaxpr_custom rule traces with JaxprTrace only to hoist.
+    hoisting = getattr(loops, "_scan_known_hoisting", None)
+    scopes = [(pe.custom_partial_eval_rules, _compat.while_p, True),
+              (pe.partial_eval_jaxpr_custom_rules, _compat.scan_p, True)]
+    if hoisting is None:
+        scopes.append((pe.custom_partial_eval_rules, _compat.scan_p, True))
+    elif not getattr(hoisting, "_taxpr_wrapped", False):
+        loops._scan_known_hoisting = _in_staging_scope(True, hoisting, hoisting=True)
+    for registry, prim, hoists in scopes:
+        if not getattr(registry[prim], "_taxpr_wrapped", False):
+            registry[prim] = _in_staging_scope(True, registry[prim], hoisting=hoists)
+    linearize_from_jvp = getattr(_ad, "linearize_from_jvp", None)
+    if linearize_from_jvp is not None and not getattr(linearize_from_jvp, "_taxpr_wrapped", False):
+        _ad.linearize_from_jvp = _in_staging_scope(False, linearize_from_jvp, hoisting=False)
+    for name in ("process_custom_jvp_call", "process_custom_vjp_call"):
+        process = getattr(pe.JaxprTrace, name)
+        if not getattr(process, "_taxpr_wrapped", False):
+            setattr(pe.JaxprTrace, name, _unhoisted_custom_call(process, holds_kept_tags))
+
+
+def install() -> None:
+    """Make every replacement of the table above (once)."""
+    from . import _guards
+    from .primitives import _tag
+    cond_p, while_p = _compat.control_flow_primitives()
+    wrap_batching_rule(cond_p, _guards._cond_batching_rule)
+    wrap_batching_rule(while_p, _guards._while_batching_rule)
+    wrap_partial_eval_rule(_compat.cond_p, _tag._cond_partial_eval)
+    wrap_partial_eval_rule(_compat.remat_p, _tag._remat_partial_eval)
+    install_known_kept_tag_scopes(_tag.holds_kept_tags)
