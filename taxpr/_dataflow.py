@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import jax
 from jax._src import core
@@ -14,9 +14,17 @@ from ._find import Predicate
 from .primitives._tag import GUARD, TREE, tag_p, user_params
 
 
+class _TagKey(NamedTuple):
+    """The channel key of one tag's collected value."""
+
+    order: int  # the tag's place in program order
+    params: tuple  # its user params, sorted (hashable)
+    tree: Any  # the tagged value's pytree structure
+
+
 class _TransposeHooks(Hooks):
     def loop_channel(self, key, loop, path):
-        params = dict(key[1])
+        params = dict(key.params)
         return ValueError(
             f"taxpr.transpose: tag {params} at {format_path(path)} is inside a {loop}: "
             f"it has no single well-defined value (the loop runs a data-dependent "
@@ -47,7 +55,7 @@ class _CollectSites:
         if eqn.primitive is tag_p:
             self.count += 1
             params = tuple(sorted(user_params(eqn.params).items()))
-            level.collect((self.count, params, eqn.params[TREE]), ins)
+            level.collect(_TagKey(self.count, params, eqn.params[TREE]), ins)
         else:
             ins = ins[len(ins) // 2:]
         for o, a in zip(eqn.outvars, ins):
@@ -80,9 +88,9 @@ def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
     constvars, consts, invars, eqns, outs, effects, dbg = _compat.jaxpr_parts(threaded)
     new = _compat.make_closed(constvars, consts, invars, eqns, outs[len(outvars):], effects, dbg)
     new = _compat.dce_closed(new, [True] * len(outs[len(outvars):]))
-    params = [dict(p) for (_, p, _), _ in collects]
-    structures = [jax.tree_util.tree_unflatten(tree, list(avals))
-                  for (_, _, tree), avals in collects]
+    params = [dict(key.params) for key, _ in collects]
+    structures = [jax.tree_util.tree_unflatten(key.tree, list(avals))
+                  for key, avals in collects]
     return new, params, structures
 
 

@@ -4,6 +4,7 @@ threads a context through the whole program."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -401,10 +402,35 @@ def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> No
         f"use an operation that JAX traces into the program")
 
 
+@dataclasses.dataclass(frozen=True)
+class InjectPolicy:
+    """How an effect layer built on ``inject`` (state, random keys) wants its
+    sites rewritten; ``inject`` itself uses the defaults.
+
+    Attributes:
+        hooks: how the layer reports misuse (``_engine.Hooks``).
+        guard_merge: how a guarded site (``taxpr._guards``) that changes ctx
+            merges it: ``guard_merge(guard, old_leaves, new_leaves) ->
+            leaves`` (traced); None: such a site is an ``InjectError``.
+        check_per_shard: refuse ctx changes computed from the token in a
+            ``shard_map`` without vma checking.
+        direct: for an injector that only moves values between the token
+            and ctx, ``direct(params, ctx_atoms, token_atoms) ->
+            (new_token_atoms, new_ctx_atoms)``: sites are rewritten by
+            substituting atoms, without tracing the injector.
+        replays: whether a tag a ``custom_vjp`` bwd binds is a replay of the
+            forward pass (``_replay``).
+    """
+
+    hooks: Hooks | None = None
+    guard_merge: Callable | None = None
+    check_per_shard: bool = True
+    direct: Callable | None = None
+    replays: bool = True
+
+
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
-           predicate: Predicate | None = None, *, hooks: Hooks | None = None,
-           _guard_merge: Callable | None = None, _check_per_shard: bool = True,
-           _direct: Callable | None = None, _replays: bool = True) -> Any:
+           predicate: Predicate | None = None) -> Any:
     """Rewrite the selected tags of ``closed_jaxpr`` into calls of ``injector``.
 
     Arguments:
@@ -418,7 +444,6 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
             context's structure and types.
         predicate: ``predicate(params, shape) -> bool`` selects tags; the rest
             stay as tags.
-        hooks: how an effect layer reports misuse (``_engine.Hooks``).
 
     Returns:
         A closed jaxpr ``(*ctx_leaves, *inputs) -> (*outputs, *ctx_leaves)``
@@ -431,13 +456,19 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
         NotImplementedError: a selected tag sits inside a primitive taxpr
             cannot thread through (the message names it).
     """
+    return inject_with(closed_jaxpr, injector, ctx, predicate, InjectPolicy())
+
+
+def inject_with(closed_jaxpr: Any, injector: Injector, ctx: Any,
+                predicate: Predicate | None, policy: InjectPolicy) -> Any:
+    """``inject`` with an effect layer's ``policy``."""
     closed_jaxpr = expand_for(closed_jaxpr, predicate)
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
-    sites = _InjectSites(injector, ctx_tree, ctx_avals, _guard_merge, _direct)
-    sites.check_per_shard = _check_per_shard
-    engine = Engine(sites, predicate, ctx_avals, hooks)
-    engine.replays = _replays
+    sites = _InjectSites(injector, ctx_tree, ctx_avals, policy.guard_merge, policy.direct)
+    sites.check_per_shard = policy.check_per_shard
+    engine = Engine(sites, predicate, ctx_avals, policy.hooks)
+    engine.replays = policy.replays
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 

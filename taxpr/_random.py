@@ -36,10 +36,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from . import _compat
-from ._inject import inject, trace_program
+from ._inject import trace_program
 from ._state import (
-    StateError, _StateHooks, _is_state, _state_injector, collect_states, get_state,
-    per_signature, set_state,
+    StateError, collect_states, get_state, is_state_tag, per_signature, set_state,
+    stream_pure_jaxpr,
 )
 
 DEFAULT_STREAM = "rng"
@@ -195,16 +195,14 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
         with _stream_impl(stream, impl):
             closed, out_tree = trace_program(
                 fn, tree, avals, getattr(fn, "__name__", "fn"),
-                rebuild=lambda d: eqx.combine(d, static), consumes=_is_state)
+                rebuild=lambda d: eqx.combine(d, static), consumes=is_state_tag)
         states = collect_states(closed)  # also checks the stream is used consistently
         if stream in states and states[stream].dtype != key.dtype:
             raise StateError(
                 f"taxpr: seed: stream {stream!r} holds {states[stream].dtype} keys in "
                 f"{getattr(fn, '__name__', 'fn')}, but the seed is a {key.dtype} (a "
                 f"get_state({stream!r}, ...) of another impl?)")
-        spec = {stream: jax.ShapeDtypeStruct((), key.dtype)}
-        pure = inject(closed, _state_injector, spec, hooks=_StateHooks(leaf_names=[stream]),
-                      predicate=lambda p, _shape=None: _is_state(p) and p["name"] == stream)
+        pure = stream_pure_jaxpr(closed, stream, jax.ShapeDtypeStruct((), key.dtype))
         return pure, out_tree
 
     traced = per_signature(trace)

@@ -34,7 +34,7 @@ from . import _compat
 from ._engine import THREAD_RULES, Hooks, format_path
 from ._find import TagSite, tag_shape
 from ._expand import expand_for
-from ._inject import check_no_hidden_tags, inject, trace_program
+from ._inject import InjectPolicy, check_no_hidden_tags, inject_with, trace_program
 from . import _traverse
 from ._inject import guarded_place
 from .primitives._tag import (BATCHED, GUARD, guarding_tags, keep_tags, keeping_tags,
@@ -96,7 +96,8 @@ class StateNotUncurriedWarning(UserWarning):
     ``warnings.simplefilter("error", tx.StateNotUncurriedWarning)``."""
 
 
-def _is_state(params: dict, shape: Any = None) -> bool:
+def is_state_tag(params: dict, shape: Any = None) -> bool:
+    """Whether a tag's params are a state access's (a tag predicate)."""
     return isinstance(params.get("op"), StateOp)
 
 
@@ -408,7 +409,7 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> None:
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             if eqn.primitive is tag_p:
-                if _is_state(eqn.params):
+                if is_state_tag(eqn.params):
                     sites.append((eqn, path))
                     if unchecked and eqn.params["op"] is SET:
                         unchecked_sets.append((eqn, path))
@@ -464,7 +465,7 @@ def guard_custom_rules(closed: Any) -> Any:
             # (custom_jvp functions outside custom_vjp functions are
             # threaded whole, rules included: ``rules_may_hold_sites``.)
             return None
-        if any(e.primitive is tag_p and _is_state(e.params)
+        if any(e.primitive is tag_p and is_state_tag(e.params)
                for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
             return None  # threaded by the engine, which checks its rules itself
         p = eqn.params
@@ -488,7 +489,7 @@ def guard_custom_rules(closed: Any) -> Any:
 
         def bwd(*args):
             with guarding_tags(lambda params, value: _rule_error(
-                    params["name"], params["op"], bwd_at) if _is_state(params) else None):
+                    params["name"], params["op"], bwd_at) if is_state_tag(params) else None):
                 return bwd_call(*args)
         bwd_call = user_bwd.call_wrapped
         return [eqn.replace(params=dict(
@@ -500,7 +501,7 @@ def guard_custom_rules(closed: Any) -> Any:
 
 def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
     for eqn, sub in _traverse.iter_eqns(rule_jaxpr, path):
-        if eqn.primitive is tag_p and _is_state(eqn.params):
+        if eqn.primitive is tag_p and is_state_tag(eqn.params):
             raise _rule_error(eqn.params["name"], eqn.params["op"], sub)
 
 
@@ -638,7 +639,7 @@ class _StateHooks(Hooks):
         if self.names is None:
             return
         for eqn, sub in _traverse.iter_eqns(rule, path):
-            if (eqn.primitive is tag_p and _is_state(eqn.params) and eqn.params["op"] is SET
+            if (eqn.primitive is tag_p and is_state_tag(eqn.params) and eqn.params["op"] is SET
                     and eqn.params["name"] not in self.names):
                 name = eqn.params["name"]
                 raise StateError(
@@ -656,9 +657,18 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
     # A state read only in a derivative rule is not among them: it reads its
     # init there (nothing in the program writes it).
-    return inject(guard_custom_rules(closed), _state_injector, ctx,
-                  predicate=lambda p, _shape=None: _is_state(p) and p["name"] in ctx,
-                  hooks=_StateHooks(names), _direct=_state_direct(names))
+    return inject_with(guard_custom_rules(closed), _state_injector, ctx,
+                       lambda p, _shape=None: is_state_tag(p) and p["name"] in ctx,
+                       InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names)))
+
+
+def stream_pure_jaxpr(closed: Any, stream: str, spec: Any) -> Any:
+    """``closed`` with the accesses of state ``stream`` (of type ``spec``)
+    threaded: ``(stream, *in) -> (*out, stream)``. Other states stay effects
+    for an enclosing layer (``seed`` inside ``uncurry``)."""
+    return inject_with(closed, _state_injector, {stream: spec},
+                       lambda p, _shape=None: is_state_tag(p) and p["name"] == stream,
+                       InjectPolicy(hooks=_StateHooks(leaf_names=[stream])))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
@@ -674,13 +684,13 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
         return known
     zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
              for n, s in states.items()}
-    init = inject(closed, _init_injector, zeros, predicate=_is_state,
-                  _guard_merge=_reached_by_any_example,
-                  # sets in a shard_map without vma checking are refused by
-                  # collect_states; reads record their (replicated) init
-                  _check_per_shard=False,
-                  # a bwd's replay of the forward pass is never a first use
-                  _replays=False)
+    init = inject_with(closed, _init_injector, zeros, is_state_tag, InjectPolicy(
+        guard_merge=_reached_by_any_example,
+        # sets in a shard_map without vma checking are refused by
+        # collect_states; reads record their (replicated) init
+        check_per_shard=False,
+        # a bwd's replay of the forward pass is never a first use
+        replays=False))
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     # Only (initial, seen) of each state are needed: the program's outputs
@@ -739,7 +749,7 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
         hit = uses_state.get(id(jaxpr))
         if hit is None:
             found = frozenset(e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
-                              if e.primitive is tag_p and _is_state(e.params))
+                              if e.primitive is tag_p and is_state_tag(e.params))
             hit = uses_state[id(jaxpr)] = (jaxpr, found)
         return hit[1]
 
@@ -747,7 +757,7 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             p = eqn.params
             if eqn.primitive is tag_p:
-                if not _is_state(p) or p["name"] in first:
+                if not is_state_tag(p) or p["name"] in first:
                     continue
                 if GUARD in p or p.get(BATCHED):
                     return False
@@ -757,8 +767,9 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             subs = _traverse.subjaxprs(eqn)
             if not subs:
                 continue
-            name = eqn.primitive.name
-            runs_in_order = name in _CALLS or (name == "scan" and p["length"] >= 1)
+            prim = eqn.primitive
+            runs_in_order = (prim in _compat.CALL_PRIMITIVES
+                             or (prim is _compat.scan_p and p["length"] >= 1))
             for sub, sj in subs:
                 if not names_in(sj) - first.keys():
                     continue
@@ -807,9 +818,9 @@ def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
                     out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
                 continue
             subs = _traverse.subjaxprs(eqn)
-            if eqn.primitive.name == "cond" and len(eqn.params["branches"]) == 2:
+            if eqn.primitive is _compat.cond_p and len(eqn.params["branches"]) == 2:
                 if clamped is None:
-                    clamped = {v for e in eqns if e.primitive.name == "clamp" for v in e.outvars}
+                    clamped = {v for e in eqns if e.primitive is jax.lax.clamp_p for v in e.outvars}
                 if not _is_switch_index(eqn.invars[0], clamped):
                     subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
             for sub, sj in subs:
@@ -826,23 +837,19 @@ def _is_switch_index(index: Any, clamped: set) -> bool:
     return not isinstance(index, core.Literal) and index in clamped
 
 
-_CALLS = frozenset({"jit", "pjit", "closed_call", "eval_jaxpr", "core_call", "remat2",
-                   "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
-
-
 def _outer_operand(eqn, sub, i: int) -> Any | None:
     """The operand of ``eqn`` that input ``i`` of its sub-jaxpr ``sub`` is
     bound to, the same in every iteration; None if there is none (a loop's
     carry or xs, a shard_map's shard)."""
-    name = eqn.primitive.name
-    if name in _CALLS:
+    prim = eqn.primitive
+    if prim in _compat.CALL_PRIMITIVES:
         return eqn.invars[i] if i < len(eqn.invars) else None
-    if name == "cond":
+    if prim is _compat.cond_p:
         return eqn.invars[1 + i]
-    if name == "scan":
+    if prim is _compat.scan_p:
         nc, _ = _compat.scan_counts(eqn.params)
         return eqn.invars[i] if i < nc else None
-    if name == "while":
+    if prim is _compat.while_p:
         cc, bc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
         if sub.key == "cond_jaxpr":
             return eqn.invars[i] if i < cc else None
@@ -881,7 +888,7 @@ def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence
             if not any(type(o) is _compat.Var and o in needed for o in eqn.outvars):
                 continue
             if eqn.primitive is tag_p:
-                if _is_state(eqn.params) and eqn.params["op"] is GET:
+                if is_state_tag(eqn.params) and eqn.params["op"] is GET:
                     raise fail(f"depends on state {eqn.params['name']!r}")
             elif eqn.effects:
                 raise fail(f"depends on an effect ({eqn.primitive.name})")
@@ -920,7 +927,7 @@ class _Traced:
     def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
         self.closed, self.out_tree = trace_program(
             fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
-            rebuild=lambda dyn: eqx.combine(dyn, static), consumes=_is_state)
+            rebuild=lambda dyn: eqx.combine(dyn, static), consumes=is_state_tag)
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 
@@ -1031,8 +1038,8 @@ def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = 
                 closed, out_shape = jax.make_jaxpr(
                     f, static_argnums=static_argnums, axis_env=axis_env,
                     return_shape=True)(*args, **kwargs)
-                closed = expand_for(closed, _is_state)
-            check_no_hidden_tags(closed, recorded, _is_state)
+                closed = expand_for(closed, is_state_tag)
+            check_no_hidden_tags(closed, recorded, is_state_tag)
         finally:
             _INITS_FOR_TYPES_ONLY.reset(token)
         states = collect_states(closed)

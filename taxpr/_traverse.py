@@ -12,6 +12,7 @@ import functools
 import types
 from typing import Any, Callable, Iterator, NamedTuple
 
+import jax
 from jax._src import core
 
 from . import _compat
@@ -32,27 +33,26 @@ def _scan_label(eqn, key, index):
 
 _LINEAR_SOLVE_PARTS = ("matvec", "vecmat", "solve", "transpose_solve")
 
-# Path labels by primitive name (one label for both of 0.10's call
-# primitives, closed_call and eval_jaxpr).
-PATH_LABELS: dict[str, Callable[[core.JaxprEqn, str, int | None], str]] = {
-    "jit": lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
-    "scan": _scan_label,
-    "while": lambda e, k, i: "while[cond]" if k == "cond_jaxpr" else "while[body]",
-    "cond": lambda e, k, i: f"cond[branch={i}]",
-    "remat2": lambda e, k, i: "checkpoint",
-    "custom_jvp_call": lambda e, k, i: "custom_jvp",
-    "custom_vjp_call": lambda e, k, i: "custom_vjp",
-    "shard_map": lambda e, k, i: "shard_map",
-    "closed_call": lambda e, k, i: "closed_call",
-    "eval_jaxpr": lambda e, k, i: "closed_call",
-    "custom_linear_solve": lambda e, k, i: (
+# Path labels by primitive (one label for both of 0.10's call primitives,
+# closed_call and eval_jaxpr).
+PATH_LABELS: dict[core.Primitive, Callable[[core.JaxprEqn, str, int | None], str]] = {
+    _compat.jit_p: lambda e, k, i: f"jit[{e.params.get('name', '?')}]",
+    _compat.scan_p: _scan_label,
+    _compat.while_p: lambda e, k, i: "while[cond]" if k == "cond_jaxpr" else "while[body]",
+    _compat.cond_p: lambda e, k, i: f"cond[branch={i}]",
+    _compat.remat_p: lambda e, k, i: "checkpoint",
+    _compat.custom_jvp_call_p: lambda e, k, i: "custom_jvp",
+    _compat.custom_vjp_call_p: lambda e, k, i: "custom_vjp",
+    _compat.shard_map_p: lambda e, k, i: "shard_map",
+    **{p: (lambda e, k, i: "closed_call") for p in _compat.CLOSED_CALL_PRIMITIVES},
+    jax.lax.linear_solve_p: lambda e, k, i: (
         f"custom_linear_solve[{_LINEAR_SOLVE_PARTS[i]}]"
         if i is not None and i < 4 else f"custom_linear_solve[{k}]"),
 }
 
 
 def _label(eqn: core.JaxprEqn, key: str, index: int | None) -> str:
-    rule = PATH_LABELS.get(eqn.primitive.name)
+    rule = PATH_LABELS.get(eqn.primitive)
     if rule is not None:
         return rule(eqn, key, index)
     name = eqn.primitive.name

@@ -257,10 +257,11 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
             subs = _traverse.subjaxprs(eqn)
             if not subs:
                 continue
-            prim = eqn.primitive.name
-            inner = [walk(sj, in_scan or prim == "scan", in_while or prim == "while")
+            prim = eqn.primitive
+            inner = [walk(sj, in_scan or prim is _compat.scan_p,
+                          in_while or prim is _compat.while_p)
                      for _, sj in subs]
-            if prim == "cond":
+            if prim is _compat.cond_p:
                 _check_branches(inner)
                 merged = {}
                 for branch in inner:
@@ -330,6 +331,15 @@ def _check_branches(branches: list[dict[Any, _SowCount]]) -> None:
                 raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
 
 
+class _ChannelKey(NamedTuple):
+    """The engine's channel key of one sow's or plant's occurrence."""
+
+    kind: str  # "reap" (collected) or "plant" (fed)
+    name: str  # the sow's name
+    occurrence: int  # its place among the occurrences of ``name`` at its level
+    stacked: bool  # whether its value comes out of a scan (one row per step)
+
+
 class _HarvestHooks(Hooks):
     """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
     numbered afresh in every enclosing jaxpr, so sows in different calls
@@ -374,11 +384,11 @@ class _HarvestHooks(Hooks):
                 e.params["name"]) for e, _ in _traverse.iter_eqns(rule))
 
     def rekey(self, key, level, stacked):
-        kind, name, _, was_stacked = key
-        return (kind, name, self.sites.next_occurrence(level, kind, name), was_stacked or stacked)
+        return key._replace(occurrence=self.sites.next_occurrence(level, key.kind, key.name),
+                            stacked=key.stacked or stacked)
 
     def loop_channel(self, key, loop, path):
-        name = key[1]
+        name = key.name
         if loop == "while_loop":
             return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
                               f"inside of a `while_loop`.")
@@ -475,7 +485,7 @@ class _Sites:
                         f"under jax_remat3), where plant cannot give it the row its forward "
                         f"occurrence got; use clobber mode, or plant outside the "
                         f"differentiated function")
-                key = ("plant", name, self.next_occurrence(level, "plant", name), False)
+                key = _ChannelKey("plant", name, self.next_occurrence(level, "plant", name), False)
                 if name in self.partial:
                     # rows(...): a mask row says whether this iteration takes
                     # the fed value or keeps the computed one.
@@ -497,8 +507,8 @@ class _Sites:
                     value = self._apply(
                         level, "replicated",
                         _replicated_check(name, level.path, _checks_vma(level)), value)
-                level.collect(("reap", name, self.next_occurrence(level, "reap", name), False),
-                              value)
+                occurrence = self.next_occurrence(level, "reap", name)
+                level.collect(_ChannelKey("reap", name, occurrence, False), value)
             else:
                 pos = self.ctx_index[("reap", name)]
                 if mode == "cond_clobber":
@@ -898,7 +908,7 @@ class _JvpRules:
         in the body's context)."""
         for eqn, path in _traverse.iter_eqns(closed):
             yield eqn, path, False
-            if (self.enabled and eqn.primitive.name == "custom_jvp_call"
+            if (self.enabled and eqn.primitive is _compat.custom_jvp_call_p
                     and "shard_map" not in path):
                 rule = self._trace(eqn)
                 for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, _RULE)):
@@ -1018,7 +1028,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     it = iter(collected)
     for key, avals in chans.collects:
         vals = [next(it) for _ in avals]
-        appended.setdefault(key[1], []).append((key, vals))
+        appended.setdefault(key.name, []).append((key, vals))
     for name, items in appended.items():
         stacked = [_stack_occurrences([v[i] for _, v in items], [k for k, _ in items])
                    for i in range(len(items[0][1]))]
@@ -1038,12 +1048,8 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
 def _stack_occurrences(values: list, keys: list) -> Any:
     # A collected value straight from a sow gets a new leading axis; one that
     # came out of a scan is already stacked along it.
-    parts = [jnp.asarray(v) if _is_stacked(k) else jnp.asarray(v)[None] for v, k in zip(values, keys)]
+    parts = [jnp.asarray(v) if k.stacked else jnp.asarray(v)[None] for v, k in zip(values, keys)]
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
-
-
-def _is_stacked(key) -> bool:
-    return key[3]
 
 
 def _unflatten_value(site: "_Site", vals):
@@ -1083,12 +1089,12 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     """The planted values for one fed occurrence: the occurrences of a name
     at the top level split the planted stack along its leading axis (one
     row per direct sow, one block per scan); its length must match."""
-    name = key[1]
+    name = key.name
     start, total = 0, 0
     for k, kav in all_feeds:
-        if k[1] != name:
+        if k.name != name:
             continue
-        size = kav[0].shape[0] if _is_stacked(k) else 1
+        size = kav[0].shape[0] if k.stacked else 1
         if k == key:
             start, mine = total, size
         total += size
@@ -1101,12 +1107,12 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
         raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
                          f"expected {len(avals)}")
     for v, a in zip(leaves, avals):
-        row = a.update(shape=a.shape[1:]) if _is_stacked(key) else a
+        row = a.update(shape=a.shape[1:]) if key.stacked else a
         want = core.ShapedArray((total, *row.shape), row.dtype)
         where = f"its append sows (at {format_path(sites[name].path)}) stack to {{type}}"
         v, _ = _conform(name, v, want, where, allow_retype=False)
         v = jnp.asarray(v)
-        out.append(v[start:start + mine] if _is_stacked(key) else v[start])
+        out.append(v[start:start + mine] if key.stacked else v[start])
     return out
 
 
