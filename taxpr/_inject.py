@@ -420,6 +420,9 @@ class InjectPolicy:
             substituting atoms, without tracing the injector.
         replays: whether a tag a ``custom_vjp`` bwd binds is a replay of the
             forward pass (``_replay``).
+        expanded: the program was expanded already (``trace_program`` with a
+            ``consumes`` that selects at least the tags this ``inject``
+            selects): ``expand_for`` would change nothing, so it is skipped.
     """
 
     hooks: Hooks | None = None
@@ -427,6 +430,7 @@ class InjectPolicy:
     check_per_shard: bool = True
     direct: Callable | None = None
     replays: bool = True
+    expanded: bool = False
 
 
 def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
@@ -462,7 +466,8 @@ def inject(closed_jaxpr: Any, injector: Injector, ctx: Any,
 def inject_with(closed_jaxpr: Any, injector: Injector, ctx: Any,
                 predicate: Predicate | None, policy: InjectPolicy) -> Any:
     """``inject`` with an effect layer's ``policy``."""
-    closed_jaxpr = expand_for(closed_jaxpr, predicate)
+    if not policy.expanded:
+        closed_jaxpr = expand_for(closed_jaxpr, predicate)
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
     ctx_avals = [_compat.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, policy.guard_merge, policy.direct)

@@ -444,6 +444,10 @@ def guard_custom_rules(closed: Any) -> Any:
     Raises (when JAX runs such a rule):
         StateError: naming the state and the rule's place.
     """
+    custom = (_compat.custom_jvp_call_p, _compat.custom_vjp_call_p)
+    if not any(e.primitive in custom for e, _ in _traverse.iter_eqns(closed)):
+        return closed
+
     def rewrite(eqn, path, env, every_custom_jvp=False):
         prim = eqn.primitive
         if prim is not _compat.custom_vjp_call_p and prim is not _compat.custom_jvp_call_p:
@@ -651,7 +655,9 @@ class _StateHooks(Hooks):
 
 
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
-    """``closed`` with state accesses threaded: ``(*states, *in) -> (*out, *states)``."""
+    """``closed`` (traced by ``trace_program`` or ``make_jaxpr_with_states``,
+    so expanded for state tags) with state accesses threaded: ``(*states,
+    *in) -> (*out, *states)``."""
     ctx = _state_ctx(states)
     # ctx leaves are in the flattened dict's (sorted) key order.
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
@@ -659,16 +665,17 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     # init there (nothing in the program writes it).
     return inject_with(guard_custom_rules(closed), _state_injector, ctx,
                        lambda p, _shape=None: is_state_tag(p) and p["name"] in ctx,
-                       InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names)))
+                       InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names),
+                                    expanded=True))
 
 
 def stream_pure_jaxpr(closed: Any, stream: str, spec: Any) -> Any:
-    """``closed`` with the accesses of state ``stream`` (of type ``spec``)
-    threaded: ``(stream, *in) -> (*out, stream)``. Other states stay effects
+    """``closed`` (traced by ``trace_program`` for state tags) with the
+    accesses of state ``stream`` (of type ``spec``) threaded: ``(stream, *in) -> (*out, stream)``. Other states stay effects
     for an enclosing layer (``seed`` inside ``uncurry``)."""
     return inject_with(closed, _state_injector, {stream: spec},
                        lambda p, _shape=None: is_state_tag(p) and p["name"] == stream,
-                       InjectPolicy(hooks=_StateHooks(leaf_names=[stream])))
+                       InjectPolicy(hooks=_StateHooks(leaf_names=[stream]), expanded=True))
 
 
 def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
