@@ -22,7 +22,7 @@ import sys
 import types
 import warnings
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import equinox as eqx
 import jax
@@ -551,18 +551,27 @@ def _state_injector(ctx: dict, token: Any, params: dict):
     return token, {**ctx, name: token}
 
 
+class _FirstUse(NamedTuple):
+    """One state's ctx entry while ``initial_states`` runs the program."""
+
+    value: Any  # the state's current value
+    initial: Any  # its value at first use (zeros until then)
+    seen: Any  # whether it has been used (a bool scalar)
+
+
 def _init_injector(ctx: dict, token: Any, params: dict):
-    """Run with eager semantics and record each state's value at first use:
-    ``ctx[name] = (value, initial, seen)``."""
+    """Run with eager semantics and record each state's value at first use
+    (``ctx[name]``: a ``_FirstUse``)."""
     name = params["name"]
-    value, initial, seen = ctx[name]
+    use = ctx[name]
     yes = jnp.ones((), bool)
     if params["op"] is GET:
         # lax.select, not jnp.where: it takes every dtype (typed keys too).
-        new = jax.lax.select(seen, value, token)
-        return new, {**ctx, name: (new, jax.lax.select(seen, initial, token), yes)}
+        new = jax.lax.select(use.seen, use.value, token)
+        return new, {**ctx, name: _FirstUse(new, jax.lax.select(use.seen, use.initial, token),
+                                            yes)}
     # A state first set (never read before) starts at zeros.
-    return token, {**ctx, name: (token, initial, yes)}
+    return token, {**ctx, name: _FirstUse(token, use.initial, yes)}
 
 
 def _reached_by_any_example(guard, old: list, new: list) -> list:
@@ -689,8 +698,8 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     known = _initial_states_without_run(closed, states, args)
     if known is not None:
         return known
-    zeros = {n: (jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype), np.zeros((), bool))
-             for n, s in states.items()}
+    zeros = {n: _FirstUse(jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype),
+                          np.zeros((), bool)) for n, s in states.items()}
     init = inject_with(closed, _init_injector, zeros, is_state_tag, InjectPolicy(
         guard_merge=_reached_by_any_example,
         # sets in a shard_map without vma checking are refused by
@@ -702,10 +711,11 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     # Only (initial, seen) of each state are needed: the program's outputs
     # and what only they need are pruned before compiling (effects stay).
-    needed = [False] * n_out + [i % 3 != 0 for i in range(len(leaves))]
+    wanted = {n: _FirstUse(False, True, True) for n in zeros}
+    needed = [False] * n_out + jax.tree_util.tree_leaves(wanted)
     outs = iter(jax.jit(_compat.jaxpr_as_fun(_compat.dce_closed(init, needed)))(*leaves, *args))
-    # ctx leaves: (value, initial, seen) per state, in flattened (sorted) order.
-    final = {n: (None, next(outs), next(outs)) for n in sorted(zeros)}
+    # ctx leaves are in the flattened dict's (sorted) key order.
+    final = {n: _FirstUse(None, next(outs), next(outs)) for n in sorted(zeros)}
     first_gets = _first_gets(closed)
     result = {}
     for n, (_, initial, seen) in final.items():

@@ -19,6 +19,7 @@ the call (the engine's ``rule_has_selected`` / ``prepare_rule`` hooks).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import threading
@@ -944,8 +945,23 @@ def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, 
     return sites, list(all_names), set(sites) - outside
 
 
-def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants: dict,
-         want_reaps: bool, strict: bool, args, kwargs, *, perturb: bool = False):
+@dataclasses.dataclass(frozen=True)
+class _HarvestSpec:
+    """What a harvest transformation (``reap``, ``plant``, ``harvest``,
+    ``perturb``) was asked for: the arguments it shares."""
+
+    tag: Any
+    allowlist: Iterable | None
+    blocklist: Iterable
+    exclusive: bool
+    strict: bool
+    reaps: bool  # whether it returns reaped values
+    perturb: bool = False  # plants are perturbations, added to the sown values
+
+
+def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
+    tag_, allowlist, blocklist = spec.tag, spec.allowlist, spec.blocklist
+    strict, perturb = spec.strict, spec.perturb
     select = _Filter(tag_, allowlist, blocklist)
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
@@ -985,7 +1001,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
         retype.update(more)
     planted = {n: sites[n].mode for n in planted_values}
     partial = frozenset(n for n, v in planted_values.items() if isinstance(v, PlantRows))
-    reaped = {n: s.mode for n, s in sites.items() if n not in planted} if want_reaps else {}
+    reaped = {n: s.mode for n, s in sites.items() if n not in planted} if spec.reaps else {}
     # Only the sows this call transforms are rewritten (the others stay, for
     # an enclosing harvest) and follow oryx's static rules.
     transformed = _Filter(tag_, allowlist, blocklist)
@@ -1008,7 +1024,7 @@ def _run(fn: Callable, tag_: Any, allowlist, blocklist, exclusive: bool, plants:
     site_rule.rule_only = rule_only
     engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))
     threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed).outvars))
-    if exclusive:
+    if spec.exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
     chans = engine.channels(threaded)
     feeds = []
@@ -1158,7 +1174,8 @@ def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
                   strict: bool = False) -> Callable:
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, {}, True, strict, args, kwargs)
+        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
+                    {}, args, kwargs)
 
     return wrapped
 
@@ -1224,8 +1241,8 @@ def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
           strict: bool = False) -> Callable:
     @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, plants, False, strict, args,
-                    kwargs)[0]
+        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False),
+                    plants, args, kwargs)[0]
 
     return wrapped
 
@@ -1270,7 +1287,8 @@ def harvest(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
             strict: bool = False) -> Callable:
     @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, plants, True, strict, args, kwargs)
+        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
+                    plants, args, kwargs)
 
     return wrapped
 
@@ -1297,8 +1315,9 @@ def perturb(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
             strict: bool = False) -> Callable:
     @_wraps_taking_plants(f, "perturbations")
     def wrapped(perturbations, *args, **kwargs):
-        return _run(f, tag, allowlist, blocklist, exclusive, perturbations, False, strict, args,
-                    kwargs, perturb=True)[0]
+        spec = _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False,
+                            perturb=True)
+        return _run(f, spec, perturbations, args, kwargs)[0]
 
     return wrapped
 
