@@ -193,6 +193,12 @@ def make_closed(constvars, consts, invars, eqns, outvars, effects, debug_info):
                            effects, debug_info)
 
 
+def with_parts(closed: Any, **changes: Any) -> Any:
+    """``closed`` (a closed jaxpr) rebuilt with some of its ``JaxprParts``
+    replaced, e.g. ``with_parts(j, outvars=...)``."""
+    return make_closed(*jaxpr_parts(closed)._replace(**changes))
+
+
 def debug_info(name: str) -> Any:
     return core.DebugInfo("taxpr", name, None, None)
 

@@ -85,9 +85,8 @@ def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     threaded = engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
     collects = engine.channels(threaded).collects
-    constvars, consts, invars, eqns, outs, effects, dbg = _compat.jaxpr_parts(threaded)
-    new = _compat.make_closed(constvars, consts, invars, eqns, outs[len(outvars):], effects, dbg)
-    new = _compat.dce_closed(new, [True] * len(outs[len(outvars):]))
+    tagged = _compat.jaxpr_parts(threaded).outvars[len(outvars):]
+    new = _compat.dce_closed(_compat.with_parts(threaded, outvars=tagged), [True] * len(tagged))
     params = [dict(key.params) for key, _ in collects]
     structures = [jax.tree_util.tree_unflatten(key.tree, list(avals))
                   for key, avals in collects]
@@ -104,9 +103,7 @@ def partition_out(closed_jaxpr: Any, outvar_indices: list[list[int]]) -> list[An
     outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
     parts = []
     for group in outvar_indices:
-        constvars, consts, invars, eqns, _, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
-        picked = _compat.make_closed(constvars, consts, invars, eqns,
-                                     [outvars[i] for i in group], effects, dbg)
+        picked = _compat.with_parts(closed_jaxpr, outvars=[outvars[i] for i in group])
         parts.append(_compat.dce_closed(picked, [True] * len(group)))
     return parts
 

@@ -560,8 +560,7 @@ class Engine:
             raise NotImplementedError(
                 f"taxpr: the selected tags in {format_path(path)} change the context or "
                 f"collect/feed values, but there it can only be read: {'; '.join(tags)}")
-        return _compat.make_closed(parts.constvars, parts.consts, parts.invars, parts.eqns,
-                                   parts.outvars[:n_out], parts.effects, parts.debug_info)
+        return _compat.with_parts(threaded, outvars=parts.outvars[:n_out])
 
     def channels(self, threaded: Any) -> Channels:
         return self._channels.get(id(threaded), NO_CHANNELS)
@@ -713,10 +712,9 @@ register_thread_rule(_compat.scan_p, _scan_rule)
 
 
 def _with_unused_inputs(closed, at: int, avals) -> Any:
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed)
+    invars = _compat.jaxpr_parts(closed).invars
     new = [_compat.new_var(a) for a in avals]
-    return _compat.make_closed(constvars, consts, [*invars[:at], *new, *invars[at:]],
-                               eqns, outvars, effects, dbg)
+    return _compat.with_parts(closed, invars=[*invars[:at], *new, *invars[at:]])
 
 
 def _while_rule(engine, eqn, level, ctx, subs):
@@ -870,14 +868,13 @@ def _with_feeds(engine, threaded, has: tuple, want: dict) -> Any:
     """``threaded`` taking the fed values ``want`` (in that order) last."""
     if tuple(k for k, _ in has) == tuple(want):
         return threaded
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
+    invars = _compat.jaxpr_parts(threaded).invars
     n_has = sum(len(avals) for _, avals in has)
     base, fed = invars[:len(invars) - n_has], iter(invars[len(invars) - n_has:])
     own = {k: [next(fed) for _ in avals] for k, avals in has}
     new_feeds = [v for k, avals in want.items()
                  for v in own.get(k, [_compat.new_var(a) for a in avals])]
-    return _compat.make_closed(constvars, consts, [*base, *new_feeds], eqns, outvars,
-                               effects, dbg)
+    return _compat.with_parts(threaded, invars=[*base, *new_feeds])
 
 
 register_thread_rule(_compat.cond_p, _cond_rule)

@@ -81,8 +81,7 @@ def guard_jaxpr(closed: Any, label: str) -> Any:
     engine = Engine(_GuardSites(label), None, [_BOOL])
     n_out = len(_compat.jaxpr_parts(closed).outvars)
     threaded = engine.thread_jaxpr(closed, (), 0, n_out)
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
-    return _compat.make_closed(constvars, consts, invars, eqns, outvars[:n_out], effects, dbg)
+    return _compat.with_parts(threaded, outvars=_compat.jaxpr_parts(threaded).outvars[:n_out])
 
 
 # ---- cond ---------------------------------------------------------------------------
@@ -204,8 +203,7 @@ def _own_predicate(cond_jaxpr: Any) -> Any | None:
                 f"'{eqn.primitive.name}', which has an effect or holds tags: its body's "
                 f"tags cannot be guarded per example. vmap the transformed function "
                 f"instead, or keep effects out of the loop's condition")
-    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, kept, [own],
-                               core.no_effects, parts.debug_info)
+    return _compat.with_parts(cond_jaxpr, eqns=kept, outvars=[own], effects=core.no_effects)
 
 
 def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,

@@ -148,5 +148,4 @@ def with_per_example_output(closed: Any, index: int) -> Any | None:
     value = per_example_value(parts.eqns, parts.outvars[index], eqns.append)
     if value is None:
         return None
-    return _compat.make_closed(parts.constvars, parts.consts, parts.invars, eqns,
-                               [*parts.outvars, value], parts.effects, parts.debug_info)
+    return _compat.with_parts(closed, eqns=eqns, outvars=[*parts.outvars, value])

@@ -1076,7 +1076,7 @@ make_jaxpr = make_jaxpr_with_states  # taxpr 0.0.3's name
 
 
 def _keep_written_outputs(closed: Any, infos: Sequence[StateInfo]) -> Any:
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed)
+    outvars = _compat.jaxpr_parts(closed).outvars
     n_out = len(outvars) - len(infos)
     kept = [*outvars[:n_out], *(v for v, s in zip(outvars[n_out:], infos) if s.written)]
-    return _compat.make_closed(constvars, consts, invars, eqns, kept, effects, dbg)
+    return _compat.with_parts(closed, outvars=kept)
