@@ -341,15 +341,15 @@ class Engine:
                  ctx_avals: Sequence[core.AbstractValue], hooks: Hooks | None = None):
         self.site_rule = site_rule
         self.hooks = hooks or Hooks()
-        self._channels: dict[int, Channels] = {}
+        self._channels = _traverse.IdMemo()  # threaded jaxpr -> its Channels
         self.predicate = predicate
         self.ctx_avals = list(ctx_avals)
-        self._selected: dict[tuple[int, bool], tuple[Any, bool]] = {}
+        self._selected = _traverse.IdMemo()  # (jaxpr, maybe_rules) -> has_selected
         self._threaded: dict[tuple, tuple[Any, Any]] = {}
         # The ctx leaves that a site inside each threaded jaxpr changes
         # (``writes``), collected while threading: one set per jaxpr being
         # threaded, innermost last.
-        self._written: dict[int, frozenset[int]] = {}
+        self._written = _traverse.IdMemo()  # threaded jaxpr -> frozenset of ctx leaves
         self._writing: list[set[int]] = []
         # Whether a bwd's tags are threaded as a replay (``_replay``; not
         # where only the forward pass matters: the states' values at first use).
@@ -367,7 +367,7 @@ class Engine:
     def writes(self, threaded: Any) -> frozenset[int]:
         """The ctx leaves a site in ``threaded`` (a result of ``thread_jaxpr``)
         may change, in it or in any jaxpr nested in it."""
-        return self._written.get(id(threaded), frozenset())
+        return self._written.get(threaded, default=frozenset())
 
     # ---- selection ----------------------------------------------------------
     def has_selected(self, jaxpr: Any, maybe_rules: bool = False) -> bool:
@@ -376,10 +376,9 @@ class Engine:
         ``maybe_rules``: also count the custom_jvp functions whose rules may
         hold one (``Hooks.rules_may_hold_sites``), outside custom_vjp
         functions (a bwd replays its forward: what it runs is the body's)."""
-        key = (id(jaxpr), maybe_rules)
-        hit = self._selected.get(key)
-        if hit is not None:
-            return hit[1]
+        found = self._selected.get(jaxpr, maybe_rules)
+        if found is not None:
+            return found
         found = False
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:
             if is_selected(eqn, self.predicate) or self._rule_selected(eqn, maybe_rules):
@@ -389,8 +388,7 @@ class Engine:
             if any(self.has_selected(sj, inner_maybe) for _, sj in _traverse.subjaxprs(eqn)):
                 found = True
                 break
-        self._selected[key] = (jaxpr, found)
-        return found
+        return self._selected.set(jaxpr, found, maybe_rules)
 
     def _rule_selected(self, eqn, maybe_rules: bool = False) -> bool:
         if eqn.primitive is not _compat.custom_jvp_call_p:
@@ -525,11 +523,11 @@ class Engine:
             [*outs[:out_pos], *ctx_out, *outs[out_pos:], *collected],
             _traverse.recompute_effects(effects, eqns, level.eqns), dbg)
         if level.collected or level.feeds:
-            self._channels[id(result)] = Channels(
+            self._channels.set(result, Channels(
                 tuple((k, tuple(_aval(a) for a in atoms)) for k, atoms in level.collected),
-                tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items()))
+                tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items())))
         self._threaded[key] = (jaxpr, result, context)
-        self._written[id(result)] = written
+        self._written.set(result, written)
         if self._replay_reads_left and not self._writing:
             self._replay_reads_left = False
             live = _replay.live_replay_read(result)
@@ -563,7 +561,7 @@ class Engine:
         return _compat.with_parts(threaded, outvars=parts.outvars[:n_out])
 
     def channels(self, threaded: Any) -> Channels:
-        return self._channels.get(id(threaded), NO_CHANNELS)
+        return self._channels.get(threaded, default=NO_CHANNELS)
 
     def pass_channels(self, level: Level, threaded: Any, length: int | None = None,
                       where: str | None = None) -> tuple[list, list]:

@@ -760,15 +760,12 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
     another state leaves it to the example run). Constant inits need no
     computation at all."""
     first: dict[str, tuple | None] = {}
-    uses_state: dict[int, tuple[Any, frozenset]] = {}
+    uses_state = _traverse.IdMemo()  # jaxpr -> the states it uses
 
     def names_in(jaxpr) -> frozenset:
-        hit = uses_state.get(id(jaxpr))
-        if hit is None:
-            found = frozenset(e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
-                              if e.primitive is tag_p and is_state_tag(e.params))
-            hit = uses_state[id(jaxpr)] = (jaxpr, found)
-        return hit[1]
+        return uses_state.get_or_compute(jaxpr, lambda: frozenset(
+            e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
+            if e.primitive is tag_p and is_state_tag(e.params)))
 
     def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
         for eqn in _compat.jaxpr_parts(jaxpr).eqns:

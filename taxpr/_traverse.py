@@ -26,6 +26,33 @@ class Sub(NamedTuple):
     label: str  # path element naming the enclosing primitive
 
 
+class IdMemo:
+    """A table keyed by objects' identity (jaxprs, equations: hashing them
+    by value costs a walk), optionally refined by ``extra`` keys. Each entry
+    keeps its object alive, so that an id is not reused while the entry
+    exists: the one memo helper of taxpr's walks."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self) -> None:
+        self._table: dict[tuple, tuple[Any, Any]] = {}
+
+    def get(self, obj: Any, *extra: Any, default: Any = None) -> Any:
+        hit = self._table.get((id(obj), *extra))
+        return default if hit is None else hit[1]
+
+    def set(self, obj: Any, value: Any, *extra: Any) -> Any:
+        self._table[(id(obj), *extra)] = (obj, value)
+        return value
+
+    def get_or_compute(self, obj: Any, compute: Callable[[], Any], *extra: Any) -> Any:
+        key = (id(obj), *extra)
+        hit = self._table.get(key)
+        if hit is None:
+            hit = self._table[key] = (obj, compute())
+        return hit[1]
+
+
 def _scan_label(eqn, key, index):
     rev = ",reverse" if eqn.params.get("reverse") else ""
     return f"scan[length={eqn.params['length']}{rev}]"
@@ -255,7 +282,7 @@ def map_levels(jaxpr: Any, rewrite_level: Callable[[Level, tuple[str, ...], bool
     is_top)`` may return a new ``Level`` for this jaxpr (or None to keep it).
     Unchanged jaxprs are returned as the same object.
     """
-    return _map_levels(jaxpr, rewrite_level, path, True, {})
+    return _map_levels(jaxpr, rewrite_level, path, True, IdMemo())
 
 
 def _map_levels(jaxpr, rewrite_level, path, is_top, memo):
@@ -264,12 +291,10 @@ def _map_levels(jaxpr, rewrite_level, path, is_top, memo):
     for i, eqn in enumerate(eqns):
         new = {}
         for sub, sj in subjaxprs(eqn):
-            hit = memo.get(id(sj))
-            if hit is None or hit[0] is not sj:
-                hit = (sj, _map_levels(sj, rewrite_level, path + (sub.label,), False, memo))
-                memo[id(sj)] = hit
-            if hit[1] is not sj:
-                new[(sub.key, sub.index)] = hit[1]
+            mapped = memo.get_or_compute(sj, lambda: _map_levels(
+                sj, rewrite_level, path + (sub.label,), False, memo))
+            if mapped is not sj:
+                new[(sub.key, sub.index)] = mapped
         if new:
             if new_eqns is None:
                 new_eqns = list(eqns[:i])

@@ -874,13 +874,12 @@ class _JvpRules:
         # Without a differentiation trace around this harvest, no rule runs
         # while it evaluates the program: tracing them would be wasted.
         self.enabled = enabled
-        self._rules: dict = {}  # id(eqn) -> (eqn, the rule's closed jaxpr)
+        self._rules = _traverse.IdMemo()  # eqn -> the rule's closed jaxpr
 
     def jaxpr(self, eqn) -> Any:
         """The rule of a ``custom_jvp_call`` seen by ``iter_eqns`` (all input
         tangents nonzero), or None."""
-        hit = self._rules.get(id(eqn))
-        return None if hit is None else hit[1]
+        return self._rules.get(eqn)
 
     def _trace(self, eqn) -> Any:
         """The rule's closed jaxpr, or None when it cannot be traced before
@@ -895,11 +894,8 @@ class _JvpRules:
             # (equinox's ``nondifferentiable``), or holds tags that cannot be
             # threaded (``RuleNotTraceable``): JAX raises its own error if it
             # ever runs the rule that way.
-            self._rules[id(eqn)] = (eqn, None)
-            return None
-        rule = _compat.close_traced(jaxpr, consts)
-        self._rules[id(eqn)] = (eqn, rule)
-        return rule
+            return self._rules.set(eqn, None)
+        return self._rules.set(eqn, _compat.close_traced(jaxpr, consts))
 
     def iter_eqns(self, closed):
         """``_traverse.iter_eqns`` of the program, also into the JVP rules of

@@ -122,7 +122,7 @@ def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = N
       The same kind of jaxpr; every inlined call gets fresh variables, so a
       function called twice is inlined twice (effects included).
     """
-    memo: dict = {}
+    memo = _traverse.IdMemo()  # jit body -> its inlined body
 
     def rewrite(eqn, path, env):
         if not _compat.is_jit(eqn) or not _compat.jit_inlining_loses_nothing(eqn.params):
@@ -130,11 +130,8 @@ def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = N
         if predicate is not None and not predicate(eqn):
             return None
         body = eqn.params["jaxpr"]
-        hit = memo.get(id(body))
-        if hit is None or hit[0] is not body:
-            hit = (body, inline_jit(body, predicate))
-            memo[id(body)] = hit
-        constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(hit[1])
+        inlined = memo.get_or_compute(body, lambda: inline_jit(body, predicate))
+        constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(inlined)
         if any(getattr(c, "shape", ()) != () for c in consts or ()):
             return None
         rename: dict = {v: _compat.literal(c, v.aval) for v, c in zip(constvars, consts or ())}

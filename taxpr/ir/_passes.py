@@ -60,17 +60,14 @@ class _Purity:
     callee, so a callee shared by many calls is scanned once)."""
 
     def __init__(self):
-        self._callees: dict[int, tuple[Any, bool]] = {}
+        self._callees = _traverse.IdMemo()  # sub-jaxpr -> whether it is impure
 
     def impure(self, eqn: core.JaxprEqn) -> bool:
         if eqn.effects or eqn.primitive in TAG_PRIMITIVES or "callback" in eqn.primitive.name:
             return True
         for _, sj in _traverse.subjaxprs(eqn):
-            hit = self._callees.get(id(sj))
-            if hit is None or hit[0] is not sj:
-                hit = (sj, any(self.impure(e) for e in _compat.jaxpr_parts(sj).eqns))
-                self._callees[id(sj)] = hit
-            if hit[1]:
+            if self._callees.get_or_compute(
+                    sj, lambda: any(self.impure(e) for e in _compat.jaxpr_parts(sj).eqns)):
                 return True
         return False
 
@@ -602,14 +599,8 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
         values = core.eval_jaxpr(jaxpr, [], *args)
     else:
         values = jax.jit(lambda *a: core.eval_jaxpr(jaxpr, [], *a))(*args)
-    fetched: dict = {}  # identical values (CSE'd equations) are fetched once
-    out = []
-    for v in values:
-        hit = fetched.get(id(v))
-        if hit is None:
-            hit = fetched[id(v)] = (v, np.asarray(jax.device_get(v)))
-        out.append(hit[1])
-    return out
+    fetched = _traverse.IdMemo()  # identical values (CSE'd equations) are fetched once
+    return [fetched.get_or_compute(v, lambda: np.asarray(jax.device_get(v))) for v in values]
 
 
 def constant_fold(jaxpr: Any, max_elements: int = DEFAULT_MAX_CONSTANT_ELEMENTS) -> Any:
