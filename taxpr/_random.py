@@ -26,7 +26,7 @@ jaxpr evaluated again in the same body does not fold twice).
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 from typing import Any, Callable
 
 import equinox as eqx
@@ -102,14 +102,16 @@ _compat.register_axis_batcher(key_p, _key_batcher)
 
 # ---- the init of a stream ----------------------------------------------------
 
-_local = threading.local()  # .impls: {stream: key impl} set by seed while tracing
+# {stream: key impl}, set by seed while it traces.
+_STREAM_IMPLS: contextvars.ContextVar[dict] = contextvars.ContextVar("taxpr_stream_impls",
+                                                                      default={})
 _default_keys: dict[Any, jax.Array] = {}
 
 
 def _init_key(stream: str) -> jax.Array:
     """``jax.random.key(0)`` of the stream's impl (the one of the key ``seed``
     gives it, else JAX's default impl), made once per impl."""
-    impl = getattr(_local, "impls", {}).get(stream)
+    impl = _STREAM_IMPLS.get().get(stream)
     cache_key = impl if impl is not None else ("default", jax.config.jax_default_prng_impl)
     key = _default_keys.get(cache_key)
     if key is None:
@@ -150,12 +152,11 @@ def next_key(stream: str = DEFAULT_STREAM) -> jax.Array:
 
 @contextlib.contextmanager
 def _stream_impl(stream: str, impl: Any):
-    saved = getattr(_local, "impls", {})
-    _local.impls = {**saved, stream: impl}
+    token = _STREAM_IMPLS.set({**_STREAM_IMPLS.get(), stream: impl})
     try:
         yield
     finally:
-        _local.impls = saved
+        _STREAM_IMPLS.reset(token)
 
 
 def _as_typed_key(key: Any, stream: str) -> jax.Array:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import threading
+import contextvars
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -59,14 +59,15 @@ class _SowOp:
 
 
 SOW = _SowOp()
-_SCOPES = threading.local()
+# The ``nest`` scopes around the code being traced, outermost first.
+_SCOPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("taxpr_nest_scopes", default=())
 # (tag, name) -> per-leaf avals a sow takes while a plant re-traces the
 # program (see ``_plant_types``); set only around that trace.
-_RETYPE = threading.local()
+_RETYPE: contextvars.ContextVar[dict] = contextvars.ContextVar("taxpr_plant_retype", default={})
 
 
 def _scope() -> tuple:
-    return getattr(_SCOPES, "stack", ())
+    return _SCOPES.get()
 
 
 def sow(value: Any, *, tag: Any, name: Any, mode: str = "strict", key: Any = None) -> Any:
@@ -141,7 +142,7 @@ def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any, mode: str = "cond_cl
 
 def _tag_sow(value, pred, tag_, name, mode):
     full = (*_scope(), name) if _scope() else name
-    retype = getattr(_RETYPE, "map", {}).get((tag_, full))
+    retype = _RETYPE.get().get((tag_, full))
     if retype is not None:  # a plant re-traces this sow with the planted value's type
         leaves, tree = jax.tree_util.tree_flatten(value)
         value = jax.tree_util.tree_unflatten(tree, [
@@ -178,12 +179,11 @@ def nest(f: Callable, *, scope: str) -> Callable:
 
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
-        prev = _scope()
-        _SCOPES.stack = (*prev, scope)
+        token = _SCOPES.set((*_SCOPES.get(), scope))
         try:
             return f(*args, **kwargs)
         finally:
-            _SCOPES.stack = prev
+            _SCOPES.reset(token)
 
     return wrapped
 
@@ -629,13 +629,12 @@ def _flat_trace(fn: Callable, args, kwargs, retype: dict, select: "_Filter"):
     """Trace ``fn``; while tracing, the sows named in ``retype`` produce the
     given types (added to those an enclosing plant's trace asked for)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    outer = getattr(_RETYPE, "map", {})
-    _RETYPE.map = {**outer, **retype}
+    token = _RETYPE.set({**_RETYPE.get(), **retype})
     try:
         closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves],
                                          consumes=select)
     finally:
-        _RETYPE.map = outer
+        _RETYPE.reset(token)
     return closed, out_tree, leaves
 
 
