@@ -484,3 +484,31 @@ def test_rule_reading_a_state_inside_a_primitive_without_thread_rule_is_a_clear_
                        match=r"state 'grad_scale'.*custom_vmap_call\[call\]/custom_jvp\[jvp rule\]"):
         jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
     jax_still_works()
+
+
+def test_rule_drawing_a_key_its_function_does_not_draw_advances_the_stream_as_eagerly():
+    # Noisy gradients: the JVP rule of an identity draws from the stream.
+    @jax.custom_jvp
+    def noisy_grad(x):
+        return x
+
+    @noisy_grad.defjvp
+    def _(primals, tangents):
+        return primals[0], tangents[0] * (1.0 + jax.random.uniform(tx.next_key()))
+
+    def prog(x):
+        a = jax.random.normal(tx.next_key())
+        return jnp.sin(noisy_grad(x)) + a
+
+    pure, s0 = tx.uncurry(prog, f32(0.5))
+    start = {"rng": jax.random.key(7)}
+    # By hand: key, sub = split(key) per draw, in the order the draws run.
+    k1, s1 = jax.random.split(start["rng"])
+    k2, s2 = jax.random.split(k1)
+    (out, after), g = jax.value_and_grad(lambda x: pure(start, x), has_aux=True)(f32(0.5))
+    assert_close(out, np.sin(0.5) + jax.random.normal(s1))
+    assert_close(g, np.cos(0.5) * (1.0 + jax.random.uniform(s2)))
+    assert (jax.random.key_data(after["rng"]) == jax.random.key_data(k2)).all()
+    # Undifferentiated, the rule does not run: one draw.
+    _, after = pure(start, f32(0.5))
+    assert (jax.random.key_data(after["rng"]) == jax.random.key_data(k1)).all()
