@@ -423,7 +423,7 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     return sites, unchecked_sets
 
 
-def guard_custom_rules(closed: Any) -> Any:
+def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
     """``closed`` with the fwd and bwd of its ``custom_vjp`` functions whose
     body uses no state, and the rules of the ``custom_jvp`` functions inside
     those, checked when JAX runs them: state accesses there are an error
@@ -443,6 +443,10 @@ def guard_custom_rules(closed: Any) -> Any:
 
     Raises (when JAX runs such a rule):
         StateError: naming the state and the rule's place.
+
+    ``threads_custom_jvps``: whether the engine threads every ``custom_jvp``
+    outside a ``custom_vjp`` (it does when there are states to thread);
+    False: their rules are checked too.
     """
     custom = (_compat.custom_jvp_call_p, _compat.custom_vjp_call_p)
     if not any(e.primitive in custom for e, _ in _traverse.iter_eqns(closed)):
@@ -464,7 +468,7 @@ def guard_custom_rules(closed: Any) -> Any:
                 if nj is not sj:
                     new[(sub.key, sub.index)] = nj
             return [_traverse.with_subjaxprs(eqn, new)] if new else None
-        if (prim is _compat.custom_jvp_call_p and not every_custom_jvp
+        if (prim is _compat.custom_jvp_call_p and not every_custom_jvp and threads_custom_jvps
                 and not any(p.startswith("custom_vjp") for p in path)):
             # (custom_jvp functions outside custom_vjp functions are
             # threaded whole, rules included: ``rules_may_hold_sites``.)
@@ -672,7 +676,8 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
     # A state read only in a derivative rule is not among them: it reads its
     # init there (nothing in the program writes it).
-    return inject_with(guard_custom_rules(closed), _state_injector, ctx,
+    return inject_with(guard_custom_rules(closed, threads_custom_jvps=bool(names)),
+                       _state_injector, ctx,
                        lambda p, _shape=None: is_state_tag(p) and p["name"] in ctx,
                        InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names),
                                     expanded=True))

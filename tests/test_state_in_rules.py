@@ -351,10 +351,9 @@ def test_custom_vjp_bwd_recomputing_a_state_the_forward_updates_is_a_clear_error
         jax.grad(lambda x: pure(s0, x)[0])(2.0)
 
 
-def _rule_reads_a_state_the_body_does_not(S, xs):
-    """A gradient scale kept in a state, read only by the JVP rule of a
-    function whose body uses no state (the state is set elsewhere in the
-    program, per step of a scan)."""
+def _grad_scale_layer(S):
+    """A layer whose JVP rule scales tangents by a gradient scale kept in a
+    state; its body uses no state (the program updates the scale)."""
     @jax.custom_jvp
     def scale_grad(x):
         return x
@@ -362,6 +361,15 @@ def _rule_reads_a_state_the_body_does_not(S, xs):
     @scale_grad.defjvp
     def _(primals, tangents):
         return primals[0], tangents[0] * S.get("grad_scale", f32(1.0))
+
+    return scale_grad
+
+
+def _rule_reads_a_state_the_body_does_not(S, xs):
+    """A gradient scale kept in a state, read only by the JVP rule of a
+    function whose body uses no state (the state is set elsewhere in the
+    program, per step of a scan)."""
+    scale_grad = _grad_scale_layer(S)
 
     def step(c, x):
         S.set("grad_scale", S.get("grad_scale", f32(1.0)) * 2.0)
@@ -383,20 +391,6 @@ def test_rule_reading_a_state_its_function_does_not_use_sees_the_current_value()
     _, g_init = jax.value_and_grad(lambda xs: pure({"grad_scale": f32(1.0)}, xs),
                                    has_aux=True)(xs)
     assert not np.allclose(g, g_init)
-
-
-def _grad_scale_layer(S):
-    """A layer whose JVP rule scales tangents by a gradient scale kept in a
-    state; its body uses no state (the program updates the scale)."""
-    @jax.custom_jvp
-    def scale_grad(x):
-        return x
-
-    @scale_grad.defjvp
-    def _(primals, tangents):
-        return primals[0], tangents[0] * S.get("grad_scale", f32(1.0))
-
-    return scale_grad
 
 
 def _two_calls_of_a_scaled_layer(S, x):
@@ -512,3 +506,44 @@ def test_rule_drawing_a_key_its_function_does_not_draw_advances_the_stream_as_ea
     # Undifferentiated, the rule does not run: one draw.
     _, after = pure(start, f32(0.5))
     assert (jax.random.key_data(after["rng"]) == jax.random.key_data(k1)).all()
+
+
+def _eqx_scaled_identity():
+    """equinox's filter_custom_jvp around an identity, its rule scaling the
+    tangent by a state."""
+    import equinox as eqx
+
+    @eqx.filter_custom_jvp
+    def scaled(x):
+        return x
+
+    @scaled.def_jvp
+    def _(primals, tangents):
+        return primals[0], tangents[0] * tx.get_state("grad_scale", f32(1.0))
+
+    return scaled
+
+
+def test_equinox_filter_custom_jvp_rule_reading_a_state_the_program_sets_matches_eager():
+    scaled = _eqx_scaled_identity()
+
+    def prog(x):
+        tx.set_state("grad_scale", tx.get_state("grad_scale", f32(1.0)) * 2.0)
+        return jnp.sum(jnp.sin(scaled(x * 3.0)))
+
+    pure, s0 = tx.uncurry(prog, jnp.ones(3, f32))
+    x = jnp.array([0.1, 1.0, 2.0], f32)
+    for c in (0.5, 2.0):
+        g = jax.jit(jax.grad(lambda x: pure({"grad_scale": f32(c)}, x)[0]))(x)
+        # set to 2c before the call; d/dx sin(3x) scaled by it
+        assert_close(g, np.cos(3.0 * np.asarray(x)) * 3.0 * (2.0 * c))
+
+
+def test_a_rule_reading_a_state_in_a_program_without_states_is_a_clear_error():
+    # No state to thread: the rule's read cannot see a value, as before.
+    scaled = _eqx_scaled_identity()
+    pure, s0 = tx.uncurry(lambda x: jnp.sum(jnp.sin(scaled(x))), jnp.ones(3, f32))
+    assert s0 == {}
+    with pytest.raises(tx.StateError, match=r"state 'grad_scale'.*custom_jvp\[jvp rule\]"):
+        jax.grad(lambda x: pure({"grad_scale": f32(2.0)}, x)[0])(jnp.ones(3, f32))
+    jax_still_works()
