@@ -185,9 +185,11 @@ class Hooks:
         threaded through the rule when JAX differentiates ``eqn``."""
         return False
 
-    # Whether ``rule_has_selected`` answers "may hold" (without tracing the
-    # rule): a primitive without a thread rule whose only reason to be
-    # threaded is such a rule is then left as it is.
+    # Whether any custom_jvp rule may hold a selected tag (rules are not
+    # traced ahead of JAX): custom_jvp functions outside custom_vjp functions
+    # are then threaded, their rules when JAX runs them; a primitive without
+    # a thread rule whose only reason to be threaded is such a rule is left
+    # as it is.
     rules_may_hold_sites = False
 
     def prepare_rule(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
@@ -406,7 +408,7 @@ class Engine:
                     continue
             else:
                 subs = _traverse.subjaxprs(eqn)
-                maybe = not _in_custom_vjp(level.path)
+                maybe = not in_custom_vjp(level.path)
                 inner_maybe = maybe and prim is not _compat.custom_vjp_call_p
                 if subs and (any(self.has_selected(sj, inner_maybe) for _, sj in subs)
                              or self._rule_selected(eqn, maybe)):
@@ -933,7 +935,8 @@ register_thread_rule(_compat.shard_map_p, _open_call_rule(
     "jaxpr", _shard_map_specs, lambda eqn: ShardMapBody(eqn.params)))
 
 
-def _in_custom_vjp(path: tuple[str, ...]) -> bool:
+def in_custom_vjp(path: tuple[str, ...]) -> bool:
+    """Whether ``path`` runs through a custom_vjp function (its body or rules)."""
     return any(p.startswith("custom_vjp") for p in path)
 
 

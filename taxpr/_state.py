@@ -31,7 +31,7 @@ import numpy as np
 from jax._src import core
 
 from . import _compat
-from ._engine import THREAD_RULES, Hooks, format_path
+from ._engine import THREAD_RULES, Hooks, format_path, in_custom_vjp
 from ._find import TagSite, tag_shape
 from ._expand import expand_for
 from ._inject import InjectPolicy, check_no_hidden_tags, inject_with, trace_program
@@ -469,7 +469,7 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
                     new[(sub.key, sub.index)] = nj
             return [_traverse.with_subjaxprs(eqn, new)] if new else None
         if (prim is _compat.custom_jvp_call_p and not every_custom_jvp and threads_custom_jvps
-                and not any(p.startswith("custom_vjp") for p in path)):
+                and not in_custom_vjp(path)):
             # (custom_jvp functions outside custom_vjp functions are
             # threaded whole, rules included: ``rules_may_hold_sites``.)
             return None
