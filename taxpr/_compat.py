@@ -626,28 +626,18 @@ def clear_dce_caches() -> None:
             clear()
 
 
+@contextlib.contextmanager
 def keep_unused_in_dce(prims, keep: Callable[[core.JaxprEqn], bool]):
     """A context in which ``pe.dce_jaxpr`` keeps, whole, an equation of
     ``prims`` whose outputs are all unused when ``keep(eqn)`` (e.g. a cond
     holding tags, which JAX's rule would drop since tags have no effect)."""
-    return _unused_in_dce(prims, keep, True)
-
-
-def drop_unused_in_dce(prims, drop: Callable[[core.JaxprEqn], bool]):
-    """A context in which ``pe.dce_jaxpr`` drops an equation of ``prims``
-    whose outputs are all unused when ``drop(eqn)``, even one with effects."""
-    return _unused_in_dce(prims, drop, False)
-
-
-@contextlib.contextmanager
-def _unused_in_dce(prims, applies: Callable[[core.JaxprEqn], bool], keep: bool):
     def make_rule(old):
         base = old or pe._default_dce_rule
 
         def rule(*args):
             used_outs, eqn = args[0], args[-1]
-            if not any(used_outs) and applies(eqn):
-                return [keep] * len(eqn.invars), (eqn if keep else None)
+            if not any(used_outs) and keep(eqn):
+                return [True] * len(eqn.invars), eqn
             return base(*args)
         return rule
 

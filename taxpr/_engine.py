@@ -29,7 +29,7 @@ import numpy as np
 from jax._src import core
 from jax.interpreters import ad
 
-from . import _compat, _per_example, _replay, _traverse
+from . import _compat, _dependence, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
 from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, site_key,
                               tag_cotangent_p, tag_p, tag_tangent_p, user_params)
@@ -1324,10 +1324,9 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
     # changes reads right only if the bwd recomputes in the forward's order,
     # from the start (checkpointed loops restart from saved steps): so the
     # cotangents may depend only on leaves the forward leaves unchanged.
-    n_rest = len(parts.outvars) - n_outs
-    used = _compat.used_invars(_compat.dce_closed(threaded, [True] * n_outs + [False] * n_rest))
-    for i in range(n):
-        if used[i] and i in written:
+    for i in sorted(written):
+        dep = _dependence.dependence(threaded, [j == i for j in range(len(parts.invars))])
+        if any(dep.outputs[:n_outs]) or dep.reaches_effect:
             raise engine.hooks.replay_read(i, path)
     fn_collected = {k for k, _ in fn_channels.collects}
     fed: dict = {}

@@ -12,8 +12,8 @@ replay) so that
 * what it writes to a ctx leaf that the call's forward pass wrote is not
   applied (the forward already did);
 * what it reads of such a leaf, now changed, is marked with ``replay_read_p``
-  (an identity): where the derivatives still depend on such a read after
-  dead-code elimination, what the recomputation read depends on the order in
+  (an identity): where the derivatives depend on such a read
+  (``_dependence``), what the recomputation read depends on the order in
   which the bwd recomputes (a checkpointed loop restarts from saved steps),
   which taxpr cannot see, and threading raises an error naming the leaf;
 * its other effects (a state only the bwd sets, a value only it sows) happen
@@ -28,8 +28,8 @@ from typing import Any
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, _traverse
-from .primitives._tag import REPLAY_SCOPE, tag_p
+from . import _compat, _dependence, _traverse
+from .primitives._tag import REPLAY_SCOPE
 
 # ``replay_read(x, index=i, scope=k) -> x``: ctx leaf ``i`` as a replay in
 # scope ``k`` read it (see the module docstring).
@@ -58,13 +58,15 @@ def _replayed_tag(eqn) -> bool:
 
 def live_replay_read(closed: Any) -> tuple[int, tuple[str, ...]] | None:
     """``(leaf index, path)`` of a replay read that the outputs of
-    ``closed`` still depend on after dead-code elimination, or None. Tags
-    of a replay left for another layer do not count as uses: that layer
-    drops them or checks the reads that reach them itself."""
-    n_out = len(_compat.jaxpr_parts(closed).outvars)
-    with _compat.drop_unused_in_dce([tag_p], _replayed_tag):
-        pruned = _compat.dce_closed(closed, [True] * n_out)
-    for eqn, path in _traverse.iter_eqns(pruned):
-        if eqn.primitive is replay_read_p:
+    ``closed`` (or an effect in it) depend on, or None. Tags of a replay
+    left for another layer do not count as uses: that layer drops them or
+    checks the reads that reach them itself."""
+    n_in = len(_compat.jaxpr_parts(closed).invars)
+    for eqn, path in _traverse.iter_eqns(closed):
+        if eqn.primitive is not replay_read_p:
+            continue
+        dep = _dependence.dependence(closed, [False] * n_in, source=lambda e: e is eqn,
+                                     not_a_sink=_replayed_tag)
+        if any(dep.outputs) or dep.reaches_effect:
             return eqn.params["index"], path
     return None

@@ -28,10 +28,9 @@ LIBRARIES = {
 # then any other failure fails the run). Strict: a program that starts to
 # pass fails the run until its entry is removed (docs/limitations.md lists
 # the same gaps).
-_STATE_IN_BWD = ("a custom_vjp bwd recomputes the forward pass from saved steps (diffrax's "
-                 "BacksolveAdjoint solves backwards through a custom_vjp that keeps every input; "
-                 "equinox's checkpointed loop reading the state it updates): taxpr cannot show "
-                 "that the derivatives ignore what the recomputation reads, a clear StateError",
+_STATE_IN_BWD = ("equinox's checkpointed loop's bwd recomputes the forward pass from saved "
+                 "steps, and the gradient depends on the state the body updates: what the "
+                 "recomputation reads depends on an order taxpr cannot see, a clear StateError",
                  "StateError")
 _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP = (
     "differentiating w.r.t. a state that a custom_vjp fwd reads (diffrax's solve): a clear "
@@ -52,7 +51,6 @@ _PALLAS = ("pallas_call's implementation binds pallas_call again (interpret mode
            "lowering), and taxpr has no thread rule for it: a clear NotImplementedError",
            "NotImplementedError")
 KNOWN_GAPS = {
-    "test_diffrax.py::test_grad_from_outside_pure[backsolve]": _STATE_IN_BWD,
     "test_diffrax.py::test_grad_wrt_state_read_in_vector_field":
         _STATE_DIFFERENTIATED_THROUGH_CUSTOM_VJP,
     "test_diffrax.py::test_vector_field_reads_state_it_updates_grad_inside[recursive]":
@@ -82,29 +80,6 @@ KNOWN_GAPS = {
     "test_optimistix.py::test_grad_through_implicit_adjoint_from_outside[levenberg_marquardt]": (
         "as [newton]", "NotImplementedError"),
 }
-
-
-def _dce_rules_take_live_inputs() -> bool:
-    from taxpr import _compat
-
-    return _compat.DCE_RULES_TAKE_LIVE_INPUTS
-
-
-if not _dce_rules_take_live_inputs():
-    KNOWN_GAPS["test_diffrax.py::test_grad_from_outside_pure[recursive]"] = (
-        "JAX's two-argument dead-code-elimination rules cannot show that the derivatives of "
-        "the checkpointed solve's replayed bwd ignore the evaluation counter it recomputes: "
-        "a clear StateError")
-    _KEYS_IN_REPLAYED_BWD = (
-        "JAX's two-argument dead-code-elimination rules cannot show that the derivatives "
-        "of the checkpointed loop's replayed bwd ignore the keys it draws (a "
-        "stop_gradient of them): a clear StateError", "StateError")
-    for _test, _inners in (("test_checkpointed_loop_grad_inside_draws_the_forwards_keys",
-                            ("scan", "checkpoint")),
-                           ("test_checkpointed_loop_in_a_scan_grad_inside_draws_the_forwards_keys",
-                            ("checkpoint", "scan_of_checkpoint"))):
-        for _inner in _inners:
-            KNOWN_GAPS[f"test_equinox.py::{_test}[{_inner}]"] = _KEYS_IN_REPLAYED_BWD
 
 
 def pytest_collection_modifyitems(config, items):

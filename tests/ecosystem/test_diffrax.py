@@ -82,8 +82,14 @@ def test_adaptive_solve_reads_state_and_counts_evaluations(solver):
 def test_grad_from_outside_pure(adjoint):
     y0 = jnp.array([1.0, 0.5])
     pure, s0 = tx.uncurry(_stateful_solve(adjoint=adjoint), y0)
-    g = jax.grad(lambda y0: pure(s0, y0)[0].sum())(y0)
+    g, s1 = jax.grad(lambda y0: (lambda o: (o[0].sum(), o[1]))(pure(s0, y0)), has_aux=True)(y0)
     close(g, np.full(2, np.exp(-K * T1)), rtol=1e-3)
+    # The states `pure` returns are the forward pass's: its evaluations
+    # counted once each (a backward solve runs after `pure` has returned,
+    # as eagerly after the dict was returned).
+    _, evals = _reference(y0, adjoint=adjoint)
+    assert int(s1["dx_evals"]) == evals, (int(s1["dx_evals"]), evals)
+    assert float(s1["dx_k"]) == K
 
 
 @pytest.mark.parametrize("adjoint", sorted(ADJOINTS))
