@@ -73,6 +73,7 @@ import collections
 import dataclasses
 import linecache
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -284,20 +285,34 @@ class CustomJvp:
     """A ``jax.custom_jvp`` function whose rule is ``jax.jvp`` of the function
     itself (derivatives as autodiff's). Its body reads only its arguments (the
     env and ``n``): JAX's custom derivatives do not support closing over
-    traced values."""
+    traced values.
+
+    ``rule``: statements the rule runs before ``jax.jvp`` of the function
+    (effects on states only: ``Bump`` without ``target`` of a typed state the
+    program uses outside any rule, ``Draw`` into a local where the program
+    draws keys elsewhere; see ``Gen.add_rules``). A function with a rule
+    statement, or with one nested in its body, takes the program's ``p0`` as
+    an argument and its body ends with ``f0 = f0 + 0.0 * p0``: every
+    derivative check differentiates ``p0``, so JAX always runs the rule
+    (with all tangents symbolic zeros it runs the function instead)."""
     uid: int
     body: tuple
     calls: int = 1
+    rule: tuple = ()
 
 
 @dataclass(frozen=True)
 class CustomVjp:
     """A ``jax.custom_vjp`` function: fwd runs the function (saving its
     inputs), bwd is ``jax.vjp`` of it (derivatives as autodiff's; with state
-    in the body the rules have state too). Reads only its arguments."""
+    in the body the rules have state too). Reads only its arguments.
+    ``rule``: statements the fwd runs before the function (as
+    ``CustomJvp.rule``; only where the body uses state: a state access in the
+    fwd of a custom_vjp whose body uses none is a StateError)."""
     uid: int
     body: tuple
     calls: int = 1
+    rule: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -362,6 +377,33 @@ ARGUMENTS_ONLY = (*CUSTOM_RULES, *CALL_WRAPPERS)
 # derivative ignores the initial guess; the checkpointed loop recomputes the
 # forward (a known gap, docs/limitations.md).
 NOT_DIFFERENTIATED = (Root, EqxLoop)
+
+
+# A custom function's rule with statements of its own (``rule``): its
+# header, and what it returns and how it is installed, given ``{f}`` and
+# ``{f}_fn`` as in ``CUSTOM_RULES``.
+RULE_DEFS = {
+    "cjvp": ("def {f}_rule(p, t):", "return jax.jvp({f}_fn, p, t)", "{f}.defjvp({f}_rule)"),
+    "cvjp": ("def {f}_fwd(*p):", "return {f}_fn(*p), p",
+             "{f}.defvjp({f}_fwd, lambda p, ct: jax.vjp({f}_fn, *p)[1](ct))"),
+}
+# The line a function with rule statements ends with: its body uses ``p0``
+# (an argument with a nonzero tangent in every derivative check), so JAX runs
+# its rule whenever it differentiates the call, whatever the other tangents.
+P0_USE = "f0 = f0 + 0.0 * p0"
+
+
+def has_rule(s) -> bool:
+    """Whether ``s`` is a custom function with rule statements."""
+    return isinstance(s, (CustomJvp, CustomVjp)) and bool(s.rule)
+
+
+def takes_p0(s) -> bool:
+    """A custom function with rule statements in it or nested in its body
+    takes the program's ``p0`` as its last argument (custom functions read
+    only their arguments)."""
+    return isinstance(s, (CustomJvp, CustomVjp)) and any(
+        has_rule(x) for x in (s, *walk(s.body)))
 
 
 def not_differentiated(s) -> bool:
@@ -726,11 +768,15 @@ def rstmt(s, ind: str, out: list) -> None:
         custom = kind in ARGUMENTS_ONLY
         if kind in ("jit", "ckpt"):
             w("@jax.jit" if kind == "jit" else "@jax.checkpoint")
-        # A custom function takes ``n`` as an argument: closing over a traced
-        # value is not supported by JAX's custom derivatives.
+        # A custom function takes ``n`` (and ``p0``, see ``takes_p0``) as an
+        # argument: closing over a traced value is not supported by JAX's
+        # custom derivatives.
         params = f"{ENV_S}, n" if custom else ENV_S
+        params += ", p0" if takes_p0(s) else ""
         w(f"def {kind}{s.uid}({params}):")
         rblock(s.body, i2, out)
+        if has_rule(s):
+            out.append(f"{i2}{P0_USE}")
         out.append(f"{i2}return {ENV_S}")
         if custom:
             f = f"{kind}{s.uid}"
@@ -740,7 +786,14 @@ def rstmt(s, ind: str, out: list) -> None:
             else:
                 wrap, rules = CUSTOM_RULES[kind]
                 w(f"{f} = {wrap}({f}_fn)")
-                w(rules.format(f=f))
+                if has_rule(s):
+                    header, ret, install = (x.format(f=f) for x in RULE_DEFS[kind])
+                    w(header)
+                    rblock(s.rule, i2, out)
+                    out.append(f"{i2}{ret}")
+                    w(install)
+                else:
+                    w(rules.format(f=f))
         for _ in range(s.calls):
             w(f"{ENV_S} = {kind}{s.uid}({params})")
     else:
@@ -801,13 +854,20 @@ def uses_state(stmts) -> bool:
 
 
 def stateful_custom_rules(program: Program) -> list:
-    """The custom_jvp/custom_vjp functions whose body uses state: their rules
-    (built from the body) have state too, which taxpr cannot thread when the
-    pure function is differentiated from outside (a clear StateError), nor
-    when the primal output depends on a read under a jax.grad inside
+    """The custom_jvp/custom_vjp functions whose rules have state: their body
+    uses state (the rules call the function), or they have rule statements
+    of their own. Differentiated, their rules run instead of the function
+    (``Reference(diff=True)``); their derivatives are not autodiff's of the
+    reference (what a rule writes is a constant w.r.t. the inputs), and no
+    derivative flows through a read under a jax.grad inside
     (docs/limitations.md)."""
     return [s for s in walk(program.body)
-            if isinstance(s, (CustomJvp, CustomVjp)) and uses_state(s.body)]
+            if isinstance(s, (CustomJvp, CustomVjp)) and (uses_state(s.body) or s.rule)]
+
+
+def rule_functions(program: Program) -> list:
+    """The custom functions with rule statements of their own."""
+    return [s for s in walk(program.body) if has_rule(s)]
 
 
 def walk(stmts):
@@ -944,10 +1004,19 @@ class Reference:
             state values, or "none" (no state handler: get returns init, set is
             a no-op).
         plants: {name: value} replacing sows of tag T.
+        diff: the program runs differentiated (every custom function's input
+            ``p0`` has a nonzero tangent), as JAX runs it: a custom function's
+            rule runs instead of the function. A ``CustomJvp`` runs its
+            ``rule`` statements, then its body, differentiated too (its rule
+            is ``jax.jvp`` of the function: nested rules run); a
+            ``CustomVjp`` runs its ``rule`` statements, then its body not
+            differentiated (its fwd calls the plain function). Rule
+            statements touch states only. Without ``diff`` no rule runs.
     """
 
-    def __init__(self, program: Program, states=None, plants=None):
+    def __init__(self, program: Program, states=None, plants=None, diff: bool = False):
         self.program = program
+        self.diff = diff
         self.mode = "none" if states == "none" else ("example" if states is None else "given")
         self.cur = {} if states is None or states == "none" else {
             k: _ref_state(k, v) for k, v in states.items()}
@@ -1118,7 +1187,23 @@ class Reference:
             self.branch(s.branches[b], env, ienv, site)
         elif isinstance(s, FUNCTIONS):
             for c in range(s.calls):
-                self.branch(s.body, env, ienv, (idx, (*calls, (s.uid, c))))
+                fsite = (idx, (*calls, (s.uid, c)))
+                diff = self.diff
+                if diff and isinstance(s, (CustomJvp, CustomVjp)):
+                    # Its rule runs instead: the rule's own statements (on a
+                    # scratch env: their locals go nowhere), then the function.
+                    self.block(s.rule, dict(env), ienv, fsite)
+                # A custom_vjp's fwd calls the plain function; custom_root's
+                # solve and equinox's checkpointed loop (a custom_vjp) run
+                # their function undifferentiated in the forward pass. (A
+                # bwd differentiates it again: rule statements nested there
+                # would run in the backward pass, which this reference does
+                # not model; Gen.add_rules draws none there.)
+                self.diff = diff and not isinstance(s, (CustomVjp, Root, EqxLoop))
+                try:
+                    self.branch(s.body, env, ienv, fsite)
+                finally:
+                    self.diff = diff
         else:
             raise TypeError(s)
 
@@ -1216,6 +1301,9 @@ SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "bump")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
               "scan", "sow", "get", "while", "cond", "cjvp", "cvjp", "root", "eqxloop")
+# The derivative checks' programs (allow "custom_rules"): custom functions
+# three times as often, so that rule statements run differentiated.
+STMT_KINDS_CUSTOM = (*STMT_KINDS, "cjvp", "cvjp", "cjvp", "cvjp")
 
 
 class Gen:
@@ -1224,7 +1312,9 @@ class Gen:
         self.budget = budget
         self.uid = 0
         self.strict_left = list(STRICT_NAMES)
-        self.allow = allow  # optional features: "counter_state" (while on a counter state)
+        # Optional features: "counter_state" (while on a counter state),
+        # "custom_rules" (custom functions more often: STMT_KINDS_CUSTOM).
+        self.allow = allow
 
     def next_uid(self) -> int:
         self.uid += 1
@@ -1320,9 +1410,11 @@ class Gen:
             out.append(self.stmt(ctx))
         return tuple(out)
 
-    def stmt(self, ctx: Ctx):
-        kinds = STMT_KINDS if ctx.depth < MAX_DEPTH and self.budget > 0 else SIMPLE_KINDS
-        k = self.pick(kinds)
+    def stmt(self, ctx: Ctx, k: Optional[str] = None):
+        """A statement (of kind ``k``: drawn from the kinds when None)."""
+        kinds = (SIMPLE_KINDS if ctx.depth >= MAX_DEPTH or self.budget <= 0
+                 else STMT_KINDS_CUSTOM if "custom_rules" in self.allow else STMT_KINDS)
+        k = k or self.pick(kinds)
         if k == "assign":
             kind = self.pick(("S", "V"))
             return Assign(self.target(kind), self.expr(kind, ctx))
@@ -1436,6 +1528,53 @@ class Gen:
         return Bump(self.next_uid(), f"y_{d}", init, self.pick(("scalar", "array", "callable")),
                     op, arg, target)
 
+    def add_rules(self, body: tuple) -> tuple:
+        """``body`` with rule statements (``CustomJvp.rule``) drawn for some of
+        its custom functions, once the whole program is known: they touch
+        only states the program uses outside any rule (the undifferentiated
+        trace, where no rule runs, fixes the states ``pure`` takes and
+        returns: a state only a rule uses is an error, docs/limitations.md).
+        Not in a function nested in a custom_vjp, custom_root or equinox
+        loop, nor in the fwd of a custom_vjp whose body uses no state (clear
+        StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``)."""
+        kinds = states_of(Program(body))
+        typed = sorted(k for k, v in kinds.items() if v == "Y")
+        draws = RNG in kinds
+        if not typed and not draws:
+            return body
+
+        def visit(stmts, inside: bool) -> tuple:
+            out = []
+            for s in stmts:
+                if isinstance(s, (Cond, Switch)):
+                    s = dataclasses.replace(s, branches=tuple(visit(b, inside)
+                                                              for b in s.branches))
+                elif children(s):
+                    s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
+                        s, (CustomVjp, Root, EqxLoop))))
+                if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
+                        and (isinstance(s, CustomJvp) or uses_state(s.body))
+                        and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
+                    s = dataclasses.replace(s, rule=tuple(
+                        Draw("_") if draws and not (typed and self.draw(st.booleans()))
+                        else self.typed_bump(self.pick(typed))
+                        for _ in range(self.int_(1, 2))))
+                out.append(s)
+            return tuple(out)
+
+        return visit(body, False)
+
+    def typed_bump(self, state: str) -> Bump:
+        """An exact update of the typed state ``state`` that reads nothing of
+        the env (no ``xor``, no ``target``): a rule statement."""
+        d = TYPED_STATES[state]
+        values = typed_inits(d)
+        init = tuple(self.pick(values) for _ in range(3)) if typed_shape(d) else self.pick(values)
+        op = self.pick(tuple(o for o in TYPED_OPS[typed_kind(d)] if o != "xor"))
+        arg = self.pick(typed_adds(d)) if op == "add" else None
+        return Bump(self.next_uid(), state, init, self.pick(("scalar", "array", "callable")),
+                    op, arg)
+
     def pad_branches(self, bodies: list, ctx: Ctx) -> None:
         """Every branch must sow the same (non-append) names: prepend the
         missing ones."""
@@ -1452,7 +1591,18 @@ class Gen:
 @st.composite
 def programs(draw, budget: int = 12, allow=frozenset({"counter_state"})):
     gen = Gen(draw, draw(st.integers(min(4, budget), budget)), allow)
-    return Program(gen.block(Ctx(), budget))
+    body = gen.block(Ctx(), budget)
+    if "custom_rules" in allow and draw(st.booleans()):
+        # One more custom function at a random place of the top level, where
+        # Gen.add_rules may give it rule statements: its body uses state (a
+        # custom_vjp's fwd may have rule statements only then).
+        f = gen.stmt(Ctx(), gen.pick(("cjvp", "cvjp")))
+        if not uses_state(f.body):
+            first = gen.stmt(Ctx(depth=1), gen.pick(("bump", "draw")))
+            f = dataclasses.replace(f, body=(first, *f.body))
+        pos = draw(st.integers(0, len(body)))
+        body = (*body[:pos], f, *body[pos:])
+    return Program(gen.add_rules(body))
 
 
 F32 = st.sampled_from((0.5, -1.0, 1.5, 0.0, -0.75, 1.0, -2.0, 0.3))
@@ -1534,11 +1684,11 @@ def perturb(state: dict) -> dict:
     return out
 
 
-def reference(program, args, states=None, plants=None):
-    """Run the reference; a predicate too close to call makes hypothesis
-    discard the example."""
+def reference(program, args, states=None, plants=None, diff: bool = False):
+    """Run the reference (``diff``: differentiated, see ``Reference``); a
+    predicate too close to call makes hypothesis discard the example."""
     try:
-        return Reference(program, states, plants).run(args)
+        return Reference(program, states, plants, diff).run(args)
     except Ambiguous:
         assume(False)
 
@@ -1582,6 +1732,9 @@ def features(program: Program) -> set[str]:
             elif isinstance(s, While):
                 name = (f"while {s.kind}" + (" spred" if s.spred else "")
                         + (" cbump" if s.cbump else ""))
+            elif has_rule(s):
+                out.add(f"rule statements in {name}")
+                out.update(f"rule {type(r).__name__} in {name}" for r in s.rule)
             out.add(name)
             lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
             for b in children(s):
@@ -1615,7 +1768,10 @@ def run_check(check, program, *params):
     if _RUNS[0] % 250 == 0:  # every program compiles new jaxprs: bound the caches
         jax.clear_caches()
     _CHECKED[check.__name__] += 1
-    for f in features(program):
+    labels = features(program)
+    if rules_differentiated(check.__name__, program):  # "check_grad_inside: rule Draw in ..."
+        labels |= {f"{check.__name__}: {f}" for f in labels if f.startswith("rule ")}
+    for f in sorted(labels):
         _GENERATED.add(f)
         event(f)
     if _DRAW_ONLY:
@@ -1730,15 +1886,15 @@ def _objective(out, state, reaps=None) -> Any:
 
 
 def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad):
-    """Differentiated from outside, a custom function whose body uses state
-    runs its rule instead (JAX's semantics): here ``jax.jvp`` of the function
-    itself (custom_jvp) or its fwd (custom_vjp), so the outputs and the
-    states are the undifferentiated reference's: the rule's effects happen
-    once, in program order. (Their derivatives differ from finite
-    differences by design: what a rule writes is a constant w.r.t. the
-    inputs, as eagerly.)"""
+    """Differentiated from outside, a custom function with stateful rules
+    runs its rule instead (JAX's semantics): its rule statements, then
+    ``jax.jvp`` of the function itself (custom_jvp) or the plain function
+    (custom_vjp's fwd), so the outputs and the states are the differentiated
+    reference's (``Reference(diff=True)``): the rule's effects happen once,
+    in program order. (Their derivatives differ from finite differences by
+    design: what a rule writes is a constant w.r.t. the inputs, as eagerly.)"""
     floats_in = tuple(np.asarray(a) for a in args[:4])
-    out_r, fin_r, _, _ = reference(program, args, state)
+    out_r, fin_r, _, _ = reference(program, args, state, diff=True)
 
     def run(*xs):
         return pure(state, *xs, args[4])
@@ -1763,6 +1919,29 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
             grads = vjp_fn(cts)
             assert all(np.isfinite(np.asarray(g)).all() for g in grads), grads
     _event("derivatives: stateful custom rules run once, as the reference")
+    if (can_jvp or can_grad) and rule_functions(program):
+        _event("derivatives: rule statements ran under differentiation (jvp / vjp of pure)")
+
+
+def derivative_modes(program: Program) -> tuple[bool, bool]:
+    """(jvp, grad): forward mode of a custom_vjp function, reverse mode of a
+    while loop (incl. fori with traced bounds) are not supported by JAX."""
+    stmts = list(walk(program.body))
+    return (not any(isinstance(s, CustomVjp) for s in stmts),
+            not any(isinstance(s, (While, Fori)) for s in stmts))
+
+
+def rules_differentiated(check_name: str, program: Program) -> bool:
+    """Whether the check ``check_name`` runs ``program``'s rule statements
+    differentiated (and compares with ``Reference(diff=True)``)."""
+    if not rule_functions(program):
+        return False
+    if check_name == "check_grad_inside":  # (its programs have no while / fori / root)
+        return True
+    if check_name == "check_derivatives":
+        return (not any(not_differentiated(s) for s in walk(program.body))
+                and any(derivative_modes(program)))
+    return False
 
 
 def check_derivatives(program, args, seed: int, variant: str):
@@ -1774,10 +1953,7 @@ def check_derivatives(program, args, seed: int, variant: str):
     fn = build(program)
     pure, state0 = tx.uncurry(fn, *args)
     state = perturb(state0)
-    # Forward mode of a custom_vjp function, reverse mode of a while loop
-    # (incl. fori with traced bounds) are not supported by JAX.
-    can_jvp = not any(isinstance(s, CustomVjp) for s in walk(program.body))
-    can_grad = not any(isinstance(s, (While, Fori)) for s in walk(program.body))
+    can_jvp, can_grad = derivative_modes(program)
     if any(not_differentiated(s) for s in walk(program.body)):
         _event("derivatives: not checked through custom_root / a checkpointed loop")
         return
@@ -1860,9 +2036,13 @@ def check_grad_inside(program, args):
         assert "recomputes" in str(e) or "replay" in str(e), e
         _event("grad inside: a recomputation reading a changed state, a StateError")
         return "StateError"
-    out_r, fin_r, _, _ = reference(program, args, state)
+    # JAX differentiates the program as it traces it: every custom function
+    # with stateful rules runs its rule (p0 is differentiated).
+    out_r, fin_r, _, _ = reference(program, args, state, diff=True)
     assert_close(value, _objective(out_r, {}), "value_and_grad inside: value")
     assert_dict_close(fin, fin_r, "value_and_grad inside: state")
+    if rule_functions(program):
+        _event("grad inside: rule statements ran under differentiation")
     if (stateful_custom_rules(program) or any(not_differentiated(s) for s in stmts)
             or any(isinstance(s, (Set, Bump)) for s in stmts)):
         # Derivatives through a state set and read again inside the
@@ -2034,8 +2214,11 @@ def _vmap_inside_case(data):
     run_check(check_vmap_inside, program, args, p0s, jit, with_reap)
 
 
+DERIVATIVE_FEATURES = frozenset({"counter_state", "custom_rules"})
+
+
 def _derivative_case(data):
-    program = data.draw(programs())
+    program = data.draw(programs(allow=DERIVATIVE_FEATURES))
     args = data.draw(arguments())
     seed = data.draw(st.integers(0, 2**16))
     variant = data.draw(st.sampled_from(("pure", "reap", "plant")))
@@ -2044,7 +2227,7 @@ def _derivative_case(data):
 
 def _grad_inside_case(data):
     # Reverse mode does not go through while loops (fori with traced bounds).
-    program = data.draw(programs())
+    program = data.draw(programs(allow=DERIVATIVE_FEATURES))
     assume(not any(isinstance(s, (While, Fori, Root)) for s in walk(program.body)))
     args = data.draw(arguments())
     run_check(check_grad_inside, program, args)
@@ -2423,15 +2606,21 @@ class _Hoisted:
         elif isinstance(s, FUNCTIONS):
             kind = FUNCTION_KINDS[type(s)]
             f = f"{kind}{s.uid}"
+            p0_use = [f"    {P0_USE}"] if has_rule(s) else []  # p0: in ``ex`` (scope)
             self.function(f"def {f}_fn({ENV_S}, ex):", scope,
-                          [*self.body(s.body, scope), f"    return {ENV_S}"])
+                          [*self.body(s.body, scope), *p0_use, f"    return {ENV_S}"])
             if kind in CALL_WRAPPERS:
                 self.defs.append(f"{f} = " + CALL_WRAPPERS[kind].format(f=f))
             else:
                 wrap, rules = CUSTOM_RULES.get(kind, ({"jit": "jax.jit", "ckpt": "jax.checkpoint"}
                                                       .get(kind), None))
                 self.defs.append(f"{f} = {wrap}({f}_fn)")
-                if rules:
+                if has_rule(s):
+                    header, ret, install = (x.format(f=f) for x in RULE_DEFS[kind])
+                    lines: list = []
+                    self.block(s.rule, "    ", lines, ())  # effects on states only
+                    self.defs += [header, *lines, f"    {ret}", install]
+                elif rules:
                     self.defs.append(rules.format(f=f))
             self.defs.append("")
             for _ in range(s.calls):
@@ -2451,7 +2640,8 @@ def to_source_hoisted(program: Program, init_style: str = "numpy") -> str:
     at module level (see above)."""
     r = _Hoisted(init_style)
     main = ["def program(p0, p1, p2, pv, n):", f"    {ENV_S} = p0, p1, p2, pv"]
-    r.block(program.body, "    ", main, ("n",))
+    # With rule statements every function gets ``p0`` too (in ``ex``).
+    r.block(program.body, "    ", main, ("n", "p0") if rule_functions(program) else ("n",))
     main.append(f"    return {ENV_S}")
     return "\n".join([HEADER, *r.defs, *main]) + "\n"
 
@@ -2694,6 +2884,112 @@ def test_stateful_custom_functions_differentiated_inside_match_reference(nest):
         assert check_grad_inside(GRAD_INSIDE_NESTS[nest], args) == want
 
 
+# Custom functions whose rules touch states and keys themselves (``rule``
+# statements run before the rule calls the function): a counter bumped and a
+# key drawn by a custom_jvp rule (called twice), rules of custom_jvp functions
+# nested in a custom_jvp in a scan, a custom_vjp fwd counting and drawing.
+RULE_NESTS = {
+    "cjvp_rule_counts_and_draws": Program((
+        Bump(1, "y_int8", 5, "scalar", "add", 1), Draw("f1"),
+        CustomJvp(2, (Assign("f1", Un("sin", Var("f1"))),),
+                  calls=2, rule=(Bump(3, "y_int8", 0, "array", "add", 127), Draw("_"))),
+        Draw("f2"))),
+    "nested_cjvp_rules_in_a_scan": Program((
+        Bump(1, "y_uint8", 5, "scalar", "add", 1), Draw("f1"),
+        Scan(2, (CustomJvp(3, (
+            Assign("f1", Un("sin", Var("f1"))),
+            CustomJvp(4, (Assign("f2", Un("tanh", Var("f1"))), Draw("f0")),
+                      rule=(Draw("_"),)),
+            Bump(5, "y_uint8", 0, "callable", "add", 128, "f2")),
+            calls=2, rule=(Bump(6, "y_uint8", 0, "array", "add", 255), Draw("_"))),),
+            2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),
+        Draw("f0"))),
+    "cvjp_fwd_counts_and_draws": Program((
+        Bump(1, "y_int32", 5, "scalar", "add", 1), Draw("f1"),
+        CustomVjp(2, (Get("f2", "s0", 0.5), Assign("f1", Bin("mul", Var("f1"), Var("f2"))),
+                      Set("s0", Var("f1"))),
+                  rule=(Bump(3, "y_int32", 0, "array", "add", 7), Draw("_"))),
+        Draw("f2"))),
+}
+
+
+@pytest.mark.parametrize("nest", sorted(RULE_NESTS))
+def test_custom_rules_touching_states_and_keys_match_reference(nest):
+    """Rule statements run where JAX runs the rule: differentiated from
+    outside (jvp and vjp of pure) and inside (value_and_grad in the uncurried
+    function) the outputs and states are ``Reference(diff=True)``'s, which
+    differ from the plain reference's (the rules ran); undifferentiated
+    (uncurry, vmap) no rule runs."""
+    program = RULE_NESTS[nest]
+    for args in (ARGS, ARGS2):
+        check_uncurry(program, args, ARGS2, jit=False)
+        pure, state0 = tx.uncurry(build(program), *args)
+        state = perturb(state0)
+        check_stateful_rules_differentiated(program, pure, state, args,
+                                            *derivative_modes(program))
+        assert check_grad_inside(program, args) == "value and states"
+        plain, ran = (reference(program, args, state, diff=d)[1] for d in (False, True))
+        counter = next(k for k in plain if k in TYPED_STATES)
+        assert plain[counter] != ran[counter]
+        assert not np.array_equal(jax.random.key_data(plain[RNG]),
+                                  jax.random.key_data(ran[RNG]))
+    check_vmap(program, ARGS, ARGS2, with_reap=False)
+
+
+def test_custom_jvp_rule_counting_and_drawing_under_jvp_and_grad_of_pure():
+    """A custom_jvp function called twice whose rule adds 127 to an int8
+    counter and draws a key: under jax.jvp and jax.grad of pure from outside
+    its rule runs once per call, in program order (the key draws after it
+    see the stream advanced); run plainly, never."""
+    program = RULE_NESTS["cjvp_rule_counts_and_draws"]
+    pure, state0 = tx.uncurry(build(program), *ARGS)
+    state = perturb(state0)
+    out_r, fin_r, _, _ = reference(program, ARGS, state, diff=True)
+    np.testing.assert_array_equal(
+        fin_r["y_int8"], (state["y_int8"].astype(np.int64) + 1 + 2 * 127 + 128) % 256 - 128)
+
+    def run(p0):
+        out, fin = pure(state, p0, *ARGS[1:])
+        return out[0] + out[1] + out[2], (out, fin)
+
+    (_, (out, fin)), _ = jax.jvp(run, (ARGS[0],), (np.float32(1.0),))
+    assert_outs_close(out, out_r, "jvp(pure) out")
+    assert_dict_close(fin, fin_r, "jvp(pure) state")
+    _, (out, fin) = jax.grad(run, has_aux=True)(ARGS[0])
+    assert_outs_close(out, out_r, "grad(pure) out")
+    assert_dict_close(fin, fin_r, "grad(pure) state")
+    out, fin = pure(state, *ARGS)
+    out_p, fin_p, _, _ = reference(program, ARGS, state)
+    assert_outs_close(out, out_p, "pure out")
+    assert_dict_close(fin, fin_p, "pure state")
+
+
+def test_rule_statements_where_taxpr_cannot_thread_them_raise():
+    """Differentiated from outside, a state access in the fwd of a custom_vjp
+    whose body uses no state, or in the rule of a custom_jvp nested in such a
+    custom_vjp or in equinox's checkpointed loop (run by their bwd, after
+    pure has returned), is a StateError naming the state
+    (docs/limitations.md); ``Gen.add_rules`` draws none of them."""
+    rule = (Bump(3, "y_int32", 0, "array", "add", 7),)
+    body = (Assign("f1", Un("sin", Var("f1"))),)
+    first = Bump(1, "y_int32", 5, "scalar", "add", 1)
+    cases = (("custom_vjp[fwd]", CustomVjp(2, body, rule=rule)),
+             ("custom_vjp[bwd]", CustomVjp(2, (CustomJvp(4, body, rule=rule),))),
+             ("custom_vjp[bwd]", EqxLoop(2, (CustomJvp(4, body, rule=rule),))))
+    for where, f in cases:
+        program = Program((first, f))
+        pure, state0 = tx.uncurry(build(program), *ARGS)
+
+        def run(*xs):
+            return pure(state0, *xs, ARGS[4])
+
+        with pytest.raises(tx.StateError, match=r"state 'y_int32'.*" + re.escape(where)):
+            outs, vjp_fn = jax.vjp(run, *ARGS[:4])
+            vjp_fn(jax.tree_util.tree_map(
+                lambda v: (jnp.ones_like(v) if jnp.issubdtype(v.dtype, jnp.inexact)
+                           else np.zeros(np.shape(v), jax.dtypes.float0)), outs))
+
+
 @pytest.mark.parametrize("nest", sorted(LIBRARY_NESTS))
 def test_programs_inside_library_operations_match_reference(nest):
     """uncurry, reap, harvest / plant and vmap over states of programs inside
@@ -2748,8 +3044,11 @@ CI_TESTS = {
 def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     """The programs the CI profile's fuzz tests check hold typed states with
     every exact update (so of every dtype kind), in every kind of body (so
-    every control-flow primitive's carries get them), of most dtypes. The
-    tests draw the same programs again (derandomized), checking none."""
+    every control-flow primitive's carries get them), of most dtypes; and
+    custom_jvp / custom_vjp functions whose rules bump typed states and draw
+    keys themselves, which the derivative checks run differentiated from
+    outside and inside. The tests draw the same programs again
+    (derandomized), checking none."""
     module = sys.modules[__name__]
     monkeypatch.setattr(module, "_DRAW_ONLY", True)
     monkeypatch.setattr(module, "_CHECKED", collections.Counter())
@@ -2765,6 +3064,14 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     # every one through every primitive: test_typed_states_of_every_dtype_...).
     dtypes = {d for d in TYPED_DTYPES if f"typed_state {d}" in _GENERATED}
     assert len(dtypes) >= 15, f"generated only {sorted(dtypes)}"
+    # Custom functions whose rules touch states and keys themselves, run
+    # differentiated from outside and inside (labels of run_check).
+    checks = ("check_derivatives", "check_grad_inside")
+    want = {f"{c}: rule statements in {cls}" for c in checks for cls in ("CustomJvp", "CustomVjp")}
+    assert not want - _GENERATED, f"never generated: {sorted(want - _GENERATED)}"
+    for stmt in ("Bump", "Draw"):
+        assert any(f"{c}: rule {stmt} in {cls}" in _GENERATED for c in checks
+                   for cls in ("CustomJvp", "CustomVjp")), f"no rule {stmt} differentiated"
 
 
 def test_the_long_profile_runs_the_requested_number_of_programs_in_all():
