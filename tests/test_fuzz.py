@@ -3015,7 +3015,7 @@ def test_rule_statements_where_taxpr_cannot_thread_them_raise():
         program = Program((first, f))
         pure, state0 = tx.uncurry(build(program), *ARGS)
 
-        def run(*xs):
+        def run(*xs, pure=pure, state0=state0):
             return pure(state0, *xs, ARGS[4])
 
         with pytest.raises(tx.StateError, match=r"state 'y_int32'.*" + re.escape(where)):
