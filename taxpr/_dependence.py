@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from jax._src import core
 
-from . import _compat
+from . import _compat, _jaxpr
 from ._traverse import IdMemo, subjaxprs
 
 
@@ -49,7 +49,7 @@ class _Analysis:
         return self.memo.get_or_compute(jaxpr, lambda: self._jaxpr(jaxpr, key), key)
 
     def _jaxpr(self, jaxpr: Any, tainted_in: tuple[bool, ...]) -> Dependence:
-        parts = _compat.jaxpr_parts(jaxpr)
+        parts = _jaxpr.jaxpr_parts(jaxpr)
         tainted = {v for v, t in zip(parts.invars, tainted_in) if t}
         effect = False
         for eqn in parts.eqns:
@@ -81,7 +81,7 @@ class _Analysis:
 
 
 def _any_eqn(jaxpr: Any, pred: Callable[[core.JaxprEqn], bool]) -> bool:
-    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+    for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
         if pred(eqn) or any(_any_eqn(sj, pred) for _, sj in subjaxprs(eqn)):
             return True
     return False
@@ -99,7 +99,7 @@ def _call(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependenc
     subs = [sj for sub, sj in subjaxprs(eqn)]
     if len(subs) != 1:
         return None
-    parts = _compat.jaxpr_parts(subs[0])
+    parts = _jaxpr.jaxpr_parts(subs[0])
     if len(parts.invars) != len(ins) or len(parts.outvars) != len(eqn.outvars):
         return None
     return analysis.jaxpr(subs[0], ins)
@@ -118,7 +118,7 @@ def _cond(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependenc
 
 
 def _scan(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependence:
-    nc, ncar = _compat.scan_counts(eqn.params)
+    nc, ncar = _jaxpr.scan_counts(eqn.params)
     body = eqn.params["jaxpr"]
     carry = list(ins[nc:nc + ncar])
     while True:

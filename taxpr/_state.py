@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core
 
-from . import _compat
+from . import _compat, _jaxpr
 from ._engine import THREAD_RULES, Hooks, format_path, in_custom_vjp
 from ._find import TagSite, tag_shape
 from ._expand import expand_for
@@ -407,7 +407,7 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     unchecked_sets: list = []
 
     def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> None:
-        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
             if eqn.primitive is tag_p:
                 if is_state_tag(eqn.params):
                     sites.append((eqn, path))
@@ -713,12 +713,12 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
         # a bwd's replay of the forward pass is never a first use
         replays=False))
     leaves = jax.tree_util.tree_leaves(zeros)
-    n_out = len(_compat.jaxpr_parts(closed).outvars)
+    n_out = len(_jaxpr.jaxpr_parts(closed).outvars)
     # Only (initial, seen) of each state are needed: the program's outputs
     # and what only they need are pruned before compiling (effects stay).
     wanted = {n: _FirstUse(False, True, True) for n in zeros}
     needed = [False] * n_out + jax.tree_util.tree_leaves(wanted)
-    outs = iter(jax.jit(_compat.jaxpr_as_fun(_compat.dce_closed(init, needed)))(*leaves, *args))
+    outs = iter(jax.jit(_jaxpr.jaxpr_as_fun(_jaxpr.dce_closed(init, needed)))(*leaves, *args))
     # ctx leaves are in the flattened dict's (sorted) key order.
     final = {n: _FirstUse(None, next(outs), next(outs)) for n in sorted(zeros)}
     first_gets = _first_gets(closed)
@@ -773,7 +773,7 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             if e.primitive is tag_p and is_state_tag(e.params)))
 
     def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
-        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
             p = eqn.params
             if eqn.primitive is tag_p:
                 if not is_state_tag(p) or p["name"] in first:
@@ -828,7 +828,7 @@ def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
     out: dict = {}
 
     def visit(jaxpr, chain, path):
-        eqns = _compat.jaxpr_parts(jaxpr).eqns
+        eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
         clamped = None  # outputs of this jaxpr's clamps (lax.switch's index)
         for eqn in eqns:
             if eqn.primitive is tag_p:
@@ -866,7 +866,7 @@ def _outer_operand(eqn, sub, i: int) -> Any | None:
     if prim is _compat.cond_p:
         return eqn.invars[1 + i]
     if prim is _compat.scan_p:
-        nc, _ = _compat.scan_counts(eqn.params)
+        nc, _ = _jaxpr.scan_counts(eqn.params)
         return eqn.invars[i] if i < nc else None
     if prim is _compat.while_p:
         cc, bc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
@@ -900,7 +900,7 @@ def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence
 
     def values(level: int, atoms: list) -> list:
         jaxpr = chain[level][0]
-        constvars, consts, invars, eqns, _, _, dbg = _compat.jaxpr_parts(jaxpr)
+        constvars, consts, invars, eqns, _, _, dbg = _jaxpr.jaxpr_parts(jaxpr)
         needed = {a for a in atoms if type(a) is _compat.Var}
         kept = []
         for eqn in reversed(eqns):
@@ -931,9 +931,9 @@ def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence
             in_vals = []
         if consts is None and any(v in needed for v in constvars):
             raise fail("depends on a free variable of an open jaxpr")
-        sliced = _compat.make_closed(constvars, consts or [], ins, kept, list(atoms),
+        sliced = _jaxpr.make_closed(constvars, consts or [], ins, kept, list(atoms),
                                      _traverse.effects_of_eqns(kept), dbg)
-        return list(_compat.jaxpr_as_fun(sliced)(*in_vals))
+        return list(_jaxpr.jaxpr_as_fun(sliced)(*in_vals))
 
     _, tag_eqn, _ = chain[-1]
     # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
@@ -982,7 +982,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
                 raise StateError(
                     f"taxpr: state {n!r} must be {info.dtype.name}{list(info.shape)}, got "
                     f"{jnp.result_type(v).name}{list(np.shape(v))}")
-        outs = _compat.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
+        outs = _jaxpr.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
         n_out = t.out_tree.num_leaves
         # Entries this call path does not use pass through unchanged, as
         # they would in a dict (e.g. the state of a whole training run).
@@ -1078,7 +1078,7 @@ make_jaxpr = make_jaxpr_with_states  # taxpr 0.0.3's name
 
 
 def _keep_written_outputs(closed: Any, infos: Sequence[StateInfo]) -> Any:
-    outvars = _compat.jaxpr_parts(closed).outvars
+    outvars = _jaxpr.jaxpr_parts(closed).outvars
     n_out = len(outvars) - len(infos)
     kept = [*outvars[:n_out], *(v for v, s in zip(outvars[n_out:], infos) if s.written)]
-    return _compat.with_parts(closed, outvars=kept)
+    return _jaxpr.with_parts(closed, outvars=kept)

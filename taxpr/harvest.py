@@ -31,7 +31,7 @@ import numpy as np
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
-from . import _compat, _traverse
+from . import _compat, _jaxpr, _traverse
 from ._engine import (Engine, Hooks, Level, format_path, inline,
                       speculative_rule_traces)
 from ._find import dissolve_tags
@@ -242,7 +242,7 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
 
     def walk(j, in_scan: bool, in_while: bool) -> dict:
         counts: dict = {}
-        for eqn in _compat.jaxpr_parts(j).eqns:
+        for eqn in _jaxpr.jaxpr_parts(j).eqns:
             if eqn.primitive is tag_p and select(eqn.params):
                 name, mode = eqn.params["name"], eqn.params["mode"]
                 if name in transformed:
@@ -353,7 +353,7 @@ class _HarvestHooks(Hooks):
     def prepare_rule(self, engine, rule, n_primals):
         """Sows in the rule whose value depends on the tangents stay plain
         identities (not reaped or planted), so reverse mode can linearize."""
-        dep = set(_compat.jaxpr_parts(rule).invars[n_primals:])
+        dep = set(_jaxpr.jaxpr_parts(rule).invars[n_primals:])
 
         def rewrite(eqn, path, env):
             if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
@@ -894,7 +894,7 @@ class _JvpRules:
             # threaded (``RuleNotTraceable``): JAX raises its own error if it
             # ever runs the rule that way.
             return self._rules.set(eqn, None)
-        return self._rules.set(eqn, _compat.close_traced(jaxpr, consts))
+        return self._rules.set(eqn, _jaxpr.close_traced(jaxpr, consts))
 
     def iter_eqns(self, closed):
         """``_traverse.iter_eqns`` of the program, also into the JVP rules of
@@ -961,7 +961,7 @@ def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
     retype: dict = {}  # (tag, name) -> the types the sow takes (see _plant_fit)
     while True:
         closed, out_tree, leaves = _flat_trace(fn, args, kwargs, retype, select)
-        rules = _JvpRules(_may_differentiate([*leaves, *_compat.jaxpr_parts(closed).consts,
+        rules = _JvpRules(_may_differentiate([*leaves, *_jaxpr.jaxpr_parts(closed).consts,
                                               *jax.tree_util.tree_leaves(plants)]))
         sites, all_names, rule_only = _find_sites(closed, select, tag_, rules)
         for name in sites:  # oryx: a nest scope and a sow may not share a name
@@ -1018,14 +1018,14 @@ def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
     site_rule = _Sites(reaped, planted, ctx_index, partial, perturb)
     site_rule.rule_only = rule_only
     engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))
-    threaded = engine.thread_jaxpr(closed, (), 0, len(_compat.jaxpr_parts(closed).outvars))
+    threaded = engine.thread_jaxpr(closed, (), 0, len(_jaxpr.jaxpr_parts(closed).outvars))
     if spec.exclusive:
         threaded = dissolve_tags(threaded, lambda p, s: _is_sow(p))
     chans = engine.channels(threaded)
     feeds = []
     for key, avals in chans.feeds:
         feeds.extend(_plant_for_feed(key, avals, planted_values, sites, chans.feeds))
-    outs = _compat.jaxpr_as_fun(threaded)(*ctx_leaves, *leaves, *feeds)
+    outs = _jaxpr.jaxpr_as_fun(threaded)(*ctx_leaves, *leaves, *feeds)
     n_out = out_tree.num_leaves
     out = jax.tree_util.tree_unflatten(out_tree, outs[:n_out])
     ctx_out = outs[n_out:n_out + len(ctx_leaves)]
