@@ -50,7 +50,8 @@ class StateOp:
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of ``warnings.warn`` called here that names the
     first caller outside taxpr and JAX (the user's line)."""
-    inside = (os.path.dirname(__file__) + os.sep, os.path.dirname(jax.__file__) + os.sep)
+    taxpr_dir = os.path.dirname(os.path.dirname(__file__))
+    inside = (taxpr_dir + os.sep, os.path.dirname(jax.__file__) + os.sep)
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
