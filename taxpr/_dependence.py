@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from jax._src import core
 
 from . import _compat, _jaxpr
-from ._traverse import IdMemo, subjaxprs
+from ._traverse import IdMemo, any_eqn, subjaxprs
 
 
 class Dependence(NamedTuple):
@@ -76,15 +76,8 @@ class _Analysis:
     def _holds_source(self, eqn: core.JaxprEqn) -> bool:
         if self.source is None:
             return False
-        return any(self.memo.get_or_compute(sj, lambda: _any_eqn(sj, self.source), "source")
+        return any(self.memo.get_or_compute(sj, lambda: any_eqn(sj, self.source), "source")
                    for _, sj in subjaxprs(eqn))
-
-
-def _any_eqn(jaxpr: Any, pred: Callable[[core.JaxprEqn], bool]) -> bool:
-    for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
-        if pred(eqn) or any(_any_eqn(sj, pred) for _, sj in subjaxprs(eqn)):
-            return True
-    return False
 
 
 def _is_ref(v: Any) -> bool:

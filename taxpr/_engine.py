@@ -631,8 +631,7 @@ def drop_unused_producers(eqns: list, dropped: Sequence[Any], roots: Sequence[An
 def _removable(eqn: core.JaxprEqn) -> bool:
     if eqn.effects or eqn.primitive in TAG_PRIMITIVES:
         return False
-    return not any(e.primitive in TAG_PRIMITIVES
-                   for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj))
+    return not _traverse.holds(eqn, lambda e: e.primitive in TAG_PRIMITIVES)
 
 
 def _zeros(aval) -> Any:

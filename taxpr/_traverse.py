@@ -209,6 +209,16 @@ def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.Jax
                 yield from iter_eqns(sj, path + (hi_name(eqn),))
 
 
+def any_eqn(jaxpr: Any, pred: Callable[[core.JaxprEqn], bool]) -> bool:
+    """Whether an equation of ``jaxpr`` or of its nested jaxprs satisfies ``pred``."""
+    return any(pred(eqn) for eqn, _ in iter_eqns(jaxpr))
+
+
+def holds(eqn: core.JaxprEqn, pred: Callable[[core.JaxprEqn], bool]) -> bool:
+    """Whether an equation nested (at any depth) in ``eqn``'s jaxprs satisfies ``pred``."""
+    return any(any_eqn(sj, pred) for _, sj in subjaxprs(eqn))
+
+
 def recompute_effects(old_effects, old_eqns, new_eqns):
     """A jaxpr's effects after its equations changed: drop what only the old
     equations had, add what the new ones have."""

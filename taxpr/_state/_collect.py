@@ -192,8 +192,7 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
             # (custom_jvp functions outside custom_vjp functions are
             # threaded whole, rules included: ``rules_may_hold_sites``.)
             return None
-        if any(e.primitive is tag_p and is_state_tag(e.params)
-               for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)):
+        if _traverse.holds(eqn, lambda e: e.primitive is tag_p and is_state_tag(e.params)):
             return None  # threaded by the engine, which checks its rules itself
         p = eqn.params
         if prim is _compat.custom_jvp_call_p:
