@@ -8,7 +8,7 @@ from typing import Any, Iterable, NamedTuple
 import jax
 from jax._src import core
 
-from . import _compat
+from . import _jaxpr
 from ._engine import Engine, Hooks, Level, format_path
 from ._find import Predicate
 from .primitives._tag import GUARD, TREE, tag_p, user_params
@@ -82,11 +82,11 @@ def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
             branch of a ``cond``).
     """
     engine = Engine(_CollectSites(), predicate, [], _TransposeHooks())
-    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
+    outvars = _jaxpr.jaxpr_parts(closed_jaxpr).outvars
     threaded = engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
     collects = engine.channels(threaded).collects
-    tagged = _compat.jaxpr_parts(threaded).outvars[len(outvars):]
-    new = _compat.dce_closed(_compat.with_parts(threaded, outvars=tagged), [True] * len(tagged))
+    tagged = _jaxpr.jaxpr_parts(threaded).outvars[len(outvars):]
+    new = _jaxpr.dce_closed(_jaxpr.with_parts(threaded, outvars=tagged), [True] * len(tagged))
     params = [dict(key.params) for key, _ in collects]
     structures = [jax.tree_util.tree_unflatten(key.tree, list(avals))
                   for key, avals in collects]
@@ -100,11 +100,11 @@ def partition_out(closed_jaxpr: Any, outvar_indices: list[list[int]]) -> list[An
     Returns:
         A list of closed jaxprs with the original inputs.
     """
-    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
+    outvars = _jaxpr.jaxpr_parts(closed_jaxpr).outvars
     parts = []
     for group in outvar_indices:
-        picked = _compat.with_parts(closed_jaxpr, outvars=[outvars[i] for i in group])
-        parts.append(_compat.dce_closed(picked, [True] * len(group)))
+        picked = _jaxpr.with_parts(closed_jaxpr, outvars=[outvars[i] for i in group])
+        parts.append(_jaxpr.dce_closed(picked, [True] * len(group)))
     return parts
 
 
@@ -112,7 +112,7 @@ def strip_outputs(closed_jaxpr: Any, indices: Iterable[int]) -> Any:
     """``closed_jaxpr`` without the outputs at ``indices`` (and the code only
     they needed, also inside nested jaxprs)."""
     drop = set(indices)
-    n = len(_compat.jaxpr_parts(closed_jaxpr).outvars)
+    n = len(_jaxpr.jaxpr_parts(closed_jaxpr).outvars)
     return partition_out(closed_jaxpr, [[i for i in range(n) if i not in drop]])[0]
 
 
@@ -121,7 +121,7 @@ def fix_inputs(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
     values, which become consts of the result (the jaxpr counterpart of
     ``functools.partial``). ``tx.partial`` is the same function (taxpr
     0.0.3's name)."""
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(closed_jaxpr)
+    constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(closed_jaxpr)
     for i, v in args.items():
         aval = invars[i].aval
         if tuple(jax.numpy.shape(v)) != tuple(aval.shape) or jax.numpy.result_type(v) != aval.dtype:
@@ -131,7 +131,7 @@ def fix_inputs(closed_jaxpr: Any, args: dict[int, Any]) -> Any:
     fixed = [invars[i] for i in sorted(args)]
     values = [jax.numpy.asarray(args[i], invars[i].aval.dtype) for i in sorted(args)]
     rest = [v for i, v in enumerate(invars) if i not in args]
-    return _compat.make_closed([*constvars, *fixed], [*consts, *values], rest, eqns, outvars,
+    return _jaxpr.make_closed([*constvars, *fixed], [*consts, *values], rest, eqns, outvars,
                                effects, dbg)
 
 

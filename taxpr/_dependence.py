@@ -22,8 +22,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from jax._src import core
 
-from . import _compat
-from ._traverse import IdMemo, subjaxprs
+from . import _compat, _jaxpr
+from ._traverse import IdMemo, any_eqn, subjaxprs
 
 
 class Dependence(NamedTuple):
@@ -49,7 +49,7 @@ class _Analysis:
         return self.memo.get_or_compute(jaxpr, lambda: self._jaxpr(jaxpr, key), key)
 
     def _jaxpr(self, jaxpr: Any, tainted_in: tuple[bool, ...]) -> Dependence:
-        parts = _compat.jaxpr_parts(jaxpr)
+        parts = _jaxpr.jaxpr_parts(jaxpr)
         tainted = {v for v, t in zip(parts.invars, tainted_in) if t}
         effect = False
         for eqn in parts.eqns:
@@ -76,15 +76,8 @@ class _Analysis:
     def _holds_source(self, eqn: core.JaxprEqn) -> bool:
         if self.source is None:
             return False
-        return any(self.memo.get_or_compute(sj, lambda: _any_eqn(sj, self.source), "source")
+        return any(self.memo.get_or_compute(sj, lambda: any_eqn(sj, self.source), "source")
                    for _, sj in subjaxprs(eqn))
-
-
-def _any_eqn(jaxpr: Any, pred: Callable[[core.JaxprEqn], bool]) -> bool:
-    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
-        if pred(eqn) or any(_any_eqn(sj, pred) for _, sj in subjaxprs(eqn)):
-            return True
-    return False
 
 
 def _is_ref(v: Any) -> bool:
@@ -99,7 +92,7 @@ def _call(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependenc
     subs = [sj for sub, sj in subjaxprs(eqn)]
     if len(subs) != 1:
         return None
-    parts = _compat.jaxpr_parts(subs[0])
+    parts = _jaxpr.jaxpr_parts(subs[0])
     if len(parts.invars) != len(ins) or len(parts.outvars) != len(eqn.outvars):
         return None
     return analysis.jaxpr(subs[0], ins)
@@ -118,7 +111,7 @@ def _cond(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependenc
 
 
 def _scan(analysis: _Analysis, eqn: core.JaxprEqn, ins: list[bool]) -> Dependence:
-    nc, ncar = _compat.scan_counts(eqn.params)
+    nc, ncar = _jaxpr.scan_counts(eqn.params)
     body = eqn.params["jaxpr"]
     carry = list(ins[nc:nc + ncar])
     while True:

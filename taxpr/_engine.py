@@ -29,7 +29,7 @@ import numpy as np
 from jax._src import core
 from jax.interpreters import ad
 
-from . import _compat, _dependence, _per_example, _replay, _traverse
+from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
 from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, site_key,
                               tag_cotangent_p, tag_p, tag_tangent_p, user_params)
@@ -56,9 +56,9 @@ def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> An
     """``fn`` traced to a closed jaxpr, inside ``context()`` (a shard_map
     body's tracing context) when given."""
     if context is None:
-        return _compat.trace_flat(fn, avals)
+        return _jaxpr.trace_flat(fn, avals)
     with context():
-        return _compat.trace_flat(fn, avals)
+        return _jaxpr.trace_flat(fn, avals)
 
 
 class Level:
@@ -97,7 +97,7 @@ class Level:
     def feed(self, key: Any, avals: Sequence[Any]) -> list:
         """Inputs fed to this jaxpr under ``key`` (the same vars if asked twice)."""
         if key not in self.feeds:
-            self.feeds[key] = [_compat.new_var(a) for a in avals]
+            self.feeds[key] = [_jaxpr.new_var(a) for a in avals]
         return self.feeds[key]
 
     def atom(self, v: Any) -> Any:
@@ -108,7 +108,7 @@ class Level:
     def const_var(self, value: Any) -> core.Var:
         hit = self.consts.get(id(value))
         if hit is None:
-            hit = (_compat.new_var(_compat.abstractify(value)), value)
+            hit = (_jaxpr.new_var(_compat.abstractify(value)), value)
             self.consts[id(value)] = hit
         return hit[0]
 
@@ -133,7 +133,7 @@ class Level:
 
 def inline(level: Level, closed: Any, in_atoms: Sequence[Any]) -> list:
     """Copy ``closed``'s equations into ``level`` with fresh variables."""
-    constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(closed)
+    constvars, consts, invars, eqns, outvars, _, _ = _jaxpr.jaxpr_parts(closed)
     env: dict = {}
     for v, c in zip(constvars, consts):
         env[v] = level.const_var(c)
@@ -146,7 +146,7 @@ def inline(level: Level, closed: Any, in_atoms: Sequence[Any]) -> list:
             if isinstance(o, core.DropVar):
                 outs.append(o)
             else:
-                n = _compat.new_var(o.aval)
+                n = _jaxpr.new_var(o.aval)
                 env[o] = n
                 outs.append(n)
         ins = [get(v, v) if type(v) is core.Var else v for v in e.invars]
@@ -382,7 +382,7 @@ class Engine:
         if found is not None:
             return found
         found = False
-        for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
             if is_selected(eqn, self.predicate) or self._rule_selected(eqn, maybe_rules):
                 found = True
                 break
@@ -496,12 +496,12 @@ class Engine:
             if self._writing:
                 self._writing[-1].update(self.writes(hit[1]))
             return hit[1]
-        constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+        constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(jaxpr)
         if consts is None:
             raise NotImplementedError(
                 f"taxpr: open jaxpr with free constvars at {format_path(path)}")
         level = Level(path, context)
-        ctx_in = [_compat.new_var(a) for a in self.ctx_avals]
+        ctx_in = [_jaxpr.new_var(a) for a in self.ctx_avals]
         self._writing.append(set())
         try:
             ctx_out = self.thread_eqns(eqns, level, ctx_in)
@@ -518,7 +518,7 @@ class Engine:
         hv, hc = level.hoisted()
         feed_vars = [v for vs in level.feeds.values() for v in vs]
         collected = [a for _, atoms in level.collected for a in atoms]
-        result = _compat.make_closed(
+        result = _jaxpr.make_closed(
             [*constvars, *hv], [*consts, *hc],
             [*invars[:in_pos], *ctx_in, *invars[in_pos:], *feed_vars],
             level.eqns,
@@ -548,9 +548,9 @@ class Engine:
             NotImplementedError: a selected tag in ``jaxpr`` changes ctx, or
                 collects or is fed values (names the tags and ``path``).
         """
-        n_out = len(_compat.jaxpr_parts(jaxpr).outvars)
+        n_out = len(_jaxpr.jaxpr_parts(jaxpr).outvars)
         threaded = self.thread_jaxpr(jaxpr, path, in_pos, n_out, context)
-        parts = _compat.jaxpr_parts(threaded)
+        parts = _jaxpr.jaxpr_parts(threaded)
         n = len(self.ctx_avals)
         ctx_in, ctx_out = parts.invars[in_pos:in_pos + n], parts.outvars[n_out:n_out + n]
         changed = any(o is not i for o, i in zip(ctx_out, ctx_in))
@@ -560,7 +560,7 @@ class Engine:
             raise NotImplementedError(
                 f"taxpr: the selected tags in {format_path(path)} change the context or "
                 f"collect/feed values, but there it can only be read: {'; '.join(tags)}")
-        return _compat.with_parts(threaded, outvars=parts.outvars[:n_out])
+        return _jaxpr.with_parts(threaded, outvars=parts.outvars[:n_out])
 
     def channels(self, threaded: Any) -> Channels:
         return self._channels.get(threaded, default=NO_CHANNELS)
@@ -582,13 +582,13 @@ class Engine:
         ins = [a for k, avals in ch.feeds for a in level.feed(rekey(k), [stack(x) for x in avals])]
         outs = []
         for k, avals in ch.collects:
-            vs = [_compat.new_var(stack(a)) for a in avals]
+            vs = [_jaxpr.new_var(stack(a)) for a in avals]
             level.collect(rekey(k), vs)
             outs.extend(vs)
         return ins, outs
 
     def fresh_ctx(self) -> list:
-        return [_compat.new_var(a) for a in self.ctx_avals]
+        return [_jaxpr.new_var(a) for a in self.ctx_avals]
 
 
 def _aval(atom) -> Any:
@@ -631,8 +631,7 @@ def drop_unused_producers(eqns: list, dropped: Sequence[Any], roots: Sequence[An
 def _removable(eqn: core.JaxprEqn) -> bool:
     if eqn.effects or eqn.primitive in TAG_PRIMITIVES:
         return False
-    return not any(e.primitive in TAG_PRIMITIVES
-                   for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj))
+    return not _traverse.holds(eqn, lambda e: e.primitive in TAG_PRIMITIVES)
 
 
 def _zeros(aval) -> Any:
@@ -662,7 +661,7 @@ def _call_rule(key: str, sharded: bool):
         n = len(ctx)
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
-        new = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub).outvars),
+        new = engine.thread_jaxpr(sub, path, 0, len(_jaxpr.jaxpr_parts(sub).outvars),
                                   level.context)
         ctx_out = engine.fresh_ctx()
         feeds, collects = engine.pass_channels(level, new)
@@ -693,14 +692,14 @@ for _p in _compat.CLOSED_CALL_PRIMITIVES:
 def _scan_rule(engine, eqn, level, ctx, subs):
     p = eqn.params
     n = len(ctx)
-    nc, nk = _compat.scan_counts(p)
+    nc, nk = _jaxpr.scan_counts(p)
     nx = len(eqn.invars) - nc - nk
     ny = len(eqn.outvars) - nk
     body = engine.thread_jaxpr(p["jaxpr"], level.path + (_label(subs, "jaxpr"),), nc, 0,
                                level.context)
     ctx_out = engine.fresh_ctx()
     feeds, collects = engine.pass_channels(level, body, length=p["length"])
-    updates = _compat.scan_params(p, nc, nk + n, nx + len(feeds), ny + len(collects))
+    updates = _jaxpr.scan_params(p, nc, nk + n, nx + len(feeds), ny + len(collects))
     updates = {k: v for k, v in updates.items() if k != "jaxpr"}
     _emit_rebuilt(level, eqn, {("jaxpr", None): body},
                   [*eqn.invars[:nc], *ctx, *eqn.invars[nc:], *feeds],
@@ -712,9 +711,9 @@ register_thread_rule(_compat.scan_p, _scan_rule)
 
 
 def _with_unused_inputs(closed, at: int, avals) -> Any:
-    invars = _compat.jaxpr_parts(closed).invars
-    new = [_compat.new_var(a) for a in avals]
-    return _compat.with_parts(closed, invars=[*invars[:at], *new, *invars[at:]])
+    invars = _jaxpr.jaxpr_parts(closed).invars
+    new = [_jaxpr.new_var(a) for a in avals]
+    return _jaxpr.with_parts(closed, invars=[*invars[:at], *new, *invars[at:]])
 
 
 def _while_rule(engine, eqn, level, ctx, subs):
@@ -731,7 +730,7 @@ def _while_rule(engine, eqn, level, ctx, subs):
     engine.pass_channels(level, body, where="while_loop")
     ctx_out = engine.fresh_ctx()
     over_batch = any(e.primitive in _per_example.OVER_BATCH_PRIMITIVES
-                     for e in _compat.jaxpr_parts(p["cond_jaxpr"]).eqns)
+                     for e in _jaxpr.jaxpr_parts(p["cond_jaxpr"]).eqns)
     if not over_batch and not engine.has_selected(p["cond_jaxpr"]):
         cond = _with_unused_inputs(p["cond_jaxpr"], cc, engine.ctx_avals)
         _emit_rebuilt(level, eqn, {("cond_jaxpr", None): cond, ("body_jaxpr", None): body},
@@ -750,12 +749,12 @@ def _while_rule(engine, eqn, level, ctx, subs):
     ctx1, keep0 = rest[:n], rest[n:]
     # New body: (cconsts, bconsts, ctx, pred, [keep,] carry) -> (ctx, pred, [keep,] carry).
     inner = Level(level.path + ("while[body]",), level.context)
-    v_cc = [_compat.new_var(v.aval) for v in cconsts]
-    v_bc = [_compat.new_var(v.aval) for v in bconsts]
+    v_cc = [_jaxpr.new_var(v.aval) for v in cconsts]
+    v_bc = [_jaxpr.new_var(v.aval) for v in bconsts]
     v_ctx = engine.fresh_ctx()
-    v_pred = _compat.new_var(core.ShapedArray((), jax.numpy.bool_))
-    v_keep = [_compat.new_var(v_pred.aval) for _ in keep0]
-    v_carry = [_compat.new_var(v.aval) for v in carry]
+    v_pred = _jaxpr.new_var(core.ShapedArray((), jax.numpy.bool_))
+    v_keep = [_jaxpr.new_var(v_pred.aval) for _ in keep0]
+    v_carry = [_jaxpr.new_var(v.aval) for v in carry]
     outs = inline(inner, body, [*v_bc, *v_ctx, *v_carry])
     ctx2, carry2 = outs[:n], outs[n:]
     pred2, *rest2 = inline(inner, cond, [*v_cc, *ctx2, *carry2])
@@ -766,15 +765,15 @@ def _while_rule(engine, eqn, level, ctx, subs):
         ctx3 = _keep_where(inner, lambda keep: keep, v_keep, ctx3, v_ctx)
     hv, hc = inner.hoisted()
     body_effects = _traverse.effects_of_eqns(inner.eqns)
-    new_body = _compat.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_keep, *v_carry],
+    new_body = _jaxpr.make_closed(hv, hc, [*v_cc, *v_bc, *v_ctx, v_pred, *v_keep, *v_carry],
                                    inner.eqns, [*ctx3, pred2, *keep2, *carry2], body_effects,
-                                   _compat.jaxpr_parts(p["body_jaxpr"]).debug_info)
+                                   _jaxpr.jaxpr_parts(p["body_jaxpr"]).debug_info)
     c_ctx = engine.fresh_ctx()
-    c_pred = _compat.new_var(v_pred.aval)
-    c_keep = [_compat.new_var(v.aval) for v in v_keep]
-    c_carry = [_compat.new_var(v.aval) for v in carry]
-    new_cond = _compat.make_closed([], [], [*c_ctx, c_pred, *c_keep, *c_carry], [], [c_pred],
-                                   core.no_effects, _compat.jaxpr_parts(p["cond_jaxpr"]).debug_info)
+    c_pred = _jaxpr.new_var(v_pred.aval)
+    c_keep = [_jaxpr.new_var(v.aval) for v in v_keep]
+    c_carry = [_jaxpr.new_var(v.aval) for v in carry]
+    new_cond = _jaxpr.make_closed([], [], [*c_ctx, c_pred, *c_keep, *c_carry], [], [c_pred],
+                                   core.no_effects, _jaxpr.jaxpr_parts(p["cond_jaxpr"]).debug_info)
     _emit_rebuilt(level, eqn, {("cond_jaxpr", None): new_cond, ("body_jaxpr", None): new_body},
                   [*cconsts, *bconsts, *ctx1, pred0, *keep0, *carry],
                   [*ctx_out, core.DropVar(v_pred.aval), *(core.DropVar(v.aval) for v in v_keep),
@@ -816,7 +815,7 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     threaded = []
     for i, b in enumerate(branches):
         path = level.path + (_label(subs, "branches", i),)
-        threaded.append(engine.thread_jaxpr(b, path, 0, len(_compat.jaxpr_parts(b).outvars),
+        threaded.append(engine.thread_jaxpr(b, path, 0, len(_jaxpr.jaxpr_parts(b).outvars),
                                             level.context))
     chans = [engine.channels(t) for t in threaded]
     engine.hooks.branches([c.collects for c in chans], level.path)
@@ -829,7 +828,7 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     feeds = [a for k, avals in feed_sig.items() for a in level.feed(rekey(k), avals)]
     collects = []
     for k, avals in chans[0].collects:
-        vs = [_compat.new_var(a) for a in avals]
+        vs = [_jaxpr.new_var(a) for a in avals]
         level.collect(rekey(k), vs)
         collects.extend(vs)
     _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:], *feeds],
@@ -851,7 +850,7 @@ def _cond_rule(engine, eqn, level, ctx, subs):
         own_ctx = ctx
         if engine.has_selected(branches[0]):
             first = threaded[0]
-            if _compat.jaxpr_parts(first).effects or chans[0] != NO_CHANNELS:
+            if _jaxpr.jaxpr_parts(first).effects or chans[0] != NO_CHANNELS:
                 raise NotImplementedError(
                     f"taxpr: the cond at {format_path(level.path)} takes one branch for a "
                     f"whole vmap batch (its index is reduced over the batch); an example "
@@ -868,13 +867,13 @@ def _with_feeds(engine, threaded, has: tuple, want: dict) -> Any:
     """``threaded`` taking the fed values ``want`` (in that order) last."""
     if tuple(k for k, _ in has) == tuple(want):
         return threaded
-    invars = _compat.jaxpr_parts(threaded).invars
+    invars = _jaxpr.jaxpr_parts(threaded).invars
     n_has = sum(len(avals) for _, avals in has)
     base, fed = invars[:len(invars) - n_has], iter(invars[len(invars) - n_has:])
     own = {k: [next(fed) for _ in avals] for k, avals in has}
     new_feeds = [v for k, avals in want.items()
-                 for v in own.get(k, [_compat.new_var(a) for a in avals])]
-    return _compat.with_parts(threaded, invars=[*base, *new_feeds])
+                 for v in own.get(k, [_jaxpr.new_var(a) for a in avals])]
+    return _jaxpr.with_parts(threaded, invars=[*base, *new_feeds])
 
 
 register_thread_rule(_compat.cond_p, _cond_rule)
@@ -889,9 +888,9 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
         sub = eqn.params[key]
         path = level.path + (_label(subs, key),)
         context = body_context(eqn) if body_context else level.context
-        threaded = engine.thread_jaxpr(sub, path, 0, len(_compat.jaxpr_parts(sub).outvars), context)
-        constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(threaded)
-        new = _compat.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
+        threaded = engine.thread_jaxpr(sub, path, 0, len(_jaxpr.jaxpr_parts(sub).outvars), context)
+        constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(threaded)
+        new = _jaxpr.make_jaxpr_like(sub, [], [], [*constvars, *invars], eqns, outvars,
                                       effects, dbg)
         hoisted = [level.const_var(c) for c in consts]
         ctx_out = engine.fresh_ctx()
@@ -952,7 +951,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
                                    level.context)
     feeds, collects = engine.pass_channels(level, threaded)
-    threaded_fn = _compat.jaxpr_as_fun(threaded)
+    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
     user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
@@ -1001,8 +1000,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             if rule is not None:
                 # The rule's tags act on ctx after the function's; what they
                 # write is a constant (tangent zero), other entries keep theirs.
-                n_res = len(_compat.jaxpr_parts(jvp_jaxpr).outvars)
-                rule_fn = _compat.jaxpr_as_fun(rule)
+                n_res = len(_jaxpr.jaxpr_parts(jvp_jaxpr).outvars)
+                rule_fn = _jaxpr.jaxpr_as_fun(rule)
                 args = [*primals[user], *user_t]
                 ctx_body = list(outs[n_out:n_out + n])
                 r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
@@ -1015,9 +1014,9 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                      for t, z in zip(outs_t_ctx, out_zeros)]
             return [*outs, *out_t, *rest_t]
 
-        closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
-        n_rest = len(_compat.jaxpr_parts(threaded).outvars) - n_out
-        result = (*_compat.open_with_constvars(closed), [False] * (n_out + n_rest))
+        closed = _jaxpr.trace_flat(f, [*in_avals, *nz_avals])
+        n_rest = len(_jaxpr.jaxpr_parts(threaded).outvars) - n_out
+        result = (*_jaxpr.open_with_constvars(closed), [False] * (n_out + n_rest))
         cache[zeros] = result
         return result
 
@@ -1031,9 +1030,9 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
     """A custom rule's jaxpr (a JVP rule, or a custom_vjp fwd), threaded (ctx
     in first, out last)."""
-    closed = _compat.close_traced(jvp_jaxpr, jvp_consts)
+    closed = _jaxpr.close_traced(jvp_jaxpr, jvp_consts)
     closed = engine.hooks.prepare_rule(engine, closed, n_primals)
-    rule = engine.thread_jaxpr(closed, path, 0, len(_compat.jaxpr_parts(closed).outvars),
+    rule = engine.thread_jaxpr(closed, path, 0, len(_jaxpr.jaxpr_parts(closed).outvars),
                                context)
     ch = engine.channels(rule)
     if ch.collects or ch.feeds:
@@ -1106,7 +1105,7 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
                 rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start,
                                     path, context)
-                rule_fn = _compat.jaxpr_as_fun(rule)
+                rule_fn = _jaxpr.jaxpr_as_fun(rule)
             else:  # a rule without sites runs as JAX runs it, ctx passing by
                 def rule_fn(*a):
                     return [*core.eval_jaxpr(jvp_jaxpr, jvp_consts, *a[n:]), *a[:n]]
@@ -1143,8 +1142,8 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
                          [_zeros(a.to_tangent_aval()) for a in engine.ctx_avals])
                 return [*outs[:n_out], *outs[n_rule:], *out_t, *ctx_t]
 
-        closed = _compat.trace_flat(f, [*in_avals, *nz_avals])
-        n_rest = (len(_compat.jaxpr_parts(closed).outvars) - 2 * n_out) // 2
+        closed = _jaxpr.trace_flat(f, [*in_avals, *nz_avals])
+        n_rest = (len(_jaxpr.jaxpr_parts(closed).outvars) - 2 * n_out) // 2
         # With no tangent for ctx and the fed values, ctx and what is
         # collected after the call have none either: symbolic zeros, so that
         # JAX goes on differentiating only what depends on the inputs (a
@@ -1152,8 +1151,8 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
         rest_zero = all(zeros[:n]) and all(zeros[user.stop:])
         if rest_zero and n_rest:
             n_all_out = 2 * n_out + 2 * n_rest
-            closed = _compat.dce_closed(closed, [True] * (n_all_out - n_rest) + [False] * n_rest)
-        result = (*_compat.open_with_constvars(closed),
+            closed = _jaxpr.dce_closed(closed, [True] * (n_all_out - n_rest) + [False] * n_rest)
+        result = (*_jaxpr.open_with_constvars(closed),
                   [False] * n_out + [rest_zero] * n_rest)
         cache[key] = result
         return result
@@ -1196,7 +1195,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     # Extra inputs (ctx, fed values) and outputs (ctx, collected values).
     n_x, n_y = n + len(feeds), n + len(collects)
     rest_avals = [*engine.ctx_avals, *(v.aval for v in collects)]
-    threaded_fn = _compat.jaxpr_as_fun(threaded)
+    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
     user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
     in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals, *(v.aval for v in feeds)]
     n_prims = n_all - nc
@@ -1229,7 +1228,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
             _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
             differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
-            rule_fn = _compat.jaxpr_as_fun(rule)
+            rule_fn = _jaxpr.jaxpr_as_fun(rule)
 
             def f(*primals):
                 return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
@@ -1240,7 +1239,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
                 return [*res_and_outs[:len(res_and_outs) - n_out], *threaded_fn(*primals)]
 
-        result = _compat.open_with_constvars(_compat.trace_flat(f, in_avals))
+        result = _jaxpr.open_with_constvars(_jaxpr.trace_flat(f, in_avals))
         fwd_cache[nonzeros] = result
         return result
 
@@ -1298,11 +1297,11 @@ def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
         return [*(c for c in cts if not _is_symbolic_zero(c)), *log_leaves]
 
     closed = trace_in(context, flat, [])
-    n_outs = len(_compat.jaxpr_parts(closed).outvars)
+    n_outs = len(_jaxpr.jaxpr_parts(closed).outvars)
     if engine.has_selected(closed):
         outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)
     else:
-        outs = _compat.jaxpr_as_fun(closed)()
+        outs = _jaxpr.jaxpr_as_fun(closed)()
     given = iter(outs)
     cts = [next(given) if c is None else c for c in shape["cts"]]
     return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
@@ -1314,7 +1313,7 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
     function's call; its own ctx writes and collected values dropped."""
     n = len(engine.ctx_avals)
     threaded = engine.thread_jaxpr(closed, path, 0, n_outs, context)
-    parts = _compat.jaxpr_parts(threaded)
+    parts = _jaxpr.jaxpr_parts(threaded)
     fn_channels, channels = engine.channels(fn_threaded), engine.channels(threaded)
     written = engine.writes(fn_threaded)
     own_writes = sorted(engine.writes(threaded) - written)
@@ -1340,7 +1339,7 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
             f"({k!r}) that its function's forward pass does not: a backward pass replays the "
             f"forward pass, and a value of its own cannot be reaped or planted")
     feeds = [v for k, _ in channels.feeds for v in fed[k]]
-    outs = _compat.jaxpr_as_fun(threaded)(*ctx_and_feeds[:n], *feeds)
+    outs = _jaxpr.jaxpr_as_fun(threaded)(*ctx_and_feeds[:n], *feeds)
     return list(outs[:n_outs])
 
 
@@ -1350,7 +1349,7 @@ def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> 
     reach them only through the VJP of the function, which libraries' custom
     VJPs (equinox's checkpointed loops, diffrax's adjoints) do not provide:
     rather than a zero gradient, an error naming the entry."""
-    used = _compat.used_invars(rule)[:len(nonzeros)]
+    used = _jaxpr.used_invars(rule)[:len(nonzeros)]
     for i, (nz, u, aval) in enumerate(zip(nonzeros, used, engine.ctx_avals)):
         if nz and u and _inexact(aval):
             raise NotImplementedError(

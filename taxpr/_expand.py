@@ -41,7 +41,7 @@ from jax._src import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, _engine, _traverse
+from . import _compat, _engine, _jaxpr, _traverse
 from ._engine import describe_tag, format_path
 from ._find import TAG_PRIMITIVES, Predicate, is_selected
 from ._traverse import hi_name, hidden_jaxprs
@@ -71,7 +71,7 @@ def _expanded_call(eqn: core.JaxprEqn, selects: Predicate | None) -> core.JaxprE
         return HI_PRIMITIVE.to_lojax(*args, **params)
 
     with keep_tags():
-        body = _compat.trace_flat(lo, [v.aval for v in eqn.invars], hi_name(eqn))
+        body = _jaxpr.trace_flat(lo, [v.aval for v in eqn.invars], hi_name(eqn))
     return _jit_call(eqn, expand_for(body, selects), hi_name(eqn))
 
 
@@ -97,7 +97,7 @@ def _jit_template() -> core.JaxprEqn:
     signature are JAX's defaults."""
     if not _TEMPLATE:
         closed = jax.make_jaxpr(jax.jit(lambda x: x))(0.0)
-        _TEMPLATE.append(_compat.jaxpr_parts(closed).eqns[0])
+        _TEMPLATE.append(_jaxpr.jaxpr_parts(closed).eqns[0])
     return _TEMPLATE[0]
 
 
@@ -257,7 +257,7 @@ def _implementation_call(eqn: core.JaxprEqn, path: tuple[str, ...], env: dict,
 
     try:
         with keep_tags():
-            body = _compat.trace_flat(run, [v.aval for v in eqn.invars], prim.name)
+            body = _jaxpr.trace_flat(run, [v.aval for v in eqn.invars], prim.name)
     except NotImplementedError:  # no implementation
         return None
     if any(e.primitive is prim and _same_params(e.params, params)

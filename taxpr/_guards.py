@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import core
 
-from . import _compat, _per_example, _traverse
+from . import _compat, _jaxpr, _per_example, _traverse
 from ._engine import Engine, Level, inline
 from .primitives._tag import GUARD, GUARD_FROM, tag_p
 
@@ -79,9 +79,9 @@ def guard_jaxpr(closed: Any, label: str) -> Any:
     """``closed`` taking a boolean guard as a new first input, every tag in it
     (at any depth) guarded by it. ``label`` names the part (for messages)."""
     engine = Engine(_GuardSites(label), None, [_BOOL])
-    n_out = len(_compat.jaxpr_parts(closed).outvars)
+    n_out = len(_jaxpr.jaxpr_parts(closed).outvars)
     threaded = engine.thread_jaxpr(closed, (), 0, n_out)
-    return _compat.with_parts(threaded, outvars=_compat.jaxpr_parts(threaded).outvars[:n_out])
+    return _jaxpr.with_parts(threaded, outvars=_jaxpr.jaxpr_parts(threaded).outvars[:n_out])
 
 
 # ---- cond ---------------------------------------------------------------------------
@@ -99,16 +99,16 @@ def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
            for x, d in zip(args[1:], dims[1:])]
     op_axes = [None if d is None else 0 for d in dims[1:]]
     index_aval = core.ShapedArray((), index.dtype)
-    op_avals = _compat.in_avals(branches[0])
-    n_out = len(_compat.jaxpr_parts(branches[0]).outvars)
+    op_avals = _jaxpr.in_avals(branches[0])
+    n_out = len(_jaxpr.jaxpr_parts(branches[0]).outvars)
     outs = []
     for i, branch in enumerate(branches):
-        guarded = _compat.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
+        guarded = _jaxpr.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
 
         def fn(index, *ops, guarded=guarded, i=i):
             return guarded(jnp.equal(index, i), *ops)
 
-        per_example = _compat.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
+        per_example = _jaxpr.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
         batched = _compat.batch_closed_jaxpr(per_example, axis_data, [0, *op_axes],
                                              [0] * n_out)
         # As JAX's rule: an example's inputs to an untaken branch do not
@@ -116,7 +116,7 @@ def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
         taken = jnp.equal(index, i)
         safe = [x if a is None else jax.lax.select_n(_bcast(taken, x), jax.lax.stop_gradient(x), x)
                 for x, a in zip(ops, op_axes)]
-        outs.append(_compat.jaxpr_as_fun(batched)(index, *safe))
+        outs.append(_jaxpr.jaxpr_as_fun(batched)(index, *safe))
     return [jax.lax.select_n(_bcast(index, o[0]), *o) for o in zip(*outs)], [0] * n_out
 
 
@@ -165,16 +165,16 @@ def _while_guarded_by_own_predicate(original, axis_data, args, dims, own, *, con
     start of the step (the library's carry, step counter included, stays as
     JAX batches it)."""
     cc, bc = cond_nconsts, body_nconsts
-    own_fn = _compat.jaxpr_as_fun(own)
-    guarded = _compat.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
+    own_fn = _jaxpr.jaxpr_as_fun(own)
+    guarded = _jaxpr.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
 
     def body(*a):
         cvals, bvals, carry = a[:cc], a[cc:cc + bc], a[cc + bc:]
         (running,) = own_fn(*cvals, *carry)
         return guarded(running, *bvals, *carry)
 
-    avals = [*_compat.in_avals(cond_jaxpr)[:cc], *_compat.in_avals(body_jaxpr)]
-    new_body = _compat.trace_flat(body, avals, "while_body_guarded")
+    avals = [*_jaxpr.in_avals(cond_jaxpr)[:cc], *_jaxpr.in_avals(body_jaxpr)]
+    new_body = _jaxpr.trace_flat(body, avals, "while_body_guarded")
     cconsts, rest = args[:cc], args[cc:]
     return original(axis_data, [*cconsts, *cconsts, *rest], [*dims[:cc], *dims[:cc], *dims[cc:]],
                     cond_nconsts=cc, cond_jaxpr=cond_jaxpr, body_nconsts=cc + bc,
@@ -184,7 +184,7 @@ def _while_guarded_by_own_predicate(original, axis_data, args, dims, own, *, con
 def _own_predicate(cond_jaxpr: Any) -> Any | None:
     """``cond_jaxpr`` giving each example's own predicate where it reduces
     its predicate over a vmap batch (``_per_example``), else None."""
-    parts = _compat.jaxpr_parts(cond_jaxpr)
+    parts = _jaxpr.jaxpr_parts(cond_jaxpr)
     eqns = list(parts.eqns)
     own = _per_example.per_example_value(parts.eqns, parts.outvars[0], eqns.append)
     if own is None:
@@ -203,7 +203,7 @@ def _own_predicate(cond_jaxpr: Any) -> Any | None:
                 f"'{eqn.primitive.name}', which has an effect or holds tags: its body's "
                 f"tags cannot be guarded per example. vmap the transformed function "
                 f"instead, or keep effects out of the loop's condition")
-    return _compat.with_parts(cond_jaxpr, eqns=kept, outvars=[own], effects=core.no_effects)
+    return _jaxpr.with_parts(cond_jaxpr, eqns=kept, outvars=[own], effects=core.no_effects)
 
 
 def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_nconsts,
@@ -216,11 +216,11 @@ def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_ncons
     cc, bc = cond_nconsts, body_nconsts
     cconsts, bconsts, init = args[:cc], args[cc:cc + bc], args[cc + bc:]
     cdims, bdims, idims = dims[:cc], dims[cc:cc + bc], dims[cc + bc:]
-    carry_avals = _compat.in_avals(body_jaxpr)[bc:]
-    body = _compat.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
-    cond = (_compat.jaxpr_as_fun(guard_jaxpr(cond_jaxpr, "while[cond]"))
+    carry_avals = _jaxpr.in_avals(body_jaxpr)[bc:]
+    body = _jaxpr.jaxpr_as_fun(guard_jaxpr(body_jaxpr, "while[body]"))
+    cond = (_jaxpr.jaxpr_as_fun(guard_jaxpr(cond_jaxpr, "while[cond]"))
             if has_tags(cond_jaxpr) else None)
-    plain_cond = _compat.jaxpr_as_fun(cond_jaxpr)
+    plain_cond = _jaxpr.jaxpr_as_fun(cond_jaxpr)
 
     def step(*a):
         cvals, bvals, (p, *carry) = a[:cc], a[cc:cc + bc], a[cc + bc:]
@@ -229,17 +229,17 @@ def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_ncons
         kept = [jax.lax.select_n(p, c, n) for c, n in zip(carry, new)]
         return [jnp.logical_and(p, p_new), *kept]
 
-    step_avals = [*_compat.in_avals(cond_jaxpr)[:cc], *_compat.in_avals(body_jaxpr)[:bc],
+    step_avals = [*_jaxpr.in_avals(cond_jaxpr)[:cc], *_jaxpr.in_avals(body_jaxpr)[:bc],
                   _BOOL, *carry_avals]
-    per_example = _compat.trace_flat(step, step_avals, "while_body_masked")
+    per_example = _jaxpr.trace_flat(step, step_avals, "while_body_masked")
     n = len(init)
     step_batched = _compat.batch_closed_jaxpr(
         per_example, axis_data, [*cdims, *bdims, 0, *[0] * n], [0] * (n + 1))
     init = [_compat.batch_at_front(x, d, axis_data) for x, d in zip(init, idims)]
     cond_batched = _compat.batch_closed_jaxpr(cond_jaxpr, axis_data, [*cdims, *[0] * n], [0])
-    (p0,) = _compat.jaxpr_as_fun(cond_batched)(*cconsts, *init)
-    loop_avals = _compat.in_avals(step_batched)[cc + bc:]
-    any_running = _compat.trace_flat(lambda p, *c: [jnp.any(p)], loop_avals, "any_running")
+    (p0,) = _jaxpr.jaxpr_as_fun(cond_batched)(*cconsts, *init)
+    loop_avals = _jaxpr.in_avals(step_batched)[cc + bc:]
+    any_running = _jaxpr.trace_flat(lambda p, *c: [jnp.any(p)], loop_avals, "any_running")
     _, while_p = _compat.control_flow_primitives()
     outs = while_p.bind(*cconsts, *bconsts, p0, *init, cond_nconsts=0, cond_jaxpr=any_running,
                         body_nconsts=cc + bc, body_jaxpr=step_batched)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 from jax._src import core
 
-from . import _compat, _traverse
+from . import _compat, _jaxpr, _traverse
 from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag,
                       format_path, inline, trace_in)
 from ._find import Predicate
@@ -133,14 +133,14 @@ class _InjectSites:
             self._check(closed, found, params, tree, token_avals, path, batched)
             result = (closed, None)
         else:
-            used = _compat.used_invars(closed)
+            used = _jaxpr.used_invars(closed)
             result = (closed, any(used[:nctx]))
         self._traced[key] = result
         return result
 
     def _check(self, closed, found, params, tree, token_avals, path, batched):
         where = _describe(params, path)
-        out_avals = [v.aval for v in _compat.jaxpr_parts(closed).outvars]
+        out_avals = [v.aval for v in _jaxpr.jaxpr_parts(closed).outvars]
         if found["token"] != tree:
             raise InjectError(f"taxpr.inject: the injector for {where} returned a value of "
                               f"structure {found['token']}, expected {tree}")
@@ -256,13 +256,13 @@ class _InjectSites:
         ``jax.pmap``) a ctx leaf may only change to a value computed from ctx
         alone (the same on every shard): a value computed from the token
         may differ per shard, and only one shard's would be kept."""
-        ntok = len(_compat.jaxpr_parts(closed).outvars) - len(ctx)
+        ntok = len(_jaxpr.jaxpr_parts(closed).outvars) - len(ctx)
         for i, (a, b) in enumerate(zip(ctx, new_ctx)):
             if a is b:
                 continue
             mask = [False] * (ntok + len(ctx))
             mask[ntok + i] = True
-            used = _compat.used_invars(_compat.dce_closed(closed, mask))
+            used = _jaxpr.used_invars(_jaxpr.dce_closed(closed, mask))
             if any(used[len(ctx):]):
                 raise InjectError(
                     f"taxpr.inject: the injector for "
@@ -347,7 +347,7 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
         return out
 
     with keep_tags(), recording_tags() as recorded, _explain_kept_tag_dependencies():
-        closed = expand_for(_compat.trace_flat(flat, in_avals, name), consumes)
+        closed = expand_for(_jaxpr.trace_flat(flat, in_avals, name), consumes)
     if consumes is not None and recorded:
         check_no_hidden_tags(closed, recorded, consumes)
     return closed, out_tree[0]
@@ -474,7 +474,7 @@ def inject_with(closed_jaxpr: Any, injector: Injector, ctx: Any,
     sites.check_per_shard = policy.check_per_shard
     engine = Engine(sites, predicate, ctx_avals, policy.hooks)
     engine.replays = policy.replays
-    outvars = _compat.jaxpr_parts(closed_jaxpr).outvars
+    outvars = _jaxpr.jaxpr_parts(closed_jaxpr).outvars
     return engine.thread_jaxpr(closed_jaxpr, (), 0, len(outvars))
 
 
@@ -506,7 +506,7 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
             hit = (inject(closed, injector, spec, predicate), out_tree)
             cache[key] = hit
         new, out_tree = hit
-        outs = _compat.jaxpr_as_fun(new)(*ctx_leaves, *arg_leaves)
+        outs = _jaxpr.jaxpr_as_fun(new)(*ctx_leaves, *arg_leaves)
         n_out = out_tree.num_leaves
         return (jax.tree_util.tree_unflatten(out_tree, outs[:n_out]),
                 jax.tree_util.tree_unflatten(ctx_tree, outs[n_out:]))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from jax._src import core
 
-from . import _compat
+from . import _compat, _jaxpr
 
 # Primitives whose output is, for each example of a batch, at least their
 # operand (a reduction with ``any``) or exactly it (a value asserted to be
@@ -99,7 +99,7 @@ def per_example_value(eqns: Sequence[core.JaxprEqn], atom: Any,
                 continue
             if eqn.effects:
                 return None
-            outs = [_compat.new_var(o.aval) for o in eqn.outvars]
+            outs = [_jaxpr.new_var(o.aval) for o in eqn.outvars]
             ins = [per_example.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
             copies.append(eqn.replace(invars=ins, outvars=outs))
             per_example.update(zip(eqn.outvars, outs))
@@ -143,9 +143,9 @@ def _over_an_inner_batch(eqn: core.JaxprEqn) -> bool:
 def with_per_example_output(closed: Any, index: int) -> Any | None:
     """``closed`` with one more output, last: output ``index`` read per
     example (``per_example_value``); None when it depends on no reduction."""
-    parts = _compat.jaxpr_parts(closed)
+    parts = _jaxpr.jaxpr_parts(closed)
     eqns = list(parts.eqns)
     value = per_example_value(parts.eqns, parts.outvars[index], eqns.append)
     if value is None:
         return None
-    return _compat.with_parts(closed, eqns=eqns, outvars=[*parts.outvars, value])
+    return _jaxpr.with_parts(closed, eqns=eqns, outvars=[*parts.outvars, value])

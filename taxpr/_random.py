@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from . import _compat
+from . import _compat, _jaxpr
 from ._inject import trace_program
 from ._state import (
     StateError, collect_states, get_state, is_state_tag, per_signature, set_state,
@@ -210,7 +210,7 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
 
     def seeded(*args, **kwargs):
         (pure, out_tree), leaves = traced(args, kwargs)
-        outs = _compat.jaxpr_as_fun(pure)(key, *leaves)
+        outs = _jaxpr.jaxpr_as_fun(pure)(key, *leaves)
         return jax.tree_util.tree_unflatten(out_tree, outs[:out_tree.num_leaves])
 
     return seeded

@@ -28,7 +28,7 @@ from typing import Any
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, _dependence, _traverse
+from . import _dependence, _jaxpr, _traverse
 from .primitives._tag import REPLAY_SCOPE
 
 # ``replay_read(x, index=i, scope=k) -> x``: ctx leaf ``i`` as a replay in
@@ -44,7 +44,7 @@ mlir.register_lowering(replay_read_p, lambda ctx, x, **_: [x])
 @functools.lru_cache(maxsize=1024)
 def replay_read(aval: Any, index: int, scope: int) -> Any:
     """A closed jaxpr ``x -> replay_read(x)`` at ``aval`` (for inlining)."""
-    return _compat.trace_flat(
+    return _jaxpr.trace_flat(
         lambda x: [replay_read_p.bind(x, index=index, scope=scope)], [aval])
 
 
@@ -61,7 +61,7 @@ def live_replay_read(closed: Any) -> tuple[int, tuple[str, ...]] | None:
     ``closed`` (or an effect in it) depend on, or None. Tags of a replay
     left for another layer do not count as uses: that layer drops them or
     checks the reads that reach them itself."""
-    n_in = len(_compat.jaxpr_parts(closed).invars)
+    n_in = len(_jaxpr.jaxpr_parts(closed).invars)
     for eqn, path in _traverse.iter_eqns(closed):
         if eqn.primitive is not replay_read_p:
             continue

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 from jax._src import core
 
-from . import _compat
+from . import _compat, _jaxpr
 
 
 class Sub(NamedTuple):
@@ -161,7 +161,7 @@ def hidden_jaxprs(eqn: core.JaxprEqn, in_functions: bool = False) -> Iterator[An
     the function that evaluates it) is yielded once."""
     yielded: set[tuple[int, ...]] = set()
     for jaxpr in _jaxprs_in(eqn.params["_prim"], set(), in_functions):
-        eqns = tuple(map(id, _compat.jaxpr_parts(jaxpr).eqns))
+        eqns = tuple(map(id, _jaxpr.jaxpr_parts(jaxpr).eqns))
         if eqns not in yielded:
             yielded.add(eqns)
             yield jaxpr
@@ -198,7 +198,7 @@ def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.Jax
     """Every equation of ``jaxpr`` and its nested jaxprs, in program order,
     with the path of enclosing primitives."""
     hi = _compat.call_hi_primitive_p
-    for eqn in _compat.jaxpr_parts(jaxpr).eqns:
+    for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
         yield eqn, path
         for sub, sj in subjaxprs(eqn):
             yield from iter_eqns(sj, path + (sub.label,))
@@ -207,6 +207,16 @@ def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.Jax
             # walked here, rewritten only after taxpr expands it.
             for sj in hidden_jaxprs(eqn):
                 yield from iter_eqns(sj, path + (hi_name(eqn),))
+
+
+def any_eqn(jaxpr: Any, pred: Callable[[core.JaxprEqn], bool]) -> bool:
+    """Whether an equation of ``jaxpr`` or of its nested jaxprs satisfies ``pred``."""
+    return any(pred(eqn) for eqn, _ in iter_eqns(jaxpr))
+
+
+def holds(eqn: core.JaxprEqn, pred: Callable[[core.JaxprEqn], bool]) -> bool:
+    """Whether an equation nested (at any depth) in ``eqn``'s jaxprs satisfies ``pred``."""
+    return any(any_eqn(sj, pred) for _, sj in subjaxprs(eqn))
 
 
 def recompute_effects(old_effects, old_eqns, new_eqns):
@@ -232,7 +242,7 @@ def map_jaxpr(jaxpr: Any, rewrite_eqn: Callable, path: tuple[str, ...] = ()):
     forward a removed equation's outputs. Unchanged jaxprs are returned as
     the same object.
     """
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+    constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(jaxpr)
     env: dict = {}
     new_eqns = []
     changed = False
@@ -258,7 +268,7 @@ def map_jaxpr(jaxpr: Any, rewrite_eqn: Callable, path: tuple[str, ...] = ()):
         return jaxpr
     outvars = [_sub(env, v) for v in outvars]
     effects = recompute_effects(effects, eqns, new_eqns)
-    return _compat.make_jaxpr_like(jaxpr, constvars, consts or [], invars, new_eqns,
+    return _jaxpr.make_jaxpr_like(jaxpr, constvars, consts or [], invars, new_eqns,
                                    outvars, effects, dbg)
 
 
@@ -270,7 +280,7 @@ def _sub(env: dict, v: Any) -> Any:
 
 # One jaxpr of a nested program, as the parts ``map_levels`` hands to a level
 # rewrite (``consts`` is None for an open 0.10 jaxpr's free constvars).
-Level = _compat.JaxprParts
+Level = _jaxpr.JaxprParts
 
 
 def map_levels(jaxpr: Any, rewrite_level: Callable[[Level, tuple[str, ...], bool], Level | None],
@@ -286,7 +296,7 @@ def map_levels(jaxpr: Any, rewrite_level: Callable[[Level, tuple[str, ...], bool
 
 
 def _map_levels(jaxpr, rewrite_level, path, is_top, memo):
-    constvars, consts, invars, eqns, outvars, effects, dbg = _compat.jaxpr_parts(jaxpr)
+    constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(jaxpr)
     new_eqns = None
     for i, eqn in enumerate(eqns):
         new = {}
@@ -310,6 +320,6 @@ def _map_levels(jaxpr, rewrite_level, path, is_top, memo):
         if new_eqns is None:
             return jaxpr
         rewritten = level
-    return _compat.make_jaxpr_like(jaxpr, rewritten.constvars, rewritten.consts or [],
+    return _jaxpr.make_jaxpr_like(jaxpr, rewritten.constvars, rewritten.consts or [],
                                    rewritten.invars, rewritten.eqns, rewritten.outvars,
                                    rewritten.effects, rewritten.debug_info)

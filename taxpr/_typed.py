@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 
-from . import _compat
+from . import _jaxpr
 from ._dataflow import partition_out, transpose
 from ._inject import inject as _inject
 
@@ -47,7 +47,7 @@ class TypedClosedJaxpr:
 
     def eval(self, *args: Any) -> Any:
         """Evaluate on arguments of ``in_shape``'s structure."""
-        out = _compat.jaxpr_as_fun(self.closed_jaxpr)(*jax.tree_util.tree_leaves(args))
+        out = _jaxpr.jaxpr_as_fun(self.closed_jaxpr)(*jax.tree_util.tree_leaves(args))
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.out_shape), out)
 
     def map_inputs(self, fn: Callable, static_argnums: int | Iterable[int] = ()) -> Callable:

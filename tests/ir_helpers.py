@@ -6,12 +6,12 @@ import jax
 import numpy as np
 from jax._src import core
 
-from taxpr import _compat, _traverse
+from taxpr import _compat, _jaxpr, _traverse
 
 
 def counts(j) -> tuple[int, int]:
     """``(top-level equations, nested equations)`` of ``j``."""
-    top = len(_compat.jaxpr_parts(j).eqns)
+    top = len(_jaxpr.jaxpr_parts(j).eqns)
     total = sum(1 for _ in _traverse.iter_eqns(j))
     return top, total - top
 
@@ -22,8 +22,8 @@ def total(j) -> int:
 
 def run(j, *args, jit: bool = True):
     """Evaluate a Jaxpr / ClosedJaxpr (jitted by default)."""
-    if _compat.is_closed(j) or _compat.MERGED_JAXPR:
-        jaxpr, consts = _compat.open_with_constvars(j)
+    if _jaxpr.is_closed(j) or _compat.MERGED_JAXPR:
+        jaxpr, consts = _jaxpr.open_with_constvars(j)
     else:
         jaxpr, consts = j, []
 
@@ -53,4 +53,4 @@ def assert_bitwise(got, want, what: str = "") -> None:
 
 
 def check(j) -> None:
-    _compat.check_jaxpr(j)
+    _jaxpr.check_jaxpr(j)

@@ -11,7 +11,7 @@ from jax._src.interpreters import ad, partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 import taxpr as tx
-from taxpr import _compat
+from taxpr import _compat, _jaxpr
 
 TAXPR = Path(tx.__file__).resolve().parent
 
@@ -32,7 +32,7 @@ def test_detected_dce_rule_arity_is_that_of_every_rule_jax_registers():
     # pe.dce_jaxpr.
     with tx.keep_tags():
         closed = jax.make_jaxpr(lambda x: (tx.tag(x, op="unused"), x)[1])(1.0)
-    open_jaxpr, _ = _compat.open_with_constvars(closed)
+    open_jaxpr, _ = _jaxpr.open_with_constvars(closed)
     pruned, _ = pe.dce_jaxpr(open_jaxpr, [True])
     assert [e.params["op"] for e in pruned.eqns if e.primitive is tx.tag_p] == ["unused"]
 
@@ -52,7 +52,7 @@ def test_detected_custom_vjp_bwd_results_match_jax_bwd():
 
     f.defvjp(lambda x: (x * 2, None), lambda res, g: (g * 3,))
     closed = jax.make_jaxpr(f)(1.0)
-    (eqn,) = [e for e in _compat.jaxpr_parts(closed).eqns
+    (eqn,) = [e for e in _jaxpr.jaxpr_parts(closed).eqns
               if e.primitive is _compat.custom_vjp_call_p]
     eqn.params["fwd_jaxpr_thunk"].call_wrapped(True)  # fills out_trees
     raw = eqn.params["bwd"].call_wrapped(jnp.float32(1.0))
@@ -70,12 +70,12 @@ def test_detected_custom_vjp_bwd_results_match_jax_bwd():
 
 def test_jaxpr_parts_is_a_named_tuple_of_the_jaxpr():
     closed = jax.make_jaxpr(lambda x: jnp.sin(x) + jnp.ones(2))(jnp.ones(2))
-    parts = _compat.jaxpr_parts(closed)
+    parts = _jaxpr.jaxpr_parts(closed)
     assert parts._fields == ("constvars", "consts", "invars", "eqns", "outvars", "effects",
                              "debug_info")
     assert len(parts.invars) == 1 and len(parts.outvars) == 1
     assert [e.primitive.name for e in parts.eqns][0] == "sin"
-    rebuilt = _compat.make_closed(*parts)
+    rebuilt = _jaxpr.make_closed(*parts)
     assert jnp.allclose(jaxpr_as_fun(rebuilt)(jnp.zeros(2))[0], 1.0)
 
 

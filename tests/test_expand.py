@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import taxpr as tx
-from taxpr import _compat, _traverse
+from taxpr import _jaxpr, _traverse
 from taxpr import harvest as h
 
 A = np.array([[4.0, 1.0], [1.0, 3.0]], np.float32)
@@ -167,7 +167,7 @@ def test_inject_expands_an_operation_in_a_jaxpr_made_by_the_user():
         return value * ctx, ctx
 
     new = tx.inject(closed, injector, jnp.float32(2.0))
-    x, ctx = _compat.jaxpr_as_fun(new)(jnp.float32(2.0), B)
+    x, ctx = _jaxpr.jaxpr_as_fun(new)(jnp.float32(2.0), B)
     np.testing.assert_allclose(x, _python_richardson(2.0, B), rtol=1e-5)
     assert float(ctx) == 2.0
 
@@ -179,7 +179,7 @@ def test_a_primitive_without_a_thread_rule_runs_through_its_implementation():
     calls_p.multiple_results = True
 
     def impl(x, *, jaxpr):
-        f = _compat.jaxpr_as_fun(jaxpr)
+        f = _jaxpr.jaxpr_as_fun(jaxpr)
         return f(*f(x))
 
     calls_p.def_impl(impl)

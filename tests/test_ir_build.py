@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from taxpr import _compat, _traverse, ir
+from taxpr import _compat, _jaxpr, _traverse, ir
 
 from ir_helpers import assert_bitwise, check, run
 
@@ -22,7 +22,7 @@ def test_eqns_to_jaxpr_has_the_effects_of_its_equations(capfd):
         return jnp.sin(x) * 2.0
 
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
-    eqns = _compat.jaxpr_parts(j).eqns
+    eqns = _jaxpr.jaxpr_parts(j).eqns
     built = ir.eqns_to_jaxpr(eqns)
     check(built)
     assert set(built.effects) == set(j.effects) and built.effects
@@ -37,11 +37,11 @@ def test_eqns_to_jaxpr_has_the_effects_of_its_equations(capfd):
 
 def test_eqns_to_jaxpr_defaults_and_explicit_vars():
     j = jax.make_jaxpr(lambda x, y: (x * y + 1.0, jnp.cos(x)))(jnp.float32(1.0), jnp.float32(2.0))
-    eqns = _compat.jaxpr_parts(j).eqns
+    eqns = _jaxpr.jaxpr_parts(j).eqns
     built = ir.eqns_to_jaxpr(eqns[:1])  # x * y
     assert built.invars == list(j.jaxpr.invars if not _compat.MERGED_JAXPR else j.invars)
     assert built.outvars == [eqns[0].outvars[0]]
-    x, y = _compat.jaxpr_parts(j).invars
+    x, y = _jaxpr.jaxpr_parts(j).invars
     closed = ir.eqns_to_closed_jaxpr(eqns, invars=[x], consts=[np.float32(3.0)])
     check(closed)
     assert_bitwise(run(closed, np.float32(2.0)), run(j, np.float32(2.0), np.float32(3.0)))
@@ -84,8 +84,8 @@ def test_inline_jit_keeps_jits_whose_shardings_or_donation_would_be_lost():
     j = jax.make_jaxpr(lambda x: sharded(donating(plain(x))))(jnp.ones(3, jnp.float32))
     o = ir.inline_jit(j)
     check(o)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count(
-        _compat.jaxpr_parts(j).eqns[0].primitive.name) == 2
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns].count(
+        _jaxpr.jaxpr_parts(j).eqns[0].primitive.name) == 2
     assert_bitwise(run(o, np.ones(3, np.float32)), run(j, np.ones(3, np.float32)))
 
 
@@ -95,5 +95,5 @@ def test_inline_jit_predicate_selects_calls():
     j = jax.make_jaxpr(lambda x: a(x) + b(x))(jnp.float32(1.0))
     o = ir.inline_jit(j, predicate=lambda e: e.params["name"] == "sin")
     check(o)
-    top = [e.primitive.name for e in _compat.jaxpr_parts(o).eqns]
+    top = [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns]
     assert "sin" in top and "cos" not in top and len(top) == 3

@@ -19,7 +19,7 @@ from jax._src import core
 from jax.experimental import io_callback
 
 import taxpr as tx
-from taxpr import _compat, ir
+from taxpr import _jaxpr, ir
 
 from ir_helpers import assert_bitwise
 
@@ -254,17 +254,17 @@ def test_literals_keep_dtype_weak_type_and_bits():
     assert [v.aval for v in regen.jaxpr.outvars if hasattr(v, "aval")] == \
         [v.aval for v in j.jaxpr.outvars if hasattr(v, "aval")] \
         if hasattr(j, "jaxpr") else True
-    assert [str(v.aval) for v in _compat.jaxpr_parts(regen).outvars] == \
-        [str(v.aval) for v in _compat.jaxpr_parts(j).outvars]
+    assert [str(v.aval) for v in _jaxpr.jaxpr_parts(regen).outvars] == \
+        [str(v.aval) for v in _jaxpr.jaxpr_parts(j).outvars]
 
 
 def test_weakly_typed_inputs_stay_weak():
     j = jax.make_jaxpr(lambda x, y: (x * 2, y + 1.0))(1, 2.0)
     code = ir.jaxpr_to_python_code(j)
     regen = jax.make_jaxpr(code.load())(1, 2.0)
-    assert [v.aval for v in _compat.jaxpr_parts(regen).outvars] == \
-        [v.aval for v in _compat.jaxpr_parts(j).outvars]
-    assert all(v.aval.weak_type for v in _compat.jaxpr_parts(j).outvars)
+    assert [v.aval for v in _jaxpr.jaxpr_parts(regen).outvars] == \
+        [v.aval for v in _jaxpr.jaxpr_parts(j).outvars]
+    assert all(v.aval.weak_type for v in _jaxpr.jaxpr_parts(j).outvars)
 
 
 def test_closure_constants_inline_or_from_objects():

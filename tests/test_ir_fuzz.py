@@ -45,7 +45,7 @@ from jax import lax
 from jax.experimental import io_callback
 
 import taxpr as tx
-from taxpr import _compat, _traverse, ir
+from taxpr import _jaxpr, _traverse, ir
 
 from ir_helpers import assert_bitwise, check, run
 
@@ -295,14 +295,14 @@ def regenerate(j):
     """The jaxpr of the Python code generated from ``j`` (its function traced
     at ``j``'s input types): codegen is checked like a pass."""
     code = ir.jaxpr_to_python_code(j)
-    avals = [v.aval for v in _compat.jaxpr_parts(j).invars]
+    avals = [v.aval for v in _jaxpr.jaxpr_parts(j).invars]
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(code.load())(*specs)
 
 
 def _identity(j) -> tuple:
     """What determines ``j``'s results: its text and its constants' bytes."""
-    consts = _compat.jaxpr_parts(j).consts or ()
+    consts = _jaxpr.jaxpr_parts(j).consts or ()
     return str(j), tuple((np.asarray(c).dtype.str, np.asarray(c).shape, np.asarray(c).tobytes())
                          for c in consts)
 
@@ -544,7 +544,7 @@ def test_vmapped_programs_hold_what_vmap_makes_of_control_flow():
     batched_whiles = [e for seed in BATCHED_SEEDS
                       for e, _ in _traverse.iter_eqns(traced_program(seed, batched=True)[2])
                       if e.primitive.name == "while"
-                      and _compat.jaxpr_parts(e.params["cond_jaxpr"]).outvars[0].aval.shape]
+                      and _jaxpr.jaxpr_parts(e.params["cond_jaxpr"]).outvars[0].aval.shape]
     assert batched_whiles, traced
 
 

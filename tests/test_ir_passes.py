@@ -14,7 +14,7 @@ from jax._src import core
 from jax.experimental import io_callback
 
 import taxpr as tx
-from taxpr import _compat, ir
+from taxpr import _compat, _jaxpr, ir
 
 from helpers import shard_map
 from ir_helpers import assert_bitwise, check, counts, run, total
@@ -113,7 +113,7 @@ def test_two_calls_of_jitted_function_with_callbacks_still_call_twice():
     for p in [*PASSES, ir.optimize_jaxpr]:
         o = p(j)
         check(o)
-        assert sum(e.primitive.name in ("jit", "pjit") for e in _compat.jaxpr_parts(o).eqns) == 2
+        assert sum(e.primitive.name in ("jit", "pjit") for e in _jaxpr.jaxpr_parts(o).eqns) == 2
         calls.clear()
         jax.block_until_ready(run(o, np.float32(1.0), jit=False))
         jax.effects_barrier()
@@ -130,7 +130,7 @@ def test_large_pad_is_not_folded_and_small_pad_is():
     jb = jax.make_jaxpr(big)(jnp.float32(1.0))
     ob = ir.constant_fold(jb)
     assert "pad" in {e.primitive.name for e, _ in ir_iter(ob)}
-    assert all(np.size(c) <= 1000 for c in _compat.jaxpr_parts(ob).consts)
+    assert all(np.size(c) <= 1000 for c in _jaxpr.jaxpr_parts(ob).consts)
     assert_bitwise(run(ob, np.float32(1.0)), run(jb, np.float32(1.0)))
     js = jax.make_jaxpr(small)(jnp.float32(1.0))
     os_ = ir.constant_fold(js)
@@ -169,7 +169,7 @@ def test_algebraic_simplification_keeps_ieee_semantics(x):
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
     o = ir.dead_code_elimination(ir.algebraic_simplification(j))
     check(o)
-    names = [e.primitive.name for e in _compat.jaxpr_parts(o).eqns]
+    names = [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns]
     assert names == ["add", "mul", "sub"]  # x + 0.0, x * 0.0, x - x stay
     assert_bitwise(run(o, np.float32(x)), run(j, np.float32(x)))
 
@@ -184,25 +184,25 @@ def test_algebraic_simplification_of_a_neg_whose_operand_became_a_literal():
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
     o = ir.algebraic_simplification(j)
     check(o)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("mul") == 0
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns].count("mul") == 0
     assert_bitwise(run(o, np.float32(2.0)), run(j, np.float32(2.0)))
 
 
 def test_algebraic_simplification_keeps_the_exact_output_type():
     # weak-typed x times a strongly typed 1 is strongly typed: not x.
     j = jax.make_jaxpr(lambda x: lax.mul_p.bind(x, np.float32(1)))(1.0)
-    (eqn,) = _compat.jaxpr_parts(j).eqns
+    (eqn,) = _jaxpr.jaxpr_parts(j).eqns
     assert eqn.invars[0].aval.weak_type and not eqn.outvars[0].aval.weak_type
     assert ir.algebraic_simplification(j) is j
     # bf16 x converted to f32 then times 1: the multiply goes, the convert stays.
     jb = jax.make_jaxpr(lambda x: x.astype(jnp.float32) * 1.0)(jnp.bfloat16(1.5))
     ob = ir.optimize_jaxpr(jb, validate=True)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(ob).eqns] == ["convert_element_type"]
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(ob).eqns] == ["convert_element_type"]
     assert_bitwise(run(ob, jnp.bfloat16(1.5)), run(jb, jnp.bfloat16(1.5)))
     # integer division stays integer division; x // 1 is x.
     ji = jax.make_jaxpr(lambda a, b: (lax.div(a, b), lax.div(a, 1)))(7, 2)
     oi = ir.optimize_jaxpr(ji, validate=True)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(oi).eqns] == ["div"]
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(oi).eqns] == ["div"]
     assert_bitwise(run(oi, np.int32(-7), np.int32(2)), run(ji, np.int32(-7), np.int32(2)))
 
 
@@ -263,7 +263,7 @@ def test_dce_prunes_unused_scan_carries_and_outputs():
     j = jax.make_jaxpr(f)(jnp.float32(1.0))
     o = ir.dead_code_elimination(j)
     check(o)
-    (scan,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "scan"]
+    (scan,) = [e for e in _jaxpr.jaxpr_parts(o).eqns if e.primitive.name == "scan"]
     assert len(scan.outvars) == 1
     assert counts(o) == (1, 1)
     assert_bitwise(run(o, np.float32(2.0)), run(j, np.float32(2.0)))
@@ -302,9 +302,9 @@ def test_passes_work_inside_every_kind_of_nested_jaxpr():
     j = jax.make_jaxpr(every_nesting)(jnp.float32(0.3))
     o = ir.optimize_jaxpr(j, validate=True)
     from taxpr import _traverse
-    levels_before = [len(_compat.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(j)
+    levels_before = [len(_jaxpr.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(j)
                      for _, sj in _traverse.subjaxprs(e)]
-    levels_after = [len(_compat.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(o)
+    levels_after = [len(_jaxpr.jaxpr_parts(sj).eqns) for e, _ in _traverse.iter_eqns(o)
                     for _, sj in _traverse.subjaxprs(e)]
     assert total(o) < total(j)
     # jit, checkpoint, 2 cond branches, while cond and body, custom_jvp,
@@ -339,16 +339,16 @@ def test_validate_runs_check_jaxpr_on_the_result():
     from jax._src import core
 
     def breaks_types(j):
-        parts = _compat.jaxpr_parts(j)
+        parts = _jaxpr.jaxpr_parts(j)
         eqn = parts[3][0]
         bad = eqn.replace(outvars=[core.Var(core.ShapedArray((2,), jnp.float32))])
-        return _compat.make_jaxpr_like(j, parts[0], parts[1], parts[2], [bad], bad.outvars,
+        return _jaxpr.make_jaxpr_like(j, parts[0], parts[1], parts[2], [bad], bad.outvars,
                                        parts[5], parts[6])
 
     j = jax.make_jaxpr(lambda x: jnp.sin(x))(jnp.float32(1.0))
     # Without validate the pass's result comes back unchecked, ill-typed.
     unchecked = ir.optimize_jaxpr(j, passes=[breaks_types])
-    assert _compat.jaxpr_parts(unchecked).outvars[0].aval.shape == (2,)
+    assert _jaxpr.jaxpr_parts(unchecked).outvars[0].aval.shape == (2,)
     with pytest.raises(jax.errors.JaxprTypeError, match="inconsistently typed as f32"):
         ir.optimize_jaxpr(j, passes=[breaks_types], validate=True)
     with pytest.raises(ValueError, match="unknown passes"):
@@ -385,7 +385,7 @@ def test_effect_of_one_cond_branch_stays_on_the_cond_when_another_branch_shrinks
     for p in [*PASSES, ir.optimize_jaxpr]:
         o = p(j)
         check(o)
-        (cond,) = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name == "cond"]
+        (cond,) = [e for e in _jaxpr.jaxpr_parts(o).eqns if e.primitive.name == "cond"]
         assert cond.effects, p
 
 
@@ -401,7 +401,7 @@ def test_constant_fold_never_folds_or_materializes_an_integer_divisor():
     j = jax.make_jaxpr(f)(np.int32(5))
     o = ir.constant_fold(j)
     check(o)
-    divs = [e for e in _compat.jaxpr_parts(o).eqns if e.primitive.name in ("div", "rem")]
+    divs = [e for e in _jaxpr.jaxpr_parts(o).eqns if e.primitive.name in ("div", "rem")]
     assert len(divs) == 3
     assert not any(isinstance(e.invars[1], core.Literal) for e in divs)
     # Evaluated op by op (no XLA constant folding across ops): x / 0 is defined.
@@ -418,14 +418,14 @@ def test_dce_keeps_an_unused_cond_whose_branches_hold_tags_even_after_jitting():
     o = ir.dead_code_elimination(j)
     check(o)
     assert sorted(s.params["op"] for s in tx.find_tags(o)) == ["a", "b"]
-    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns].count("cond") == 1
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns].count("cond") == 1
 
 
 # ---- the default passes stop where another round would change nothing -----------------
 
 def _identity(j) -> tuple:
     """What ``j`` is: its text (variables numbered in order) and its consts."""
-    consts = _compat.jaxpr_parts(j).consts or ()
+    consts = _jaxpr.jaxpr_parts(j).consts or ()
     return str(j), tuple((np.asarray(c).dtype.str, np.asarray(c).shape,
                           np.asarray(c).tobytes()) for c in consts)
 
@@ -550,5 +550,5 @@ def test_constant_fold_evaluates_a_folded_equation_that_uses_a_kept_constant():
     j = jax.make_jaxpr(f)(np.int32(7))
     o = ir.constant_fold(j)
     check(o)
-    assert [e.primitive.name for e in _compat.jaxpr_parts(o).eqns] == ["add", "div", "add"]
+    assert [e.primitive.name for e in _jaxpr.jaxpr_parts(o).eqns] == ["add", "div", "add"]
     assert_bitwise(run(o, np.int32(7)), run(j, np.int32(7)))

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
+
 from jax.extend.core import jaxpr_as_fun
 
 import taxpr as tx

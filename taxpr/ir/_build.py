@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 from jax._src import core
 
-from .. import _compat, _traverse
+from .. import _compat, _jaxpr, _traverse
 
 __all__ = ["eqns_to_closed_jaxpr", "eqns_to_jaxpr", "inline_jit"]
 
@@ -59,10 +59,10 @@ def eqns_to_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Var] | No
         invars = [v for v in free if v not in cset]
     if outvars is None:
         outvars = unread
-    dbg = _compat._fit_debug_info(_compat.debug_info("eqns_to_jaxpr"), len(invars),
+    dbg = _jaxpr._fit_debug_info(_jaxpr.debug_info("eqns_to_jaxpr"), len(invars),
                                   len(outvars))
     return core.Jaxpr(constvars, list(invars), list(outvars), list(eqns), _effects(eqns), dbg,
-                      _compat.is_high(eqns))
+                      _jaxpr.is_high(eqns))
 
 
 def eqns_to_closed_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Var] | None = None,
@@ -102,8 +102,8 @@ def eqns_to_closed_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Va
         invars = [v for v in free if v not in cset]
     if outvars is None:
         outvars = unread
-    return _compat.make_closed(constvars, values, list(invars), list(eqns), list(outvars),
-                               _effects(eqns), _compat.debug_info("eqns_to_closed_jaxpr"))
+    return _jaxpr.make_closed(constvars, values, list(invars), list(eqns), list(outvars),
+                               _effects(eqns), _jaxpr.debug_info("eqns_to_closed_jaxpr"))
 
 
 def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = None) -> Any:
@@ -131,10 +131,10 @@ def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = N
             return None
         body = eqn.params["jaxpr"]
         inlined = memo.get_or_compute(body, lambda: inline_jit(body, predicate))
-        constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(inlined)
+        constvars, consts, invars, eqns, outvars, _, _ = _jaxpr.jaxpr_parts(inlined)
         if any(getattr(c, "shape", ()) != () for c in consts or ()):
             return None
-        rename: dict = {v: _compat.literal(c, v.aval) for v, c in zip(constvars, consts or ())}
+        rename: dict = {v: _jaxpr.literal(c, v.aval) for v, c in zip(constvars, consts or ())}
         rename.update(zip(invars, [_sub(env, a) for a in eqn.invars]))
         new_eqns = []
         for e in eqns:
@@ -153,6 +153,6 @@ def _sub(env: dict, a: Any) -> Any:
 
 
 def _fresh(rename: dict, v: core.Var) -> core.Var:
-    nv = _compat.new_var(v.aval)
+    nv = _jaxpr.new_var(v.aval)
     rename[v] = nv
     return nv

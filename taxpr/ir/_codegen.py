@@ -63,7 +63,7 @@ from jax import lax
 from jax._src import core
 from jax.sharding import PartitionSpec
 
-from .. import _compat, _traverse
+from .. import _compat, _jaxpr, _traverse
 from ..primitives import _tag
 
 __all__ = ["PythonCode", "fn_to_python_code", "jaxpr_to_python_code"]
@@ -424,7 +424,7 @@ class _Gen:
             return src if _eval_roundtrips(src, value, self.namespace) else self.obj(value, hint)
         if isinstance(value, np.ndarray) or isinstance(value, np.generic):
             return _array_src(value) if np.ndim(value) else _scalar_src(np.asarray(value))
-        if _compat.is_jaxpr(value):
+        if _jaxpr.is_jaxpr(value):
             return self.jaxpr_src(value, hint)
         if isinstance(value, jax.tree_util.PyTreeDef):
             src = self.treedef_src(value)
@@ -558,7 +558,7 @@ class _Gen:
 
     @staticmethod
     def jaxprs_inside(value: Any) -> bool:
-        return hasattr(value, "_fields") and any(_compat.is_jaxpr(v) for v in value)
+        return hasattr(value, "_fields") and any(_jaxpr.is_jaxpr(v) for v in value)
 
     def treedef_src(self, tree: Any) -> str | None:
         """``jax.tree_util.tree_structure(<an example>)`` for a structure of
@@ -597,8 +597,8 @@ class _Gen:
         hit = self.fn_memo.get(("jaxpr", id(j)))
         if hit is not None and hit[0] is j:
             return hit[1]
-        parts = _compat.jaxpr_parts(j)
-        open_ = not _compat.is_closed(j) and not _compat.MERGED_JAXPR
+        parts = _jaxpr.jaxpr_parts(j)
+        open_ = not _jaxpr.is_closed(j) and not _compat.MERGED_JAXPR
         specs = [self.spec_src(v.aval) for v in parts.invars]
         if None in specs or open_ and parts.constvars:
             return self.obj(j, hint)
@@ -643,7 +643,7 @@ class _Gen:
         return name
 
     def _function_src(self, j: Any, name: str, returns: str, n_carry: int) -> str:
-        constvars, consts, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(j)
+        constvars, consts, invars, eqns, outvars, _, _ = _jaxpr.jaxpr_parts(j)
         names = _Names()
         env: dict = {}
         args = []
@@ -728,7 +728,7 @@ def _is_filter_flatten(value: Any) -> bool:
 
 def _scan_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     p = eqn.params
-    n_consts, n_carry = _compat.scan_counts(p)
+    n_consts, n_carry = _jaxpr.scan_counts(p)
     body = g.function(p["jaxpr"], "scan_body", "scan", n_carry)
     consts, carry, xs = args[:n_consts], args[n_consts:n_consts + n_carry], \
         args[n_consts + n_carry:]
@@ -745,7 +745,7 @@ def _while_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     cond = g.function(p["cond_jaxpr"], "while_cond", "value")
     body = g.function(p["body_jaxpr"], "while_body", "tuple")
     cc, bc, init = args[:nc], args[nc:nc + nb], args[nc + nb:]
-    if _compat.jaxpr_parts(p["cond_jaxpr"]).outvars[0].aval.shape:
+    if _jaxpr.jaxpr_parts(p["cond_jaxpr"]).outvars[0].aval.shape:
         # vmap batched the predicate: ``while_p`` loops while any example's
         # holds and selects the carry per example (``lax.while_loop`` takes
         # only a scalar predicate), as JAX lowers it.
@@ -1043,7 +1043,7 @@ def _updates_with(update_jaxpr: Any, combine: core.Primitive | None) -> bool:
         return update_jaxpr is None
     if update_jaxpr is None:
         return False
-    return [e.primitive for e in _compat.jaxpr_parts(update_jaxpr).eqns] == [combine]
+    return [e.primitive for e in _jaxpr.jaxpr_parts(update_jaxpr).eqns] == [combine]
 
 
 def _callback_call_args(g: _Gen, in_tree: Any, args: list[str], static: dict,
@@ -1211,7 +1211,7 @@ def _linear_solve_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | No
     offsets = np.cumsum([0, *lengths]).tolist()
     consts = {f: args[offsets[i]:offsets[i + 1]] for i, f in enumerate(lengths._fields)}
     b = args[offsets[-1]:]
-    if len(_compat.jaxpr_parts(jaxprs.solve).outvars) != len(b):
+    if len(_jaxpr.jaxpr_parts(jaxprs.solve).outvars) != len(b):
         return None  # (solve with auxiliary outputs)
 
     def call(field: str, hint: str) -> str:
@@ -1270,7 +1270,7 @@ def _device_put_params() -> dict | None:
     """The params ``jax.device_put(x)`` binds (traced once)."""
     try:
         j = jax.make_jaxpr(jax.device_put)(jax.ShapeDtypeStruct((), np.float32))
-        (e,) = _compat.jaxpr_parts(j).eqns
+        (e,) = _jaxpr.jaxpr_parts(j).eqns
     except Exception:  # noqa: BLE001 - no single equation: not written with it
         return None
     return dict(e.params)

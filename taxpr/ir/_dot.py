@@ -9,7 +9,7 @@ from typing import Any
 
 from jax._src import core
 
-from .. import _compat, _traverse
+from .. import _jaxpr, _traverse
 
 __all__ = ["render", "to_dot"]
 
@@ -54,7 +54,7 @@ class _Dot:
     def jaxpr(self, j: Any, inputs: list[str] | None, indent: str) -> list[str]:
         """Emit ``j``'s nodes; ``inputs`` are the outer nodes feeding its
         invars (dashed edges). Returns the nodes producing its outputs."""
-        constvars, _, invars, eqns, outvars, _, _ = _compat.jaxpr_parts(j)
+        constvars, _, invars, eqns, outvars, _, _ = _jaxpr.jaxpr_parts(j)
         producer: dict = {}
         for v in constvars:
             producer[v] = self.node(f"const {self.typed(v)}", "note")
@@ -77,7 +77,7 @@ class _Dot:
                                   f"style=rounded; color=gray50;")
                 feeds = [producer.get(a) if not isinstance(a, core.Literal) else None
                          for a in eqn.invars]
-                n_in = len(_compat.jaxpr_parts(sj).invars)
+                n_in = len(_jaxpr.jaxpr_parts(sj).invars)
                 sub_outs = self.jaxpr(sj, feeds[len(feeds) - n_in:] if n_in <= len(feeds)
                                       else None, indent + "  ")
                 self.lines.append("}")

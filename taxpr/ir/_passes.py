@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax._src import core
 
-from .. import _compat, _traverse
+from .. import _compat, _jaxpr, _traverse
 from .._traverse import Level
 from ..primitives._tag import tag_cotangent_p, tag_p, tag_tangent_p
 
@@ -67,7 +67,7 @@ class _Purity:
             return True
         for _, sj in _traverse.subjaxprs(eqn):
             if self._callees.get_or_compute(
-                    sj, lambda: any(self.impure(e) for e in _compat.jaxpr_parts(sj).eqns)):
+                    sj, lambda: any(self.impure(e) for e in _jaxpr.jaxpr_parts(sj).eqns)):
                 return True
         return False
 
@@ -397,14 +397,14 @@ def _eqn_count(eqns) -> int:
     for eqn in eqns:
         n += 1
         for _, sj in _traverse.subjaxprs(eqn):
-            n += _eqn_count(_compat.jaxpr_parts(sj).eqns)
+            n += _eqn_count(_jaxpr.jaxpr_parts(sj).eqns)
     return n
 
 
 def _dce_level(level: Level, path, is_top, purity: _Purity | None = None,
                report: _RoundReport | None = None) -> Level | None:
     free_constvars = level.consts is None  # an open 0.10 jaxpr's constvars are its inputs
-    used_consts, eqns, effects = _compat.dce_level(
+    used_consts, eqns, effects = _jaxpr.dce_level(
         [] if free_constvars else level.constvars,
         [*level.constvars, *level.invars] if free_constvars else level.invars,
         level.eqns, level.outvars, level.effects, level.debug_info)
@@ -461,7 +461,7 @@ def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> An
     seen: set = set()
 
     def collect(j):  # primitives that call a jaxpr (each callee walked once)
-        for e in _compat.jaxpr_parts(j).eqns:
+        for e in _jaxpr.jaxpr_parts(j).eqns:
             for _, sj in _traverse.subjaxprs(e):
                 callers.add(e.primitive)
                 if id(sj) not in seen:
@@ -534,9 +534,9 @@ def _fold_level(purity: _Purity, max_elements: int, report: _RoundReport | None 
         constvars, consts = list(level.constvars), level.consts
         for v, val in zip(materialize, values):
             if v.aval.shape == ():
-                env[v] = _compat.literal(val, v.aval)
+                env[v] = _jaxpr.literal(val, v.aval)
             else:
-                nv = _compat.new_var(v.aval)
+                nv = _jaxpr.new_var(v.aval)
                 constvars.append(nv)
                 consts = [*consts, np.asarray(val, dtype=v.aval.dtype)]
                 env[v] = nv
@@ -587,13 +587,13 @@ def _evaluate(eqns: list, known: dict, outs: list) -> list:
     # Identical constant equations (e.g. the same constant built in every
     # iteration of an unrolled loop) are evaluated once.
     level = Level(used_known, list(known.get(v) for v in used_known), [], list(eqns),
-                  list(outs), effects, _compat.debug_info("constant_fold"))
+                  list(outs), effects, _jaxpr.debug_info("constant_fold"))
     level = _forward_level(_Purity(), cse=True)(level, (), False) or level
     # The known consts enter as inputs: DCE keeps (and prunes) inputs the
     # same way on every JAX (0.12's moves constvars into the inputs).
     jaxpr = core.Jaxpr([], used_known, level.outvars, level.eqns, effects,
-                       _compat.debug_info("constant_fold"), _compat.is_high(level.eqns))
-    jaxpr, _ = _compat.dce_jaxpr(jaxpr, [True] * len(outs))
+                       _jaxpr.debug_info("constant_fold"), _jaxpr.is_high(level.eqns))
+    jaxpr, _ = _jaxpr.dce_jaxpr(jaxpr, [True] * len(outs))
     args = [known[v] for v in jaxpr.invars]
     if len(jaxpr.eqns) <= _EAGER_FOLD_MAX:
         values = core.eval_jaxpr(jaxpr, [], *args)
@@ -724,11 +724,11 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
                                    and not report.reopened):
                 break
             if size is None:
-                size = _eqn_count(_compat.jaxpr_parts(before).eqns)
-            new_size = _eqn_count(_compat.jaxpr_parts(jaxpr).eqns)
+                size = _eqn_count(_jaxpr.jaxpr_parts(before).eqns)
+            new_size = _eqn_count(_jaxpr.jaxpr_parts(jaxpr).eqns)
             if new_size == size:
                 break
             size = new_size
     if validate:
-        _compat.check_jaxpr(jaxpr)
+        _jaxpr.check_jaxpr(jaxpr)
     return jaxpr

@@ -396,7 +396,7 @@ def test_filter_checkpoint_grad_from_outside():
         return _ck_layer(_ck_layer(x))
 
     pure, s0 = tx.uncurry(f, 0.3)
-    (out, s1), = [pure(s0, 0.3)]
+    (_, s1), = [pure(s0, 0.3)]
     assert int(s1["ck_n"]) == 2
     g = jax.grad(lambda x: pure(s0, x)[0])(0.3)
     close(g, _ck_grad_want(0.3))

@@ -1,0 +1,265 @@
+"""Initial values of the states: from the program where every first use is
+certain from its structure, else by running it once with the example
+arguments; and the init of a state the example run never reaches."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core
+
+from .. import _compat, _jaxpr
+from .._engine import format_path
+from .._inject import InjectPolicy, inject_with
+from .. import _traverse
+from ..primitives._tag import BATCHED, GUARD, tag_p
+from ._collect import StateInfo
+from ._ops import GET, StateError, is_state_tag
+from ._rewrite import FirstUse, init_injector, reached_by_any_example
+
+
+def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any]) -> dict:
+    """Each state's value at first use when ``closed`` runs on ``args``:
+    without running it where every first use is certain from the program's
+    structure (``_initial_states_without_run``), else by running it once
+    (only what the initial values need is compiled). A state the run never
+    reaches starts at the ``init`` of its first ``get_state`` in trace order,
+    computed exactly from the program (``unreached_init``), or at zeros if
+    it is only ever set."""
+    known = _initial_states_without_run(closed, states, args)
+    if known is not None:
+        return known
+    zeros = {n: FirstUse(jnp.zeros(s.shape, s.dtype), jnp.zeros(s.shape, s.dtype),
+                          np.zeros((), bool)) for n, s in states.items()}
+    init = inject_with(closed, init_injector, zeros, is_state_tag, InjectPolicy(
+        guard_merge=reached_by_any_example,
+        # sets in a shard_map without vma checking are refused by
+        # collect_states; reads record their (replicated) init
+        check_per_shard=False,
+        # a bwd's replay of the forward pass is never a first use
+        replays=False))
+    leaves = jax.tree_util.tree_leaves(zeros)
+    n_out = len(_jaxpr.jaxpr_parts(closed).outvars)
+    # Only (initial, seen) of each state are needed: the program's outputs
+    # and what only they need are pruned before compiling (effects stay).
+    wanted = {n: FirstUse(False, True, True) for n in zeros}
+    needed = [False] * n_out + jax.tree_util.tree_leaves(wanted)
+    outs = iter(jax.jit(_jaxpr.jaxpr_as_fun(_jaxpr.dce_closed(init, needed)))(*leaves, *args))
+    # ctx leaves are in the flattened dict's (sorted) key order.
+    final = {n: FirstUse(None, next(outs), next(outs)) for n in sorted(zeros)}
+    first_gets = _first_gets(closed)
+    result = {}
+    for n, (_, initial, seen) in final.items():
+        if not isinstance(seen, jax.core.Tracer) and bool(seen):
+            result[n] = initial
+            continue
+        if n not in first_gets:  # only ever set: zeros (already in ``initial``)
+            result[n] = initial
+            continue
+        chain, path = first_gets[n]
+        if isinstance(seen, jax.core.Tracer):
+            # uncurry inside a traced function: whether the example run
+            # reaches the state is itself traced.
+            try:
+                fallback = unreached_init(chain, path, n, args)
+            except StateError as e:
+                raise StateError(
+                    f"{e} (uncurry is called inside a traced function, so whether the "
+                    f"example run reaches it is unknown at trace time)") from None
+            result[n] = jax.lax.select(seen, initial, fallback)
+        else:
+            result[n] = unreached_init(chain, path, n, args)
+    return result
+
+
+def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
+                                args: Sequence[Any]) -> dict | None:
+    """Each state's value at first use, found without running the program
+    when every state's first use is certain from the program's structure;
+    None where it is not (the example run decides then).
+
+    A state's first access is certain when, walking the program in execution
+    order, it is met before any place that may or may not run (a cond
+    branch, a while loop, a scan of length 0, a shard_map body, a site
+    guarded by vmap) that also accesses the state: the equations of a jaxpr
+    run in order, and calls and scans of length >= 1 run their bodies'
+    equations in order. A first ``set_state`` means zeros; a first
+    ``get_state`` its init, computed from only the part of the program that
+    computes it (``unreached_init``; an init that needs a loop's carry or
+    another state leaves it to the example run). Constant inits need no
+    computation at all."""
+    first: dict[str, tuple | None] = {}
+    uses_state = _traverse.IdMemo()  # jaxpr -> the states it uses
+
+    def names_in(jaxpr) -> frozenset:
+        return uses_state.get_or_compute(jaxpr, lambda: frozenset(
+            e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
+            if e.primitive is tag_p and is_state_tag(e.params)))
+
+    def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
+        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
+            p = eqn.params
+            if eqn.primitive is tag_p:
+                if not is_state_tag(p) or p["name"] in first:
+                    continue
+                if GUARD in p or p.get(BATCHED):
+                    return False
+                first[p["name"]] = ([*chain, (jaxpr, eqn, None)], path) if p["op"] is GET \
+                    else None
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if not subs:
+                continue
+            prim = eqn.primitive
+            runs_in_order = (prim in _compat.CALL_PRIMITIVES
+                             or (prim is _compat.scan_p and p["length"] >= 1))
+            for sub, sj in subs:
+                if not names_in(sj) - first.keys():
+                    continue
+                if not runs_in_order:
+                    return False
+                if not walk(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,)):
+                    return False
+        return True
+
+    if not walk(closed, [], ()) or first.keys() != states.keys():
+        return None
+    result = {}
+    for n, info in states.items():
+        aval = core.ShapedArray(info.shape, info.dtype)
+        if first[n] is None:  # first set: zeros, as in the example run
+            result[n] = jnp.zeros(info.shape, info.dtype)
+            continue
+        chain, path = first[n]
+        try:
+            value = unreached_init(chain, path, n, args)
+        except StateError:
+            return None
+        value = _compat.cast_weak_type(value, aval)
+        # A fresh array, as the example run gives: the init may be the
+        # user's own array (or a const of the program), and state0 may be
+        # donated.
+        result[n] = value if isinstance(value, core.Tracer) else value.copy()
+    return result
+
+
+def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
+    """Each state's first ``get_state`` in trace order: ``name -> (chain,
+    path)``, ``chain`` the enclosing ``(jaxpr, eqn, sub)`` from the top level
+    down, ending with ``(jaxpr, tag_eqn, None)``."""
+    out: dict = {}
+
+    def visit(jaxpr, chain, path):
+        eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
+        clamped = None  # outputs of this jaxpr's clamps (lax.switch's index)
+        for eqn in eqns:
+            if eqn.primitive is tag_p:
+                p = eqn.params
+                if p.get("op") is GET and p["name"] not in out:
+                    out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
+                continue
+            subs = _traverse.subjaxprs(eqn)
+            if eqn.primitive is _compat.cond_p and len(eqn.params["branches"]) == 2:
+                if clamped is None:
+                    clamped = {v for e in eqns if e.primitive is jax.lax.clamp_p for v in e.outvars}
+                if not _is_switch_index(eqn.invars[0], clamped):
+                    subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
+            for sub, sj in subs:
+                visit(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,))
+
+    visit(closed, [], ())
+    return out
+
+
+def _is_switch_index(index: Any, clamped: set) -> bool:
+    """Whether a two-branch ``cond``'s index comes from ``lax.switch``
+    (which traces its branches in index order, and clamps its index) rather
+    than ``lax.cond`` (which traces its true branch, index 1, first)."""
+    return not isinstance(index, core.Literal) and index in clamped
+
+
+def _outer_operand(eqn, sub, i: int) -> Any | None:
+    """The operand of ``eqn`` that input ``i`` of its sub-jaxpr ``sub`` is
+    bound to, the same in every iteration; None if there is none (a loop's
+    carry or xs, a shard_map's shard)."""
+    prim = eqn.primitive
+    if prim in _compat.CALL_PRIMITIVES:
+        return eqn.invars[i] if i < len(eqn.invars) else None
+    if prim is _compat.cond_p:
+        return eqn.invars[1 + i]
+    if prim is _compat.scan_p:
+        nc, _ = _jaxpr.scan_counts(eqn.params)
+        return eqn.invars[i] if i < nc else None
+    if prim is _compat.while_p:
+        cc, bc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        if sub.key == "cond_jaxpr":
+            return eqn.invars[i] if i < cc else None
+        return eqn.invars[cc + i] if i < bc else None
+    return None
+
+
+def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
+    """The value of a ``get_state``'s init operand that the example run never
+    reaches, computed from the program and ``args`` (the top-level inputs).
+
+    The init's computation is sliced out of each enclosing jaxpr, from the
+    site outwards; an input of a nested jaxpr is followed to the enclosing
+    equation's operand when that operand is the same on every run of the
+    body (jit/checkpoint/custom rule arguments, cond operands, loop consts).
+
+    Raises:
+        StateError: the init depends on a value that differs per run of its
+            body (a loop's carry or xs), on a state, or on an effect.
+    """
+    where = f"get_state({name!r}) at {format_path(path)}"
+
+    def fail(why: str) -> StateError:
+        return StateError(
+            f"taxpr: state {name!r}: {where} is never reached when running the example "
+            f"arguments, and its init {why}, so its initial value cannot be computed; give "
+            f"an init that does not depend on traced values (e.g. a callable), or example "
+            f"arguments that reach it")
+
+    def values(level: int, atoms: list) -> list:
+        jaxpr = chain[level][0]
+        constvars, consts, invars, eqns, _, _, dbg = _jaxpr.jaxpr_parts(jaxpr)
+        needed = {a for a in atoms if type(a) is _compat.Var}
+        kept = []
+        for eqn in reversed(eqns):
+            if not any(type(o) is _compat.Var and o in needed for o in eqn.outvars):
+                continue
+            if eqn.primitive is tag_p:
+                if is_state_tag(eqn.params) and eqn.params["op"] is GET:
+                    raise fail(f"depends on state {eqn.params['name']!r}")
+            elif eqn.effects:
+                raise fail(f"depends on an effect ({eqn.primitive.name})")
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if type(v) is _compat.Var)
+        kept.reverse()
+        ins = [v for v in invars if v in needed]
+        if ins:
+            if level == 0:
+                index = {v: k for k, v in enumerate(invars)}
+                in_vals = [args[index[v]] for v in ins]
+            else:
+                _, eqn, sub = chain[level - 1]
+                pos = {v: k for k, v in enumerate(invars)}
+                outer = [_outer_operand(eqn, sub, pos[v]) for v in ins]
+                if any(o is None for o in outer):
+                    raise fail(f"depends on a value that changes on every run of "
+                               f"{sub.label} (e.g. a loop's carry or xs)")
+                in_vals = values(level - 1, outer)
+        else:
+            in_vals = []
+        if consts is None and any(v in needed for v in constvars):
+            raise fail("depends on a free variable of an open jaxpr")
+        sliced = _jaxpr.make_closed(constvars, consts or [], ins, kept, list(atoms),
+                                     _traverse.effects_of_eqns(kept), dbg)
+        return list(_jaxpr.jaxpr_as_fun(sliced)(*in_vals))
+
+    _, tag_eqn, _ = chain[-1]
+    # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
+    return jnp.asarray(values(len(chain) - 1, [tag_eqn.invars[0]])[0])

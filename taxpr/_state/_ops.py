@@ -1,0 +1,134 @@
+"""State accesses: ``get_state`` / ``set_state``, the ``StateOp`` that marks
+their tags, and the errors and warnings of the state layer."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..primitives._tag import tag
+from ._inits import call_init
+
+
+class StateOp:
+    """The ``op`` param of a state access. Compared by identity, so a user's
+    ``op="get"`` string never equals (nor shares a cache entry with) it."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __repr__(self):
+        return f"state.{self.kind}"
+
+    def recomputed(self, saved: list, values: list) -> list:
+        """The outputs of this access recomputed in a backward pass
+        (``jax_remat3``): a read gives what the forward read, a write passes
+        its value on (the derivative flows through) and writes nothing again."""
+        return saved if self is GET else values
+
+    def on_untransformed(self, params: dict, how: str) -> None:
+        """Called when a state access is compiled or runs eagerly without
+        ``uncurry``: ``how`` says which ("is being compiled", "ran eagerly")."""
+        if self is SET:
+            warnings.warn(
+                f"taxpr: set_state({params['name']!r}) {how} without "
+                f"tx.uncurry, so the update is lost (get_state returns the init, and "
+                f"tx.next_key the same key on every call). Use `pure, state0 = "
+                f"tx.uncurry(fn, *args)` and jit `pure` instead (or `tx.seed(fn, key)` "
+                f"for a function that only draws keys).",
+                StateNotUncurriedWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` called here that names the
+    first caller outside taxpr and JAX (the user's line)."""
+    taxpr_dir = os.path.dirname(os.path.dirname(__file__))
+    inside = (taxpr_dir + os.sep, os.path.dirname(jax.__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+GET, SET = StateOp("get"), StateOp("set")
+
+
+class StateError(ValueError):
+    """A state is used inconsistently (the message names it)."""
+
+
+class StateNotUncurriedWarning(UserWarning):
+    """A ``set_state`` reached compilation (e.g. ``jax.jit(fn)``) or ran
+    eagerly (``fn(x)``, or under ``jax.disable_jit()``) without
+    ``tx.uncurry``: its update is lost. Turn it into an error with
+    ``warnings.simplefilter("error", tx.StateNotUncurriedWarning)``."""
+
+
+def is_state_tag(params: dict, shape: Any = None) -> bool:
+    """Whether a tag's params are a state access's (a tag predicate)."""
+    return isinstance(params.get("op"), StateOp)
+
+
+def get_state(name: str, init: Any) -> jax.Array:
+    """The current value of state ``name``.
+
+    Arguments:
+        name: the state's name.
+        init: an array-like, or a zero-argument callable returning one; it
+            fixes the state's shape and dtype and is its value at first use.
+
+    Returns:
+        The state's current value (``init`` when called outside ``uncurry``).
+    """
+    if callable(init):
+        init = call_init(name, init)
+    # The init stays in the jaxpr as the tag's operand: a state the example
+    # run never reaches gets it from there (``initial_states``). (asarray
+    # returns arrays and tracers as they are: skip its checks for them.)
+    return tag(_one_array(name, init, "get_state's init"), op=GET, name=name)
+
+
+def _one_array(name: str, value: Any, what: str) -> Any:
+    """``value`` as the one array a state holds. A pytree of several arrays
+    (a tuple of arrays, a dict, a NamedTuple) is an error naming the state:
+    ``jnp.asarray`` would silently stack it into one array. Nested lists or
+    tuples of Python scalars are an array literal, as for ``jnp.asarray``."""
+    if isinstance(value, jax.Array):
+        return value
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if tree.num_nodes > 1 and not (
+            isinstance(value, (list, tuple)) and _scalars_only(value)):
+        raise TypeError(
+            f"taxpr: state {name!r}: {what} is a {type(value).__name__} holding "
+            f"{len(leaves)} leaves, but a state holds one array (it would be stacked into "
+            f"one). Keep each array in its own state (e.g. {name + '_0'!r}, "
+            f"{name + '_1'!r}), or stack them explicitly with jnp.stack")
+    return jnp.asarray(value)
+
+
+def _scalars_only(value: Any) -> bool:
+    return all(_scalars_only(v) if isinstance(v, (list, tuple))
+               else isinstance(v, (bool, int, float, complex, np.bool_, np.number))
+               for v in value)
+
+
+def set_state(name: str, value: Any) -> Any:
+    """Set state ``name`` to ``value`` and return ``value``.
+
+    Arguments:
+        name: the state's name. Setting a state never read creates it (with
+            initial value zeros).
+        value: the new value; it must have the state's shape and dtype.
+
+    Returns:
+        ``value``.
+    """
+    return tag(_one_array(name, value, "set_state's value"), op=SET, name=name)

@@ -1,0 +1,159 @@
+"""``uncurry`` and ``make_jaxpr``: tracing a function once per signature and
+returning the pure function of ``(state, *args)``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _compat, _jaxpr
+from .._expand import expand_for
+from .._inject import check_no_hidden_tags, trace_program
+from ..primitives._tag import keep_tags, recording_tags
+from ._collect import collect_states
+from ._initial import initial_states
+from ._inits import INITS_FOR_TYPES_ONLY
+from ._ops import StateError, is_state_tag
+from ._rewrite import keep_written_outputs, pure_jaxpr
+
+
+class _Traced:
+    """One traced signature of ``uncurry``'s function."""
+
+    def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
+        self.closed, self.out_tree = trace_program(
+            fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
+            rebuild=lambda dyn: eqx.combine(dyn, static), consumes=is_state_tag)
+        self.states = collect_states(self.closed)
+        self.pure = pure_jaxpr(self.closed, self.states)
+
+
+def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
+    """Turn a function that uses ``get_state``/``set_state`` into a pure one.
+
+    Arguments:
+        fn: the stateful function. Array leaves of its arguments are traced;
+            other leaves are static (as ``equinox.filter_jit`` does).
+        *example_args, **example_kwargs: arguments to discover the states
+            and compute their initial values with.
+
+    Returns:
+        ``(pure, state0)``: ``state0`` is ``{name: initial value}`` and
+        ``pure(state, *args, **kwargs) -> (out, new_state)`` is an ordinary
+        JAX function (jit, vmap, grad, scan all apply).
+    """
+    traced = per_signature(lambda static, avals, tree: _Traced(fn, static, avals, tree))
+    t0, leaves0 = traced(example_args, example_kwargs)
+    state0 = initial_states(t0.closed, t0.states, leaves0)
+
+    def pure(state: dict, *args, **kwargs):
+        t, leaves = traced(args, kwargs)
+        names = list(t.states)
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise StateError(f"taxpr: uncurry's pure function takes states {names}; "
+                             f"missing {missing} (got {sorted(state)})")
+        for n in names:
+            info, v = t.states[n], state[n]
+            if tuple(np.shape(v)) != info.shape or jnp.result_type(v) != info.dtype:
+                raise StateError(
+                    f"taxpr: state {n!r} must be {info.dtype.name}{list(info.shape)}, got "
+                    f"{jnp.result_type(v).name}{list(np.shape(v))}")
+        outs = _jaxpr.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
+        n_out = t.out_tree.num_leaves
+        # Entries this call path does not use pass through unchanged, as
+        # they would in a dict (e.g. the state of a whole training run).
+        return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
+                {**state, **dict(zip(names, outs[n_out:]))})
+
+    return pure, state0
+
+
+def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
+    """A cache of ``make(static, avals, dyn_tree)`` per call signature, as
+    ``equinox.filter_jit`` keys it: array leaves of ``(args, kwargs)`` are
+    traced (their avals count), other leaves are static (hashed, or by id).
+
+    Returns:
+        ``lookup(args, kwargs) -> (made, array_leaves)``.
+    """
+    cache: dict = {}
+
+    def lookup(args: tuple, kwargs: dict) -> tuple[Any, list]:
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, tree = jax.tree_util.tree_flatten(dyn)
+        avals = tuple(_compat.abstractify(x) for x in leaves)
+        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
+        key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = make(static, avals, tree)
+        return hit, leaves
+
+    return lookup
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("id", id(x))
+
+
+def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = (),
+                           static_argnames: str | Sequence[str] = (), axis_env=None,
+                           return_shape: bool = False, return_only_write: bool = False):
+    """``jax.make_jaxpr`` for stateful functions: the pure program and its states.
+
+    Unlike ``jax.make_jaxpr``, the function it returns gives a pair
+    ``(jaxpr, states)``. ``tx.make_jaxpr`` is the same function (taxpr
+    0.0.3's name).
+
+    Arguments:
+        fun: a function that may use ``get_state`` / ``set_state``.
+        static_argnums, static_argnames, axis_env: as for ``jax.make_jaxpr``.
+        return_shape: also return the output's ShapeDtypeStruct pytree.
+        return_only_write: only written states are outputs.
+
+    Returns:
+        A function of ``fun``'s arguments returning ``(jaxpr, states)`` or
+        ``(jaxpr, states, out_shape)``: ``jaxpr`` is the pure program
+        ``(*state_inputs, *flat_args) -> (*flat_outs, *state_outputs)`` and
+        ``states`` a tuple of ``StateInfo`` in the order of the state inputs.
+    """
+
+    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+
+    def wrapped(*args, **kwargs):
+        static_kw = {k: kwargs.pop(k) for k in names if k in kwargs}
+        f = functools.partial(fun, **static_kw) if static_kw else fun
+        token = INITS_FOR_TYPES_ONLY.set(True)
+        try:
+            with keep_tags(), recording_tags() as recorded:
+                closed, out_shape = jax.make_jaxpr(
+                    f, static_argnums=static_argnums, axis_env=axis_env,
+                    return_shape=True)(*args, **kwargs)
+                closed = expand_for(closed, is_state_tag)
+            check_no_hidden_tags(closed, recorded, is_state_tag)
+        finally:
+            INITS_FOR_TYPES_ONLY.reset(token)
+        states = collect_states(closed)
+        infos = tuple(states.values())
+        if not states:
+            result = closed
+        else:
+            result = pure_jaxpr(closed, states)
+            if return_only_write:
+                result = keep_written_outputs(result, infos)
+        return (result, infos, out_shape) if return_shape else (result, infos)
+
+    return wrapped
+
+
+make_jaxpr = make_jaxpr_with_states  # taxpr 0.0.3's name

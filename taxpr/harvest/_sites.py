@@ -1,0 +1,356 @@
+"""Harvest's site rule for the engine: a selected sow becomes a carried
+value (strict / clobber / cond_clobber), a collected one (append), or takes
+a planted value; with the hooks that name harvest's errors."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+
+from .. import _compat, _jaxpr, _traverse
+from .._engine import Engine, Hooks, Level, format_path, inline, speculative_rule_traces
+from .._find import dissolve_tags
+from .._inject import guarded_place
+from ..primitives._tag import GUARD, REPLAY_SCOPE, n_values, tag_p
+from ._checks import _disp
+
+
+class _ChannelKey(NamedTuple):
+    """The engine's channel key of one sow's or plant's occurrence."""
+
+    kind: str  # "reap" (collected) or "plant" (fed)
+    name: str  # the sow's name
+    occurrence: int  # its place among the occurrences of ``name`` at its level
+    stacked: bool  # whether its value comes out of a scan (one row per step)
+
+
+class _HarvestHooks(Hooks):
+    """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
+    numbered afresh in every enclosing jaxpr, so sows in different calls
+    (two jits, two scans) never share a key."""
+
+    def __init__(self, sites: "_Sites", rules: "_JvpRules"):
+        self.sites = sites
+        self.rules = rules
+
+    def prepare_rule(self, engine, rule, n_primals):
+        """Sows in the rule whose value depends on the tangents stay plain
+        identities (not reaped or planted), so reverse mode can linearize."""
+        dep = set(_jaxpr.jaxpr_parts(rule).invars[n_primals:])
+
+        def rewrite(eqn, path, env):
+            if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
+                return None
+            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
+            ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+            if eqn.primitive is tag_p and engine.predicate(eqn.params):
+                for o, i in zip(eqn.outvars, ins):
+                    if not isinstance(o, core.DropVar):
+                        env[o] = i
+                return []
+            subs = _traverse.subjaxprs(eqn)
+            if subs:  # conservatively: every sow inside depends on the tangents
+                eqn = _traverse.with_subjaxprs(eqn, {
+                    (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+                    for sub, sj in subs})
+            return [eqn.replace(invars=ins)]
+
+        return _traverse.map_jaxpr(rule, rewrite)
+
+    def rule_has_selected(self, engine, eqn) -> bool:
+        # Sows found nowhere but in JVP rules, and planted sows: the others
+        # (e.g. the function's own sows, when its rule calls it) are reaped
+        # from the function as usual; a planted one is planted in the rule too,
+        # so that a rule computing the function's JVP gives the planted one's.
+        rule = self.rules.jaxpr(eqn)
+        return rule is not None and any(
+            e.primitive is tag_p and engine.predicate(e.params) and self.sites.in_rules(
+                e.params["name"]) for e, _ in _traverse.iter_eqns(rule))
+
+    def rekey(self, key, level, stacked):
+        return key._replace(occurrence=self.sites.next_occurrence(level, key.kind, key.name),
+                            stacked=key.stacked or stacked)
+
+    def loop_channel(self, key, loop, path):
+        name = key.name
+        if loop == "while_loop":
+            return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
+                              f"inside of a `while_loop`.")
+        return ValueError(
+            f"taxpr.harvest: append-mode sow '{_disp(name)}' inside {loop} at "
+            f"{format_path(path)} is not supported yet; use clobber mode there")
+
+    def branches(self, collects, path):
+        if len({tuple(k for k, _ in c) for c in collects}) > 1:
+            raise ValueError("Mismatching number of `sow`s between branches.")
+
+
+class _Sites:
+    """Rewrites selected sows: reap (record) and/or plant (replace)."""
+
+    def __init__(self, reaped: dict, planted: dict, ctx_index: dict, partial: frozenset = frozenset(),
+                 perturb: bool = False):
+        self.reaped = reaped  # name -> mode, for names to reap
+        self.planted = planted  # name -> mode, for names to plant
+        self.perturb = perturb  # planted values are added to the sown ones (``perturb``)
+        self.partial = partial  # planted names whose plant is ``rows(...)``
+        self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
+        self.rewritten: set = set()  # names of the sows rewritten so far
+        self.rule_only: set = set()  # names sown only inside custom JVP rules
+        self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
+        self._fns: dict = {}
+
+    def in_rules(self, name: Any) -> bool:
+        """Whether a sow of ``name`` inside a custom JVP rule is rewritten:
+        sown only in rules (reaped there), or planted (not in append mode:
+        its per-site values cannot be fed into a rule)."""
+        return name in self.rule_only or self.planted.get(name, "append") != "append"
+
+    def next_occurrence(self, level: Level, kind: str, name: Any) -> int:
+        n = self._occurrence.get((level, kind, name), 0)
+        self._occurrence[(level, kind, name)] = n + 1
+        return n
+
+    def _apply(self, level: Level, key: str, fn: Callable, atoms: list) -> list:
+        avals = tuple(_aval(a) for a in atoms)
+        hit = self._fns.get((key, avals, id(level.context)))
+        if hit is None:
+            hit = self._fns[(key, avals, id(level.context))] = level.trace(fn, avals)
+        return inline(level, hit, atoms)
+
+    def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
+        if eqn.primitive is not tag_p:
+            # Tangents / cotangents: reaped values pass through unchanged;
+            # planted values are constants (derivative 0).
+            name = eqn.params["name"]
+            n = len(eqn.invars) // 2
+            tangents = [level.atom(v) for v in eqn.invars[n:]]
+            if name in self.partial:
+                raise NotImplementedError(
+                    f"taxpr.harvest: a rows(...) plant for '{_disp(name)}' at "
+                    f"{format_path(level.path)} reaches a derivative of its sow taken inside the "
+                    f"planted function; plant the whole stack there instead")
+            if name in self.planted and not self.perturb:
+                tangents = self._apply(level, "zeros", lambda *t: [jnp.zeros_like(x) for x in t],
+                                       tangents)
+            for o, a in zip(eqn.outvars, tangents):
+                if not isinstance(o, core.DropVar):
+                    level.env[o] = a
+            return ctx
+        name, mode = eqn.params["name"], eqn.params["mode"]
+        if _RULE in level.path and not self.in_rules(name):
+            level.emit(eqn)  # reaped where the function itself sows it
+            return ctx
+        self.rewritten.add(name)
+        n = n_values(eqn.params, len(eqn.invars))
+        ins = [level.atom(v) for v in eqn.invars[:n]]
+        guard = level.atom(eqn.invars[n]) if n < len(eqn.invars) else None
+        value = ins[:-1] if mode == "cond_clobber" else ins
+        ctx = list(ctx)
+        if guard is not None and mode == "append" and (name in self.planted
+                                                       or name in self.reaped):
+            raise ValueError(
+                f"taxpr.harvest: append-mode sow '{_disp(name)}' at {format_path(level.path)} "
+                f"is inside {guarded_place(eqn.params)} whose predicate is batched by vmap: "
+                f"vmap runs it for every example although only some examples take it, and "
+                f"the appended rows would differ per example; use clobber mode there, or "
+                f"reap/plant inside the vmap")
+        if name in self.planted:
+            want = tuple(v.aval for v in eqn.outvars[:len(value)])
+            sown = value
+            if mode == "append":
+                if eqn.params.get(REPLAY_SCOPE) is not None:
+                    raise NotImplementedError(
+                        f"taxpr.harvest: append-mode sow '{_disp(name)}' at "
+                        f"{format_path(level.path)} is bound again in a backward pass that "
+                        f"recomputes the forward pass (a custom_vjp's bwd, or jax.checkpoint "
+                        f"under jax_remat3), where plant cannot give it the row its forward "
+                        f"occurrence got; use clobber mode, or plant outside the "
+                        f"differentiated function")
+                key = _ChannelKey("plant", name, self.next_occurrence(level, "plant", name), False)
+                if name in self.partial:
+                    # rows(...): a mask row says whether this iteration takes
+                    # the fed value or keeps the computed one.
+                    fed = level.feed(key, [core.ShapedArray((), jnp.bool_),
+                                           *(_aval(a) for a in value)])
+                    value = self._apply(level, ("rows", want), _keep_unmasked(want),
+                                        [*fed, *value])
+                else:
+                    value = level.feed(key, [_aval(a) for a in value])
+            else:
+                value = [ctx[i] for i in self.ctx_index[("plant", name)]]
+            value = self._apply(level, ("cast", want), _casts([_aval(a) for a in value], want),
+                                value)
+            if self.perturb:
+                value = self._apply(level, ("add", len(sown)), _added(len(sown)), [*sown, *value])
+        elif name in self.reaped:
+            if mode == "append":
+                if level.context is not None:
+                    value = self._apply(
+                        level, "replicated",
+                        _replicated_check(name, level.path, _checks_vma(level)), value)
+                occurrence = self.next_occurrence(level, "reap", name)
+                level.collect(_ChannelKey("reap", name, occurrence, False), value)
+            else:
+                pos = self.ctx_index[("reap", name)]
+                if mode == "cond_clobber":
+                    new = self._apply(level, "select",
+                                      lambda p, *vc: _select(p, vc), [ins[-1], *value,
+                                                                       *(ctx[i] for i in pos)])
+                else:
+                    new = value
+                if guard is not None:  # only the examples that take the branch/iteration
+                    old = [ctx[i] for i in pos]
+                    records = eqn.params[GUARD]
+                    new = self._apply(
+                        level, ("guarded", records),
+                        _guarded_update(name, level.path, eqn.params, len(new)),
+                        [guard, *new, *old])
+                if level.context is not None:
+                    new = self._apply(level, "replicated",
+                                      _replicated_check(name, level.path, _checks_vma(level)), new)
+                for i, a in zip(pos, new):
+                    ctx[i] = a
+        outs = value if mode != "cond_clobber" else [*value, ins[-1]]
+        for o, a in zip(eqn.outvars, outs):
+            if not isinstance(o, core.DropVar):
+                level.env[o] = a
+        return ctx
+
+
+def _aval(atom):
+    return atom.aval
+
+
+def _added(n: int) -> Callable:
+    def add(*ab):
+        return [a + b for a, b in zip(ab[:n], ab[n:])]
+    return add
+
+
+def _keep_unmasked(want) -> Callable:
+    def fn(mask, *planted_and_computed):
+        n = len(want)
+        return [jnp.where(mask, p, c).astype(w.dtype)
+                for p, c, w in zip(planted_and_computed[:n], planted_and_computed[n:], want)]
+    return fn
+
+
+def _select(pred, vc):
+    n = len(vc) // 2
+    return [jnp.where(pred, v, c) for v, c in zip(vc[:n], vc[n:])]
+
+
+def _guarded_update(name, path, params: dict, n: int) -> Callable:
+    """``(guard, *new, *old) -> leaves``: ``new`` where the guard holds, per
+    example. A guarded tag's batched operands have their batch axes in front
+    (outermost first), and ``params[GUARD]`` says which leaf each vmap level
+    batched, so the guard is aligned with each leaf's leading axes."""
+    levels = params[GUARD][::-1]  # outermost first, as the guard's axes
+
+    def fn(guard, *leaves):
+        out = []
+        for k, (new, old) in enumerate(zip(leaves[:n], leaves[n:])):
+            index = []
+            for guard_batched, *leaf_batched in levels:
+                if leaf_batched[k]:
+                    index.append(slice(None))
+                elif guard_batched:
+                    raise ValueError(
+                        f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is "
+                        f"inside {guarded_place(params)} whose predicate is batched by vmap, "
+                        f"and sows a value that vmap does not batch: the reaped value would "
+                        f"differ per example (the sown value where the example takes the "
+                        f"branch, the previous one elsewhere) but has the sown value's "
+                        f"unbatched shape; sow a batched value, or reap inside the vmap")
+                else:
+                    index.append(0)  # the guard is the same along this axis
+            g = guard[tuple(index)]
+            g = g.reshape(g.shape + (1,) * (jnp.ndim(new) - g.ndim))
+            out.append(jax.lax.select_n(jnp.broadcast_to(g, jnp.shape(new)), old, new))
+        return out
+    return fn
+
+
+def _casts(got, want) -> Callable:
+    """Give planted values the sow's exact type (weak type; inside shard_map
+    the sow's varying axes: a replicated plant is the same on every shard)."""
+    def fn(*xs):
+        return [_compat.match_varying(_compat.cast_weak_type(x, w), _compat.varying_axes(w))
+                for x, w in zip(xs, want)]
+    return fn
+
+
+def _checks_vma(level: Level) -> bool:
+    return getattr(level.context, "checks_vma", True)
+
+
+def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
+    def fn(*xs):
+        if not checks_vma:
+            raise ValueError(
+                f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is reaped inside a "
+                f"shard_map without vma checking (check_vma=False, as jax.pmap uses): taxpr "
+                f"cannot tell whether the value is the same on every shard (only one shard's "
+                f"value would be reaped); use shard_map with check_vma=True, or reap outside "
+                f"the shard_map / pmap")
+        for x in xs:
+            if _compat.varying_axes(core.typeof(x)):
+                raise ValueError(
+                    f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} reaps a value "
+                    f"that differs across the shards of a shard_map; sow a value that is the "
+                    f"same on every shard (e.g. after a psum), or reap outside the shard_map")
+        return list(xs)
+    return fn
+
+
+_RULE = "custom_jvp[rule]"  # the engine's path element for a custom JVP rule
+
+
+class _JvpRules:
+    """The JVP rules of ``custom_jvp_call`` equations, traced once each (as
+    JAX would when differentiating), to find the sows inside them."""
+
+    def __init__(self, enabled: bool):
+        # Without a differentiation trace around this harvest, no rule runs
+        # while it evaluates the program: tracing them would be wasted.
+        self.enabled = enabled
+        self._rules = _traverse.IdMemo()  # eqn -> the rule's closed jaxpr
+
+    def jaxpr(self, eqn) -> Any:
+        """The rule of a ``custom_jvp_call`` seen by ``iter_eqns`` (all input
+        tangents nonzero), or None."""
+        return self._rules.get(eqn)
+
+    def _trace(self, eqn) -> Any:
+        """The rule's closed jaxpr, or None when it cannot be traced before
+        it runs (a rule with state: its error comes when JAX runs it)."""
+        fun = eqn.params["jvp_jaxpr_fun"]
+        n = len(eqn.invars) - eqn.params.get("num_consts", 0)
+        try:
+            with speculative_rule_traces():
+                jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+        except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
+            # The rule refuses tangents for inputs JAX may never perturb
+            # (equinox's ``nondifferentiable``), or holds tags that cannot be
+            # threaded (``RuleNotTraceable``): JAX raises its own error if it
+            # ever runs the rule that way.
+            return self._rules.set(eqn, None)
+        return self._rules.set(eqn, _jaxpr.close_traced(jaxpr, consts))
+
+    def iter_eqns(self, closed):
+        """``_traverse.iter_eqns`` of the program, also into the JVP rules of
+        its ``custom_jvp_call``s (``in_rule`` flag). Not into rules inside
+        rules (they run only under a second derivative, and a rule may call
+        its own function), nor inside ``shard_map`` (whose rules trace only
+        in the body's context)."""
+        for eqn, path in _traverse.iter_eqns(closed):
+            yield eqn, path, False
+            if (self.enabled and eqn.primitive is _compat.custom_jvp_call_p
+                    and "shard_map" not in path):
+                rule = self._trace(eqn)
+                for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, _RULE)):
+                    yield e, p, True
