@@ -960,7 +960,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)  # definite: harvest's hooks
     if engine.hooks.threads_rules:
-        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded_fn,
+        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded,
                                               in_avals, user, n_out,
                                               level.path + ("custom_jvp[jvp rule]",),
                                               rule_context)
@@ -1048,7 +1048,7 @@ def _inexact(aval) -> bool:
     return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 
-def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in_avals,
+def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_avals,
                           user: slice, n_out: int, path, context):
     """The ``jvp_jaxpr_fun`` of a rewritten custom_jvp function for a layer
     whose rules run in the function's place (``Hooks.threads_rules``), as
@@ -1072,6 +1072,36 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
     n = len(engine.ctx_avals)
     k = len(in_avals)
     cache: dict = {}
+    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
+    out_tangent_avals = [v.aval.to_tangent_aval() for v in _jaxpr.jaxpr_parts(threaded).outvars]
+
+    def jvp_through_ctx(ctx_zeros: tuple) -> Callable:
+        """``(primals, tangents) -> output tangents`` of the threaded function
+        w.r.t. the ctx leaves with nonzero tangents: only the outputs that
+        depend on them are differentiated (the others get zeros), so that a
+        body whose outputs ignore ctx is not differentiated again (the JVP of
+        a custom_vjp in it would fail)."""
+        live = _dependence.dependence(threaded, [not z for z in ctx_zeros]
+                                      + [False] * (k - n)).outputs
+        pruned = _jaxpr.jaxpr_as_fun(threaded if all(live) else
+                                     _jaxpr.dce_closed(threaded, live))
+        wrt = [i for i, z in enumerate(ctx_zeros) if not z]
+
+        def jvp(primals, tangents):
+            # W.r.t. those leaves only, the other inputs closed over: nested
+            # custom functions whose inputs do not depend on them are not
+            # differentiated at all (as JAX does with symbolic zeros).
+            def through(*leaves):
+                full = list(primals)
+                for i, leaf in zip(wrt, leaves):
+                    full[i] = leaf
+                return pruned(*full)
+
+            _, live_t = (jax.jvp(through, [primals[i] for i in wrt], [tangents[i] for i in wrt])
+                         if any(live) else (None, []))
+            given = iter(live_t)
+            return [next(given) if l else _zeros(a) for l, a in zip(live, out_tangent_avals)]
+        return jvp
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
@@ -1110,6 +1140,8 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
                 def rule_fn(*a):
                     return [*core.eval_jaxpr(jvp_jaxpr, jvp_consts, *a[n:]), *a[:n]]
 
+            ctx_jvp = jvp_through_ctx(zeros[:n]) if ctx_t_in else None
+
             def f(*args):
                 primals, per_input = tangents_of(args)
                 user_t = [t for t, z in zip(per_input[user], user_zeros) if not z]
@@ -1130,7 +1162,7 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded_fn, in
                                                  for a in in_avals[n:])]
                     token = _DIFFERENTIATING_CTX_ONLY.set(True)
                     try:
-                        _, via_ctx = jax.jvp(threaded_fn, [*primals[:n], *rest], through)
+                        via_ctx = ctx_jvp([*primals[:n], *rest], through)
                     finally:
                         _DIFFERENTIATING_CTX_ONLY.reset(token)
                 rule_t = iter(outs[n_out:n_rule])

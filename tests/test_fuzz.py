@@ -1958,22 +1958,8 @@ def rules_differentiated(check_name: str, program: Program) -> bool:
         return True
     if check_name == "check_derivatives":
         return (not any(not_differentiated(s) for s in walk(program.body))
-                and not custom_vjp_in_custom_jvp(program) and any(derivative_modes(program)))
+                and any(derivative_modes(program)))
     return False
-
-
-def custom_vjp_in_custom_jvp(program: Program) -> bool:
-    """A known taxpr gap: differentiated from outside, a custom_jvp function
-    whose body calls a custom_vjp function is a TypeError ("can't apply
-    forward-mode autodiff (jvp) to a custom_vjp function") where a state has
-    a nonzero tangent at the call (taxpr then evaluates the body in forward
-    mode, docs/limitations.md); plain JAX transposes the custom_vjp's
-    linearization. Where a state has a tangent depends on values (a set of a
-    differentiated value, a custom_vjp whose body reads a float state), so
-    such programs with states are not differentiated from outside."""
-    return bool(states_of(program)) and any(
-        isinstance(s, CustomJvp) and any(isinstance(x, CustomVjp) for x in walk(s.body))
-        for s in walk(program.body))
 
 
 def check_derivatives(program, args, seed: int, variant: str):
@@ -1988,9 +1974,6 @@ def check_derivatives(program, args, seed: int, variant: str):
     can_jvp, can_grad = derivative_modes(program)
     if any(not_differentiated(s) for s in walk(program.body)):
         _event("derivatives: not checked through custom_root / a checkpointed loop")
-        return
-    if custom_vjp_in_custom_jvp(program):
-        _event("derivatives: not checked: a custom_vjp in a custom_jvp, with states (taxpr gap)")
         return
     if stateful_custom_rules(program):
         check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad)

@@ -547,3 +547,51 @@ def test_a_rule_reading_a_state_in_a_program_without_states_is_a_clear_error():
     with pytest.raises(tx.StateError, match=r"state 'grad_scale'.*custom_jvp\[jvp rule\]"):
         jax.grad(lambda x: pure({"grad_scale": f32(2.0)}, x)[0])(jnp.ones(3, f32))
     jax_still_works()
+
+
+def _custom_jvp_calling_a_custom_vjp(reads_state: bool):
+    @jax.custom_vjp
+    def h(x):
+        return jnp.sin(x)
+
+    h.defvjp(lambda x: (jnp.sin(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+
+    def g_fn(x):
+        scale = tx.get_state("scale", jnp.float32(2.0)) if reads_state else 2.0
+        return h(x) * scale
+
+    g = jax.custom_jvp(g_fn)
+    g.defjvp(lambda p, t: jax.jvp(g_fn, p, t))
+
+    def program(x):
+        tx.set_state("scale", x * 4.0)  # a state whose tangent is nonzero at the call
+        return g(x)
+
+    return g, program
+
+
+def test_rule_of_a_function_calling_a_custom_vjp_with_a_differentiated_state_around_it():
+    # JAX's idiom (a rule that is jax.jvp of the function) around a
+    # custom_vjp: JAX transposes the custom_vjp's linearization and never
+    # runs it forward. A state with a tangent at the call, which the body
+    # does not read, must not make taxpr differentiate the body again.
+    g, program = _custom_jvp_calling_a_custom_vjp(reads_state=False)
+    x = np.float32(0.5)
+    pure, s0 = tx.uncurry(program, x)
+    (val, s1), grad = jax.value_and_grad(lambda x: pure(s0, x), has_aux=True)(x)
+    want_val, want_grad = jax.value_and_grad(g)(x)  # no state involved
+    assert_close(val, want_val)
+    assert_close(grad, want_grad)
+    assert_close(s1["scale"], x * 4.0)
+
+
+def test_rule_of_a_function_calling_a_custom_vjp_and_reading_a_differentiated_state():
+    # The body reads the state, which has a derivative: it flows through the
+    # body (autodiff w.r.t. the state alone, so the custom_vjp, whose input
+    # does not depend on the state, is not differentiated in forward mode).
+    _, program = _custom_jvp_calling_a_custom_vjp(reads_state=True)
+    x = np.float32(0.5)
+    pure, s0 = tx.uncurry(program, x)
+    grad = jax.grad(lambda x: pure(s0, x)[0])(x)
+    # d/dx [sin(x) * scale(x)], scale(x) = 4 x, as eagerly with a dict
+    assert_close(grad, np.cos(0.5) * 2.0 + np.sin(0.5) * 4.0)
