@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 import jax
 import numpy as np
 from jax._src import core
-from jax.interpreters import ad
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
@@ -1209,6 +1210,27 @@ def _jvp_split(fn, primals, tangents, n_out):
 register_thread_rule(_compat.custom_jvp_call_p, _custom_jvp_rule)
 
 
+# ``ctx_through(after, before) -> after`` with ``before``'s tangent: a ctx
+# leaf that a custom_vjp function passes through unchanged. JAX gives every
+# output of a custom_vjp call a tangent (a linearization of its bwd), which
+# would make a state the call does not touch look differentiated after it;
+# its value is still what the call returns (a fwd rule may write it, and
+# what a rule writes is a constant w.r.t. the inputs), its tangent the one
+# it had before the call (the function's identity on it).
+ctx_through_p = Primitive("taxpr_ctx_through")
+ctx_through_p.def_impl(lambda after, before: after)
+ctx_through_p.def_abstract_eval(lambda after, before: after)
+ad.primitive_jvps[ctx_through_p] = lambda primals, tangents: (primals[0], tangents[1])
+batching.primitive_batchers[ctx_through_p] = lambda args, dims: (args[0], dims[0])
+mlir.register_lowering(ctx_through_p, lambda ctx, after, before: [after])
+
+
+def _ctx_through(level: Level, after: Any, before: Any) -> Any:
+    out = _jaxpr.new_var(after.aval)
+    level.emit(core.new_jaxpr_eqn([after, before], [out], ctx_through_p, {}, core.no_effects))
+    return out
+
+
 def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     """custom_vjp: ctx enters last (so the residual forwarding indices of
     ``out_trees`` stay valid) and leaves last. The forward pass takes
@@ -1302,7 +1324,10 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                   [*eqn.outvars, *ctx_out, *collects], num_consts=0, out_trees=out_trees,
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
                   bwd=_compat.wrap_fun(bwd, user_bwd))
-    return ctx_out
+    written = engine.writes(threaded)
+    return [_ctx_through(level, after, before)
+            if i not in written and _inexact(engine.ctx_avals[i]) and type(before) is core.Var
+            else after for i, (after, before) in enumerate(zip(ctx_out, ctx))]
 
 
 def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],

@@ -1911,17 +1911,16 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
         try:
             (out, fin), vjp_fn = jax.vjp(run, *floats_in)
         except NotImplementedError as e:
-            # A (float32 or typed float) state a custom_vjp fwd reads (a
-            # custom_jvp in its body takes every state), differentiated: documented where its value
-            # depends on the arguments (a set before the call,
-            # docs/limitations.md). A known taxpr gap makes it so also where
-            # nothing sets it (its tangent is zero): after another custom_vjp
-            # call whose body uses state, or in a scan. Both are this error.
+            # A float state that a custom_vjp fwd reads (a custom_jvp in its
+            # body takes every state) and that has a derivative there (set
+            # from a differentiated value before the call): documented
+            # (docs/limitations.md), as JAX refuses a custom_vjp closing
+            # over a differentiated value.
             name = re.search(r"differentiating w\.r\.t\. state '(\w+)', which the custom_vjp "
                              r"function at \S+ reads", str(e))
             assert name and name[1] in states_of(program) and any(
                 isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)), e
-            _event("derivatives: vjp of pure refused: a float state a custom_vjp fwd reads")
+            _event("derivatives: vjp of pure refused: a differentiated state a custom_vjp reads")
             return
         assert_outs_close(out, out_r, "vjp(pure) out")
         assert_dict_close(fin, fin_r, "vjp(pure) state")

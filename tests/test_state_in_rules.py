@@ -595,3 +595,48 @@ def test_rule_of_a_function_calling_a_custom_vjp_and_reading_a_differentiated_st
     grad = jax.grad(lambda x: pure(s0, x)[0])(x)
     # d/dx [sin(x) * scale(x)], scale(x) = 4 x, as eagerly with a dict
     assert_close(grad, np.cos(0.5) * 2.0 + np.sin(0.5) * 4.0)
+
+
+def _custom_vjp_of(fn):
+    g = jax.custom_vjp(fn)
+    g.defvjp(lambda *p: (fn(*p), p), lambda p, ct: jax.vjp(fn, *p)[1](ct))
+    return g
+
+
+@pytest.mark.parametrize("where", ["after_another_custom_vjp", "twice", "in_a_scan"])
+def test_a_state_a_custom_vjp_reads_is_not_differentiated_by_a_call_that_passes_it_through(where):
+    # No derivative w.r.t. the state is asked for, and nothing sets it: a
+    # custom_vjp call before (or the previous step of a scan), which does not
+    # touch it, must not make it look differentiated (JAX gives every output
+    # of a custom_vjp call a tangent).
+    @_custom_vjp_of
+    def count(a, b):
+        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
+        return a, b
+
+    @_custom_vjp_of
+    def read_scale(a, b):
+        return a * tx.get_state("scale", np.float32(0.5)), b
+
+    def program(a, b):
+        if where == "after_another_custom_vjp":
+            return read_scale(*count(a, b))
+        if where == "twice":
+            return read_scale(*read_scale(a, b))
+        (a, b), _ = lax.scan(lambda c, _: (read_scale(*c), None), (a, b), None, length=2)
+        return a, b
+
+    args = (np.float32(0.25), np.float32(0.75))
+    pure, s0 = tx.uncurry(program, *args)
+    state = {**s0, "scale": np.float32(-2.0)}
+    (out, s1), vjp_fn = jax.vjp(lambda a, b: pure(state, a, b), *args)
+    power = 1 if where == "after_another_custom_vjp" else 2
+    assert_close(out[0], 0.25 * (-2.0) ** power)
+    assert_close(out[1], 0.75)
+    assert_close(s1["scale"], -2.0)
+    cts = jax.tree_util.tree_map(
+        lambda v: (np.ones_like(v) if jnp.issubdtype(v.dtype, jnp.inexact)
+                   else np.zeros(np.shape(v), jax.dtypes.float0)), (out, s1))
+    ga, gb = vjp_fn(cts)
+    assert_close(ga, (-2.0) ** power)  # the bwd of jax.vjp of the function
+    assert_close(gb, 1.0)
