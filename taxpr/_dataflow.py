@@ -11,7 +11,7 @@ from jax._src import core
 from . import _jaxpr
 from ._engine import Engine, Hooks, Level, format_path
 from ._find import Predicate
-from .primitives._tag import GUARD, TREE, tag_p, user_params
+from .primitives._tag import is_guarded, meta, tag_p, user_params
 
 
 class _TagKey(NamedTuple):
@@ -46,7 +46,7 @@ class _CollectSites:
 
     def __call__(self, engine, eqn, level: Level, ctx):
         ins = [level.atom(v) for v in eqn.invars]
-        if eqn.primitive is tag_p and GUARD in eqn.params:
+        if eqn.primitive is tag_p and is_guarded(eqn.params):
             raise ValueError(
                 f"taxpr.transpose: tag {user_params(eqn.params)} at {format_path(level.path)} "
                 f"is inside a cond/while whose predicate is batched by vmap: it has a value "
@@ -55,7 +55,7 @@ class _CollectSites:
         if eqn.primitive is tag_p:
             self.count += 1
             params = tuple(sorted(user_params(eqn.params).items()))
-            level.collect(_TagKey(self.count, params, eqn.params[TREE]), ins)
+            level.collect(_TagKey(self.count, params, meta(eqn.params).tree), ins)
         else:
             ins = ins[len(ins) // 2:]
         for o, a in zip(eqn.outvars, ins):

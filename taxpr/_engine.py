@@ -32,8 +32,8 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
-from .primitives._tag import (FUNCTION_SITES, FWD_SCOPES, REPLAY_SCOPE, site_key,
-                              tag_cotangent_p, tag_p, tag_tangent_p, user_params)
+from .primitives._tag import (meta, site_key, tag_cotangent_p, tag_p, tag_tangent_p,
+                              user_params)
 
 
 class InjectError(ValueError):
@@ -358,7 +358,7 @@ class Engine:
         # where only the forward pass matters: the states' values at first use).
         self.replays = True
         # What the forward passes wrote and collected: per custom_vjp scope
-        # (tags marked FWD_SCOPES) and per site key (for FUNCTION_SITES).
+        # (``TagMeta.fwd_scopes``) and per site key (for ``TagMeta.function_sites``).
         self._fwd_written: dict[int, set[int]] = {}
         self._written_by_site: dict[frozenset, set[int]] = {}
         self._fwd_collecting: dict[int, set[frozenset]] = {}
@@ -439,11 +439,12 @@ class Engine:
         """A selected tag's equation rewritten by ``site_rule``; a tag that a
         custom_vjp's bwd binds is a replay of the forward pass (``_replay``)."""
         params = eqn.params
-        replay = params.get(REPLAY_SCOPE) if self.replays else None
+        marks = meta(params)
+        replay = marks.replay_scope if self.replays else None
         replayed: set[int] = set()
         if replay is not None:
             replayed.update(self._fwd_written.get(replay, ()))
-            for key in params.get(FUNCTION_SITES, ()):
+            for key in marks.function_sites:
                 replayed.update(self._written_by_site.get(key, ()))
         site_ctx = ctx
         if replayed:
@@ -466,7 +467,7 @@ class Engine:
         if self._writing:
             self._writing[-1].update(changed)
         if changed:
-            for k in params.get(FWD_SCOPES, ()):
+            for k in marks.fwd_scopes:
                 if replay is None or k < replay:
                     self._fwd_written.setdefault(k, set()).update(changed)
             if replay is None:
@@ -479,10 +480,10 @@ class Engine:
         key = site_key(params)
         if replay is None:
             self._collecting_sites.add(key)
-            for k in params.get(FWD_SCOPES, ()):
+            for k in meta(params).fwd_scopes:
                 self._fwd_collecting.setdefault(k, set()).add(key)
         elif key in self._fwd_collecting.get(replay, ()) or (
-                key in params.get(FUNCTION_SITES, ()) and key in self._collecting_sites):
+                key in meta(params).function_sites and key in self._collecting_sites):
             for _, atoms in level.collected[since:]:
                 level.dropped.extend(atoms)
             del level.collected[since:]
@@ -1089,15 +1090,7 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_av
         wrt = [i for i, z in enumerate(ctx_zeros) if not z]
 
         def jvp(primals, tangents):
-            # W.r.t. those leaves only, the other inputs closed over: nested
-            # custom functions whose inputs do not depend on them are not
-            # differentiated at all (as JAX does with symbolic zeros).
-            def through(*leaves):
-                full = list(primals)
-                for i, leaf in zip(wrt, leaves):
-                    full[i] = leaf
-                return pruned(*full)
-
+            through = _of_some_inputs(pruned, primals, wrt)
             _, live_t = (jax.jvp(through, [primals[i] for i in wrt], [tangents[i] for i in wrt])
                          if any(live) else (None, []))
             given = iter(live_t)
@@ -1417,6 +1410,19 @@ def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> 
                 f"(jax.lax.stop_gradient) around the call")
 
 
+def _of_some_inputs(fn: Callable, inputs, positions) -> Callable:
+    """``fn`` as a function of its inputs at ``positions`` alone, the others
+    held at ``inputs``: differentiated w.r.t. those only, nested custom
+    functions whose inputs do not depend on them are not differentiated at
+    all (as JAX does with symbolic zeros)."""
+    def of_some(*leaves):
+        full = list(inputs)
+        for i, leaf in zip(positions, leaves):
+            full[i] = leaf
+        return fn(*full)
+    return of_some
+
+
 def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals, ctx_avals,
                      nc, n_all, differentiated: set[int]):
     """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx]``
@@ -1433,15 +1439,9 @@ def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals,
     ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:n_all + n]]
     if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_ctx))):
         return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
-    fixed, ctx, rest = primals[:n_all], list(primals[n_all:n_all + n]), primals[n_all + n:]
-
-    def through(*leaves):
-        full = list(ctx)
-        for i, leaf in zip(wrt, leaves):
-            full[i] = leaf
-        return threaded_fn(*fixed, *full, *rest)
-
-    _, vjp_fn = jax.vjp(through, *(ctx[i] for i in wrt))
+    positions = [n_all + i for i in wrt]
+    through = _of_some_inputs(threaded_fn, primals, positions)
+    _, vjp_fn = jax.vjp(through, *(primals[i] for i in positions))
     cts = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_instantiate, ct_ctx, ctx_avals)])
     for i, ct in zip(wrt, cts):
         ctx_ct[i] = ct

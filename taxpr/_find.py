@@ -9,7 +9,7 @@ import jax
 from jax._src import core
 
 from . import _traverse
-from .primitives._tag import TREE, n_values, tag_cotangent_p, tag_p, tag_tangent_p, user_params
+from .primitives._tag import meta, n_values, tag_cotangent_p, tag_p, tag_tangent_p, user_params
 
 Predicate = Callable[[dict, Any], bool]
 
@@ -37,7 +37,7 @@ def tag_shape(eqn: core.JaxprEqn) -> Any:
         avals = avals[: len(avals) // 2]
     else:  # a guarded tag's last operand is its guard, not part of the value
         avals = avals[:n_values(eqn.params, len(avals))]
-    return jax.tree_util.tree_unflatten(eqn.params[TREE], avals)
+    return jax.tree_util.tree_unflatten(meta(eqn.params).tree, avals)
 
 
 def find_tags(jaxpr: Any) -> list[TagSite]:

@@ -30,7 +30,7 @@ from jax._src import core
 
 from . import _compat, _jaxpr, _per_example, _traverse
 from ._engine import Engine, Level, inline
-from .primitives._tag import GUARD, GUARD_FROM, tag_p
+from .primitives._tag import is_guarded, meta, tag_p, with_meta
 
 _BOOL = core.ShapedArray((), jnp.bool_)
 
@@ -62,15 +62,13 @@ class _GuardSites:
             return ctx
         (guard,) = ctx
         ins = [level.atom(v) for v in eqn.invars]
-        params = dict(eqn.params)
         where = self.label + ("/" + "/".join(level.path) if level.path else "")
-        if GUARD in params:
+        if is_guarded(eqn.params):
             ins[-1] = self._combine(level, ins[-1], guard)
-            params[GUARD_FROM] = (where, *params[GUARD_FROM])
+            params = with_meta(eqn.params, guard_from=(where, *meta(eqn.params).guard_from))
         else:
             ins.append(guard)
-            params[GUARD] = ()
-            params[GUARD_FROM] = (where,)
+            params = with_meta(eqn.params, guard=(), guard_from=(where,))
         level.eqns.append(eqn.replace(invars=ins, params=params))
         return ctx
 

@@ -15,8 +15,8 @@ from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag
                       format_path, inline, trace_in)
 from ._find import Predicate
 from ._expand import expand_for, hidden_tags, keeps_a_function
-from .primitives._tag import (BATCHED, GUARD, GUARD_FROM, TREE, keep_tags, n_values,
-                              recording_tags, tag_cotangent_p, tag_p, user_params)
+from .primitives._tag import (is_guarded, keep_tags, meta, n_values, recording_tags,
+                              tag_cotangent_p, tag_p, user_params)
 
 class Injected(NamedTuple):
     """What an injector returns: the tag's new value and the new context.
@@ -173,7 +173,7 @@ class _InjectSites:
     # -- the site rule --
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
         params = user_params(eqn.params)
-        if (self.direct is not None and eqn.primitive is tag_p and GUARD not in eqn.params
+        if (self.direct is not None and eqn.primitive is tag_p and not is_guarded(eqn.params)
                 and level.context is None):
             ins = [level.atom(v) for v in eqn.invars]
             subst = self._substitute(eqn, params, ctx, ins)
@@ -186,13 +186,13 @@ class _InjectSites:
                     if not isinstance(o, core.DropVar):
                         level.env[o] = a
                 return new_ctx
-        tree = eqn.params[TREE]
+        tree = meta(eqn.params).tree
         n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
         ins = [level.atom(v) for v in eqn.invars[:n]]
         token_avals = tuple(v.aval for v in eqn.invars[:n])
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
-                                    level.context, bool(eqn.params.get(BATCHED)))
+                                    level.context, meta(eqn.params).batched)
             level.site_ctx[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
@@ -309,7 +309,7 @@ def _aval_of(atom) -> Any:
 def guarded_place(params: dict) -> str:
     """Where a guarded tag sits in the program vmap batched, innermost
     first, e.g. ``'cond[branch=1] (inside while[body])'``."""
-    places = params.get(GUARD_FROM, ())
+    places = meta(params).guard_from
     if not places:
         return "a cond/while"
     inner = " (inside " + ", inside ".join(places[1:]) + ")" if len(places) > 1 else ""

@@ -6,7 +6,7 @@ checkpointed loops, diffrax's adjoints) binds the function's tags a second
 time, after the forward pass: eagerly exact is that the recomputation sees
 what the forward saw and its effects happen once. Tags are marked with the
 custom_vjp call whose fwd or bwd binds them (``primitives._tag``:
-``FWD_SCOPES``, ``REPLAY_SCOPE``); the engine threads a tag of a bwd (a
+``TagMeta.fwd_scopes``, ``TagMeta.replay_scope``); the engine threads a tag of a bwd (a
 replay) so that
 
 * what it writes to a ctx leaf that the call's forward pass wrote is not
@@ -29,7 +29,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _dependence, _jaxpr, _traverse
-from .primitives._tag import REPLAY_SCOPE
+from .primitives._tag import meta
 
 # ``replay_read(x, index=i, scope=k) -> x``: ctx leaf ``i`` as a replay in
 # scope ``k`` read it (see the module docstring).
@@ -53,7 +53,7 @@ def holds_replay_read(eqns) -> bool:
 
 
 def _replayed_tag(eqn) -> bool:
-    return REPLAY_SCOPE in eqn.params
+    return meta(eqn.params).replay_scope is not None
 
 
 def live_replay_read(closed: Any) -> tuple[int, tuple[str, ...]] | None:

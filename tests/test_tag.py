@@ -224,6 +224,28 @@ def test_params_round_trip():
     assert site.params == {"op": "get", "id": (1, "a"), "scale": 0.5}
 
 
+def test_taxprs_record_is_one_typed_param_apart_from_the_users():
+    from taxpr.primitives._tag import META, TagMeta, tag_p
+
+    def f(x):
+        return tx.tag({"a": x, "b": (x, x)}, op="get", id=0)
+
+    with tx.keep_tags():
+        j = jax.make_jaxpr(f)(1.0)
+    (eqn,) = [e for e in j.jaxpr.eqns if e.primitive is tag_p]
+    assert set(eqn.params) == {"op", "id", META}
+    record = eqn.params[META]
+    assert isinstance(record, TagMeta)
+    assert record.tree == jax.tree_util.tree_structure({"a": 0, "b": (0, 0)})
+    assert record.kept and not record.batched and record.guard is None
+    plain = jax.make_jaxpr(f)(1.0)
+    (eqn,) = [e for e in plain.jaxpr.eqns if e.primitive is tag_p]
+    assert not eqn.params[META].kept
+    batched = jax.make_jaxpr(jax.vmap(f))(jnp.ones(3))
+    (eqn,) = [e for e in batched.jaxpr.eqns if e.primitive is tag_p]
+    assert eqn.params[META].batched
+
+
 # ---- printing --------------------------------------------------------------------------
 
 def test_compact_pretty_print():

@@ -13,7 +13,7 @@ from .._engine import THREAD_RULES, format_path, in_custom_vjp
 from .._find import TagSite, tag_shape
 from .. import _traverse
 from .._inject import guarded_place
-from ..primitives._tag import BATCHED, GUARD, guarding_tags, tag_p, user_params
+from ..primitives._tag import guarding_tags, is_guarded, meta, tag_p, user_params
 from ._ops import GET, SET, StateError, StateOp, is_state_tag
 
 
@@ -50,14 +50,14 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
     sites, unchecked_sets = _walk_program(closed)
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
-        if p["op"] is SET and GUARD in p:
+        if p["op"] is SET and is_guarded(p):
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {format_path(path)} is inside "
                 f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
                 f"take it, so the state's new value would differ per example, and a state is "
                 f"not batched (compute the new value with jnp.where and set it outside the "
                 f"cond/while, or vmap the pure function over a batch of states)")
-        if p["op"] is SET and p.get(BATCHED):
+        if p["op"] is SET and meta(p).batched:
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "

@@ -15,7 +15,7 @@ from .. import _compat, _jaxpr
 from .._engine import format_path
 from .._inject import InjectPolicy, inject_with
 from .. import _traverse
-from ..primitives._tag import BATCHED, GUARD, tag_p
+from ..primitives._tag import is_guarded, meta, tag_p
 from ._collect import StateInfo
 from ._ops import GET, StateError, is_state_tag
 from ._rewrite import FirstUse, init_injector, reached_by_any_example
@@ -105,7 +105,7 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             if eqn.primitive is tag_p:
                 if not is_state_tag(p) or p["name"] in first:
                     continue
-                if GUARD in p or p.get(BATCHED):
+                if is_guarded(p) or meta(p).batched:
                     return False
                 first[p["name"]] = ([*chain, (jaxpr, eqn, None)], path) if p["op"] is GET \
                     else None

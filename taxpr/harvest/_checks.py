@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 
 from .. import _compat, _jaxpr, _traverse
 from .._inject import guarded_place
-from ..primitives._tag import BATCHED, GUARD, n_values, tag_p
+from ..primitives._tag import is_guarded, meta, n_values, tag_p
 from ._sow import SOW
 
 
@@ -73,8 +73,8 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                     if in_scan and mode == "strict":
                         raise ValueError(
                             f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
-                _count(counts, name, mode, _site_aval(eqn), bool(eqn.params.get(BATCHED)),
-                       guarded_place(eqn.params) if GUARD in eqn.params else None)
+                _count(counts, name, mode, _site_aval(eqn), meta(eqn.params).batched,
+                       guarded_place(eqn.params) if is_guarded(eqn.params) else None)
                 continue
             subs = _traverse.subjaxprs(eqn)
             if not subs:

@@ -16,7 +16,7 @@ from .. import _compat, _jaxpr
 from .._engine import Engine, format_path
 from .._find import dissolve_tags
 from .._inject import trace_program
-from ..primitives._tag import TREE, tag_p
+from ..primitives._tag import meta, tag_p
 from ._checks import _Filter, _check, _disp, _is_sow, _site_aval
 from ._plants import (_MISSING, PlantRows, _lookup_plant, _plant_for_feed, _plant_value, _Site,
                       _stack_occurrences, _strict_check, _unflatten_value)
@@ -71,7 +71,7 @@ def _find_sites(closed, select: _Filter, tag_, rules: _JvpRules) -> tuple[dict, 
         if not in_rule:
             outside.add(eqn.params["name"])
         if select(eqn.params):
-            mode, tree = eqn.params["mode"], eqn.params[TREE]
+            mode, tree = eqn.params["mode"], meta(eqn.params).tree
             if mode == "cond_clobber":  # the tag holds (value, pred)
                 tree = jax.tree_util.tree_structure(
                     jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)[0])

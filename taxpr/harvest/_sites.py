@@ -14,7 +14,7 @@ from .. import _compat, _jaxpr, _traverse
 from .._engine import Engine, Hooks, Level, format_path, inline, speculative_rule_traces
 from .._find import dissolve_tags
 from .._inject import guarded_place
-from ..primitives._tag import GUARD, REPLAY_SCOPE, n_values, tag_p
+from ..primitives._tag import meta, n_values, tag_p
 from ._checks import _disp
 
 
@@ -162,7 +162,7 @@ class _Sites:
             want = tuple(v.aval for v in eqn.outvars[:len(value)])
             sown = value
             if mode == "append":
-                if eqn.params.get(REPLAY_SCOPE) is not None:
+                if meta(eqn.params).replay_scope is not None:
                     raise NotImplementedError(
                         f"taxpr.harvest: append-mode sow '{_disp(name)}' at "
                         f"{format_path(level.path)} is bound again in a backward pass that "
@@ -204,7 +204,7 @@ class _Sites:
                     new = value
                 if guard is not None:  # only the examples that take the branch/iteration
                     old = [ctx[i] for i in pos]
-                    records = eqn.params[GUARD]
+                    records = meta(eqn.params).guard
                     new = self._apply(
                         level, ("guarded", records),
                         _guarded_update(name, level.path, eqn.params, len(new)),
@@ -247,9 +247,9 @@ def _select(pred, vc):
 def _guarded_update(name, path, params: dict, n: int) -> Callable:
     """``(guard, *new, *old) -> leaves``: ``new`` where the guard holds, per
     example. A guarded tag's batched operands have their batch axes in front
-    (outermost first), and ``params[GUARD]`` says which leaf each vmap level
+    (outermost first), and ``TagMeta.guard`` says which leaf each vmap level
     batched, so the guard is aligned with each leaf's leading axes."""
-    levels = params[GUARD][::-1]  # outermost first, as the guard's axes
+    levels = meta(params).guard[::-1]  # outermost first, as the guard's axes
 
     def fn(guard, *leaves):
         out = []

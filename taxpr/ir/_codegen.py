@@ -832,10 +832,10 @@ def _call_rule(hint: str) -> Callable:
 
 
 def _tag_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
-    p = dict(eqn.params)
-    tree = p.pop(_tag.TREE, None)
-    if tree is None or any(k.startswith("_taxpr") for k in p):
-        return None  # kept / batched / guarded tags: bind as they are
+    p = _tag.user_params(eqn.params)
+    tree = _tag.meta(eqn.params).tree
+    if tree is None or _tag.meta(eqn.params) != _tag.TagMeta(tree=tree):
+        return None  # kept / batched / guarded / scoped tags: bind as they are
     try:
         value = _tree_src(jax.tree_util.tree_unflatten(tree, [_Src(a) for a in args]))
     except _NoSource:

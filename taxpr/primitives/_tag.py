@@ -8,7 +8,7 @@ Design (see docs/semantics.md, "How tags stay alive"):
   it drops any unused value, and differentiation leaves it plain. So tags
   nothing consumes cost nothing: no dispatch cost (an effect turns off
   JAX's fast C++ dispatch path) and no blocked analysis of a traced body.
-* A *kept* tag (hidden param ``_taxpr_kept``) carries ``TagEffect``, which
+* A *kept* tag (``TagMeta.kept``) carries ``TagEffect``, which
   every control-flow primitive, partial evaluation and dead-code
   elimination preserve. Every tag traced under ``keep_tags()`` is kept
   (every taxpr transformation traces user code with it, and a user passing
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import itertools
 import sys
@@ -40,25 +41,60 @@ from jax._src.interpreters import partial_eval as pe
 
 from .. import _compat, _jax_overrides
 
-# Hidden params: the tagged pytree's structure, whether the tag carries
-# TagEffect, and whether vmap batched it. Users cannot pass keys with this
-# prefix.
-TREE = "_taxpr_tree"
-KEPT = "_taxpr_kept"
-BATCHED = "_taxpr_batched"
-# A guarded tag (see ``taxpr._guards``): its last operand is a boolean guard,
-# true for the examples of a vmap that really execute the tag (a cond branch
-# or while body that vmap runs for every example because its predicate is
-# batched). GUARD holds one record per vmap level that batched the tag since
-# it was guarded, innermost first: ``(guard_batched, *value_batched)``;
-# batched operands of a guarded tag have their batch axes in front, outermost
-# first. GUARD_FROM names the cond branches / while parts that guard it.
-GUARD = "_taxpr_guard"
-GUARD_FROM = "_taxpr_guard_from"
-# Custom_vjp scopes (see "custom_vjp scopes" below): the calls whose fwd was
-# running when the tag was bound, and the call whose bwd was.
-FWD_SCOPES = "_taxpr_fwd_scopes"
-REPLAY_SCOPE = "_taxpr_replay_scope"
+# Users cannot pass param names with this prefix: taxpr's own record on a
+# tag is the one param ``META``, a ``TagMeta``.
+HIDDEN_PREFIX = "_taxpr_"
+META = "_taxpr_meta"
+
+
+@dataclasses.dataclass(frozen=True)
+class TagMeta:
+    """What taxpr records on a tag equation, kept apart from the params the
+    user passed (``user_params``), in the one param ``META``.
+
+    Fields:
+        tree: the tagged pytree's structure.
+        kept: the tag carries ``TagEffect`` (see the module docstring).
+        batched: vmap batched one of its values.
+        guard: for a guarded tag (see ``taxpr._guards``: its last operand is
+            a boolean guard, true for the examples of a vmap that really
+            execute the tag, in a cond branch or while body that vmap runs for
+            every example because its predicate is batched), one record per
+            vmap level that batched it since it was guarded, innermost first:
+            ``(guard_batched, *value_batched)``; batched operands of a guarded
+            tag have their batch axes in front, outermost first. ``None``
+            for a tag without a guard.
+        guard_from: the cond branches / while parts that guard it.
+        fwd_scopes: the custom_vjp calls whose fwd was running when the tag
+            was bound (see "custom_vjp scopes" below).
+        replay_scope: the call whose bwd was.
+        function_sites: the site keys of the tags the replayed call's
+            function holds (see ``_FUNCTION_SITES``).
+    """
+
+    tree: Any = None
+    kept: bool = False
+    batched: bool = False
+    guard: tuple | None = None
+    guard_from: tuple = ()
+    fwd_scopes: tuple = ()
+    replay_scope: int | None = None
+    function_sites: frozenset = frozenset()
+
+
+_NO_META = TagMeta()
+
+
+def meta(params: dict) -> TagMeta:
+    """taxpr's record on the tag with these params."""
+    return params.get(META, _NO_META)
+
+
+def with_meta(params: dict, **changes: Any) -> dict:
+    """``params`` with the named fields of their ``TagMeta`` changed."""
+    return {**params, META: dataclasses.replace(meta(params), **changes)}
+
+
 # Keep mode is part of JAX's trace context, so that a trace JAX cached with
 # keep mode off (the user ran the function before) is never reused under
 # ``keep_tags()`` and vice versa.
@@ -125,8 +161,6 @@ def _keeping_here(params: dict) -> bool:
     return not _in_analysis_trace() or _wants_to_be_told(params)
 
 
-HIDDEN_PREFIX = "_taxpr_"
-
 
 class TagEffect(effects.Effect):
     """Keeps a tag alive through partial evaluation (see module docstring)."""
@@ -149,25 +183,25 @@ for _set in (
 
 
 def user_params(params: dict) -> dict:
-    """The params a user passed to ``tag`` (hidden ones removed)."""
-    return {k: v for k, v in params.items() if not k.startswith(HIDDEN_PREFIX)}
+    """The params a user passed to ``tag`` (taxpr's ``TagMeta`` removed)."""
+    return {k: v for k, v in params.items() if k != META}
 
 
 def is_guarded(params: dict) -> bool:
-    """Whether a tag's last operand is a guard (see ``GUARD``)."""
-    return GUARD in params
+    """Whether a tag's last operand is a guard (see ``TagMeta.guard``)."""
+    return meta(params).guard is not None
 
 
 def n_values(params: dict, n_operands: int) -> int:
     """How many of a tag's operands are tagged values (not its guard)."""
-    return n_operands - 1 if GUARD in params else n_operands
+    return n_operands - 1 if is_guarded(params) else n_operands
 
 
 def unguarded(params: dict) -> dict:
-    """``params`` without the guard's hidden params (for the tangent tags)."""
-    if GUARD not in params:
+    """``params`` without the guard's records (for the tangent tags)."""
+    if not is_guarded(params):
         return params
-    return {k: v for k, v in params.items() if k not in (GUARD, GUARD_FROM)}
+    return with_meta(params, guard=None, guard_from=())
 
 
 def _identity_impl(*args, **params):
@@ -191,7 +225,7 @@ def _tell_untransformed(params: dict, how: str) -> None:
 
 
 def _tag_abstract_eval(*avals, **params):
-    effs = {tag_effect} if params.get(KEPT) else effects.no_effects
+    effs = {tag_effect} if meta(params).kept else effects.no_effects
     return list(avals[:n_values(params, len(avals))]), effs
 
 
@@ -205,7 +239,7 @@ class _TagPrimitive(Primitive):
             params = _in_scopes(params)
         if _TAG_GUARDS.get():
             values = list(args[:n_values(params, len(args))])
-            tree = params.get(TREE)
+            tree = meta(params).tree
             value = (jax.tree_util.tree_unflatten(tree, values)
                      if tree is not None and tree.num_leaves == len(values) else values)
             _run_guards(user_params(params), value)
@@ -260,18 +294,18 @@ def _entered(scopes: VjpScopes) -> Iterator[None]:
 
 def _in_scopes(params: dict) -> dict:
     scopes = current_vjp_scopes()
-    fwd = tuple(sorted({*params.get(FWD_SCOPES, ()), *scopes.fwd}))
-    replay = params.get(REPLAY_SCOPE)
+    before = meta(params)
+    fwd = tuple(sorted({*before.fwd_scopes, *scopes.fwd}))
+    replay = before.replay_scope
     if scopes.replay is not None:
         replay = scopes.replay if replay is None else min(replay, scopes.replay)
     marks = {}
-    if fwd:
-        marks[FWD_SCOPES] = fwd
-    if replay is not None:
-        marks[REPLAY_SCOPE] = replay
-        if replay != params.get(REPLAY_SCOPE):
-            marks[FUNCTION_SITES] = _FUNCTION_SITES.get(replay, frozenset())
-    return dict(params, **marks) if marks else params
+    if fwd != before.fwd_scopes:
+        marks["fwd_scopes"] = fwd
+    if replay != before.replay_scope:
+        marks["replay_scope"] = replay
+        marks["function_sites"] = _FUNCTION_SITES.get(replay, frozenset())
+    return with_meta(params, **marks) if marks else params
 
 
 def site_key(params: dict) -> frozenset:
@@ -285,7 +319,6 @@ def site_key(params: dict) -> frozenset:
 # also counts as the forward's what sites with these keys write. Only a
 # bwd of the scope reads it (to mark its tags), so a few are kept.
 _FUNCTION_SITES: dict[int, frozenset] = {}
-FUNCTION_SITES = "_taxpr_function_sites"
 
 
 def _function_sites(fun: Any) -> frozenset:
@@ -436,7 +469,8 @@ def _kept_if_consumed(params: dict) -> dict:
     transformation's trace (``keep_tags()``), where something will consume
     it: an effect reaching a top-level ``jax.jit`` turns off JAX's fast
     dispatch path, which tags nothing consumes must not cost."""
-    return dict(params, **{KEPT: True}) if not params.get(KEPT) and _keeping_here(params) else params
+    return (with_meta(params, kept=True) if not meta(params).kept and _keeping_here(params)
+            else params)
 
 
 def _tag_jvp(primals, tangents, **params):
@@ -513,26 +547,25 @@ def _batch_values_alike(args, dims, params):
 
 def _tag_batch(args, dims, **params):
     args, dims = _batch_values_alike(list(args), list(dims), params)
-    if GUARD in params:
+    if is_guarded(params):
         return _guarded_tag_batch(args, dims, **params)
-    if any(d is not None for d in dims):
-        params = dict(params, **{BATCHED: True})
+    if any(d is not None for d in dims) and not meta(params).batched:
+        params = with_meta(params, batched=True)
     return tag_p.bind(*args, **params), list(dims)
 
 
 def _guarded_tag_batch(args, dims, **params):
     """Batched operands go to the front and the guard is batched always, so
     that the guard's axes line up with the leading axes of the values
-    (``GUARD`` records which operands each level batched)."""
+    (``TagMeta.guard`` records which operands each level batched)."""
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     *values, guard = args
     *vdims, gdim = dims
     values = [x if d is None else _batching.moveaxis(x, d, 0) for x, d in zip(values, vdims)]
     guard = _batching.bdim_at_front(guard, gdim, size)
     record = (gdim is not None, *(d is not None for d in vdims))
-    new = dict(params, **{GUARD: (*params[GUARD], record)})
-    if any(d is not None for d in vdims):
-        new[BATCHED] = True
+    new = with_meta(params, guard=(*meta(params).guard, record),
+                    batched=meta(params).batched or any(d is not None for d in vdims))
     outs = tag_p.bind(*values, guard, **new)
     return outs, [None if d is None else 0 for d in vdims]
 
@@ -575,10 +608,10 @@ def _tag_remat(*args, **params):
         return (tag_p.bind(*args, **params),
                 lambda saved, *args_: recomputed(list(saved), list(args_[:n])))
     k = next(_SCOPE_IDS)
-    outs = tag_p.bind(*args, **dict(params, **{
-        FWD_SCOPES: tuple(sorted({*params.get(FWD_SCOPES, ()), k}))}))
-    replayed = dict(params, **{REPLAY_SCOPE: k if params.get(REPLAY_SCOPE) is None
-                               else min(k, params[REPLAY_SCOPE])})
+    before = meta(params)
+    outs = tag_p.bind(*args, **with_meta(params, fwd_scopes=tuple(sorted({*before.fwd_scopes, k}))))
+    replayed = with_meta(params, replay_scope=k if before.replay_scope is None
+                         else min(k, before.replay_scope))
     return outs, lambda saved, *args_: tag_p.bind(*args_, **replayed)
 
 
@@ -608,7 +641,7 @@ def _tag_dce_rule(used_outputs, eqn):
     inputs its broadcast outputs need, as it does for flax's own ``sow``);
     except one whose ``op`` must be told when it is compiled untransformed
     (a ``set_state`` without ``uncurry`` warns)."""
-    if any(used_outputs) or eqn.params.get(KEPT) or _wants_to_be_told(eqn.params):
+    if any(used_outputs) or meta(eqn.params).kept or _wants_to_be_told(eqn.params):
         return [True] * len(eqn.invars), eqn
     return [False] * len(eqn.invars), None
 
@@ -617,10 +650,13 @@ _compat.register_dce_rule(tag_p, _tag_dce_rule)
 
 
 def _tag_pp_rule(eqn, context, settings):
-    names = sorted(k for k in eqn.params if not k.startswith(HIDDEN_PREFIX))
-    if GUARD_FROM in eqn.params:  # shown as e.g. guarded_by=('cond[branch=1]',)
-        names.append(GUARD_FROM)
-    return core._pp_eqn(eqn, context, settings, params=names)
+    """The user's params, and where a guard comes from (e.g.
+    ``guarded_by=('cond[branch=1]',)``); not the rest of ``TagMeta``."""
+    shown = user_params(eqn.params)
+    if is_guarded(eqn.params):
+        shown["guarded_by"] = meta(eqn.params).guard_from
+        eqn = eqn.replace(params=shown)
+    return core._pp_eqn(eqn, context, settings, params=sorted(shown))
 
 
 for _p in (tag_p, tag_tangent_p, tag_cotangent_p):
@@ -719,9 +755,7 @@ def tag(value: Any, **params: Any) -> Any:
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         _tell_untransformed(params, "ran eagerly")
         return value
-    params = {TREE: tree, **params}
-    if _keeping_here(params):
-        params[KEPT] = True
+    params = {**params, META: TagMeta(tree=tree, kept=_keeping_here(params))}
     if _compat.eager_constant_folding():
         # Under ``jax.ensure_compile_time_eval()`` a trace evaluates a
         # primitive of constants at once: the tag would vanish from the
@@ -741,7 +775,7 @@ def _tag_partial_eval(trace, *tracers, **params):
     every step), or in both parts of a partially evaluated ``while``. Not
     while JAX linearizes from a JVP (a custom_jvp rule under ``grad``), whose
     primal outputs must stay known (see ``_jax_overrides.staging_known_kept_tags``)."""
-    if (params.get(KEPT) and _jax_overrides.staging_known_kept_tags()
+    if (meta(params).kept and _jax_overrides.staging_known_kept_tags()
             and all(t.pval.is_known() for t in tracers)):
         tracers = [trace.instantiate_const(t) for t in tracers]
     return trace.default_process_primitive(tag_p, tracers, params)
