@@ -65,8 +65,8 @@ def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> An
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
-    __slots__ = ("eqns", "env", "consts", "path", "site_ctx", "context", "collected", "feeds",
-                 "dropped")
+    __slots__ = ("eqns", "env", "consts", "path", "context", "collected", "feeds", "dropped",
+                 "_local")
 
     def __init__(self, path: tuple[str, ...], context: Callable | None = None):
         # ``context()`` enters the tracing context of this jaxpr's body (set
@@ -76,9 +76,6 @@ class Level:
         self.env: dict = {}
         self.consts: dict[int, tuple[core.Var, Any]] = {}  # id(value) -> (var, value)
         self.path = path
-        # ctx before each primal tag site, keyed by its inputs: the tangent of
-        # the same tag (bound right after it by the JVP rule) uses it.
-        self.site_ctx: dict = {}
         # Channels besides ctx: values collected per site (scan stacks them
         # into ys) and values fed to sites (scan slices them from xs).
         self.collected: list[tuple[Any, list]] = []
@@ -87,6 +84,16 @@ class Level:
         # the state read replaces): their producers are dropped at the end
         # if nothing else uses them (``drop_unused_producers``).
         self.dropped: list = []
+        self._local: dict = {}
+
+    def local(self, owner: Any) -> dict:
+        """A table private to ``owner`` (a site rule) for what it keeps while
+        this jaxpr is built, e.g. what a tag's site saw for the tag's tangent
+        bound right after it."""
+        table = self._local.get(owner)
+        if table is None:
+            table = self._local[owner] = {}
+        return table
 
     def collect(self, key: Any, atoms: Sequence[Any]) -> None:
         self.collected.append((key, list(atoms)))

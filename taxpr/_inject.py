@@ -178,7 +178,7 @@ class _InjectSites:
             ins = [level.atom(v) for v in eqn.invars]
             subst = self._substitute(eqn, params, ctx, ins)
             if subst is not None:
-                level.site_ctx[tuple(map(id, ins))] = ctx
+                level.local(self)[tuple(map(id, ins))] = ctx
                 new_token, new_ctx = subst
                 kept = {id(a) for a in (*new_token, *new_ctx)}
                 level.dropped.extend(a for a in ins if id(a) not in kept)
@@ -193,7 +193,9 @@ class _InjectSites:
         if eqn.primitive is tag_p:
             closed, _ = self._trace("primal", params, tree, token_avals, level.path,
                                     level.context, meta(eqn.params).batched)
-            level.site_ctx[tuple(map(id, ins))] = ctx
+            # The ctx before the site, keyed by its inputs: the tangent of the
+            # same tag (bound right after it by the JVP rule) uses it.
+            level.local(self)[tuple(map(id, ins))] = ctx
             outs = inline(level, closed, [*ctx, *ins])
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
             if n < len(eqn.invars):
@@ -206,7 +208,7 @@ class _InjectSites:
                                             level.context)
             site_ctx = ctx
             if needs_ctx:
-                site_ctx = level.site_ctx.get(tuple(map(id, ins[:len(ins) // 2])))
+                site_ctx = level.local(self).get(tuple(map(id, ins[:len(ins) // 2])))
                 if site_ctx is None:
                     raise NotImplementedError(
                         f"taxpr.inject: the derivative of the injector for "
