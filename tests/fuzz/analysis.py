@@ -1,0 +1,204 @@
+"""Static views of a program.
+
+Its statements (``walk``, ``children``; ``blocks``: every block with its
+path and owners), the sows of a tag and the names and modes sown, the states
+it mentions (``states_of``) and their inits at first use in trace order, its
+append sites (``Slot``, ``append_slots``), which custom functions have
+stateful rules or take ``p0``; and ``insert``: a program with one statement
+more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .model import (FUNCTIONS, RNG, STATES, T, TYPED_STATES, Bump, Cond, CustomJvp, CustomVjp,
+                    Draw, Fori, Get, Program, Scan, Set, Sow, Switch, While, has_rule,
+                    sow_kind, typed_value)
+
+
+# ---------------------------------------------------------------------------------
+# Static views of a program
+# ---------------------------------------------------------------------------------
+
+def children(s) -> list[tuple]:
+    if isinstance(s, (Scan, Fori, While, *FUNCTIONS)):
+        return [s.body]
+    if isinstance(s, (Cond, Switch)):
+        return list(s.branches)
+    return []
+
+
+def uses_state(stmts) -> bool:
+    """Whether ``stmts`` read or write a state anywhere (statically; a key
+    draw reads and writes the "rng" stream)."""
+    return any(isinstance(s, (Get, Set, Draw, Bump)) or (isinstance(s, While) and (
+        s.kind == "state" or s.spred or s.cbump)) for s in walk(stmts))
+
+
+def stateful_custom_rules(program: Program) -> list:
+    """The custom_jvp/custom_vjp functions whose rules have state: their body
+    uses state (the rules call the function), or they have rule statements
+    of their own. Differentiated, their rules run instead of the function
+    (``Reference(diff=True)``); their derivatives are not autodiff's of the
+    reference (what a rule writes is a constant w.r.t. the inputs), and no
+    derivative flows through a read under a jax.grad inside
+    (docs/limitations.md)."""
+    return [s for s in walk(program.body)
+            if isinstance(s, (CustomJvp, CustomVjp)) and (uses_state(s.body) or s.rule)]
+
+
+def rule_functions(program: Program) -> list:
+    """The custom functions with rule statements of their own."""
+    return [s for s in walk(program.body) if has_rule(s)]
+
+
+def takes_p0(s) -> bool:
+    """A custom function with rule statements in it or nested in its body
+    takes the program's ``p0`` as its last argument (custom functions read
+    only their arguments)."""
+    return isinstance(s, (CustomJvp, CustomVjp)) and any(
+        has_rule(x) for x in (s, *walk(s.body)))
+
+
+def walk(stmts):
+    for s in stmts:
+        yield s
+        for b in children(s):
+            yield from walk(b)
+
+
+def sows(stmts, tag=T):
+    """The sows of ``tag`` (a while's cond sow as a plain clobber ``Sow``)."""
+    out = []
+    for s in walk(stmts):
+        if isinstance(s, Sow) and s.tag == tag:
+            out.append(s)
+        elif isinstance(s, While) and s.csow and tag == T:
+            out.append(Sow(-1, None, None, s.csow[1], "clobber"))
+    return out
+
+
+def states_of(program: Program) -> dict[str, str]:
+    """name -> kind of every state the program mentions ("S", "V": float32
+    scalar / [3], "I": the int32 counter, "K": the key stream, "Y": typed)."""
+    out = {}
+    for s in walk(program.body):
+        if isinstance(s, (Get, Set)):
+            out[s.state] = STATES[s.state]
+        elif isinstance(s, Draw):
+            out[RNG] = "K"
+        elif isinstance(s, Bump):
+            out[s.state] = "Y"
+        elif isinstance(s, While):
+            if s.kind == "state":
+                out["cnt"] = "I"
+            if s.spred:
+                out[s.spred[0]] = "S"
+            if s.cbump:
+                out[s.cbump.state] = "Y"
+    return out
+
+
+def first_traced_inits(program: Program) -> dict:
+    """Each state's ``init`` at its first ``get_state`` in trace order."""
+    out: dict = {}
+
+    def visit(stmts):
+        for s in stmts:
+            if isinstance(s, Get):
+                out.setdefault(s.state, s.init)
+            elif isinstance(s, Draw):
+                out.setdefault(RNG, None)
+            elif isinstance(s, Bump):
+                out.setdefault(s.state, typed_value(TYPED_STATES[s.state], s.init))
+            elif isinstance(s, While):
+                if s.kind == "state":
+                    out.setdefault("cnt", 0)
+                if s.cbump:  # traced before the predicate's reads
+                    out.setdefault(s.cbump.state,
+                                   typed_value(TYPED_STATES[s.cbump.state], s.cbump.init))
+                if s.spred:
+                    out.setdefault(s.spred[0], s.spred[1])
+                visit(s.body)
+            else:
+                for b in children(s):
+                    visit(b)
+
+    visit(program.body)
+    return out
+
+
+@dataclass(frozen=True)
+class Slot:
+    key: Any
+    name: str
+    lens: tuple  # lengths of the enclosing scans
+    kind: str
+
+    def rows(self) -> int:
+        return self.lens[0] if self.lens else 1
+
+    def shape(self) -> tuple:
+        return (*self.lens, *((3,) if self.kind == "V" else ()))
+
+
+def append_slots(program: Program) -> dict[str, list[Slot]]:
+    """name -> its append sites in program (trace) order; a cond's branches
+    share their slots (the taken branch fills them); a function called twice
+    has its sites twice. A slot's key is ``(site, calls)``."""
+    slots: dict[str, list[Slot]] = {}
+    seen = set()
+
+    def visit(stmts, lens, calls):
+        for s in stmts:
+            if isinstance(s, Sow) and s.tag == T and s.mode == "append":
+                key = (s.slot or s.uid, calls)
+                if key not in seen:
+                    seen.add(key)
+                    slots.setdefault(s.name, []).append(Slot(key, s.name, lens, sow_kind(s.name)))
+            elif isinstance(s, Scan):
+                visit(s.body, (*lens, s.length), calls)
+            elif isinstance(s, FUNCTIONS):
+                for c in range(s.calls):
+                    visit(s.body, lens, (*calls, (s.uid, c)))
+            else:
+                for b in children(s):
+                    visit(b, lens, calls)
+
+    visit(program.body, (), ())
+    return slots
+
+
+def sow_names(program: Program) -> dict[str, str]:
+    """name -> mode of every sow of tag T."""
+    return {s.name: s.mode for s in sows(program.body)}
+
+
+# ---- blocks of a program, and a statement inserted into one --------------------------
+
+def blocks(stmts, path=(), owners=()):
+    """(path, owners) of every block: ``path`` = ((stmt index, child index), ...)
+    from the top; ``owners`` the statements owning the nested blocks."""
+    yield path, owners
+    for i, s in enumerate(stmts):
+        for j, b in enumerate(children(s)):
+            yield from blocks(b, (*path, (i, j)), (*owners, s))
+
+
+def insert(stmts: tuple, path: tuple, pos: int, new) -> tuple:
+    """``stmts`` with ``new`` inserted at ``pos`` of the block at ``path``."""
+    if not path:
+        pos = min(pos, len(stmts))
+        return (*stmts[:pos], new, *stmts[pos:])
+    (i, j), rest = path[0], path[1:]
+    s = stmts[i]
+    if isinstance(s, (Cond, Switch)):
+        branches = list(s.branches)
+        branches[j] = insert(branches[j], rest, pos, new)
+        s = dataclasses.replace(s, branches=tuple(branches))
+    else:
+        s = dataclasses.replace(s, body=insert(s.body, rest, pos, new))
+    return (*stmts[:i], s, *stmts[i + 1:])

@@ -1,0 +1,667 @@
+"""The checks: a program through one of taxpr's transformations against
+the eager reference.
+
+``check_uncurry``, ``check_reap``, ``check_harvest``, ``check_vmap``,
+``check_vmap_inside``, ``check_derivatives`` (against finite differences of
+the reference), ``check_grad_inside``, ``check_raw_reap`` and
+``check_as_users_run`` (the hoisted rendering after a warm-up). ``run_check``
+runs one: it labels the program's features as hypothesis events (and
+records them: ``_CHECKED``, ``_GENERATED``; with ``_DRAW_ONLY`` it checks
+nothing) and attaches the program's source to a failure. The assert helpers
+compare outputs, states and reaps (floats to a tolerance; integers, typed
+states and keys exactly). ``VIOLATIONS``: harvest's static rules broken on
+purpose, and the errors they raise.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from hypothesis import assume, event
+from hypothesis.errors import InvalidArgument
+
+import taxpr as tx
+from taxpr import harvest as h
+
+from helpers import check
+
+from .analysis import (append_slots, children, rule_functions, sow_names, states_of,
+                       stateful_custom_rules, uses_state, walk)
+from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomVjp, EqxLoop, Fori, Program,
+                    Scan, Set, Sow, Switch, While, has_rule, not_differentiated, sow_kind,
+                    typed_next)
+from .reference import Ambiguous, Reference, _is_key
+from .render import build, build_hoisted, to_source
+
+
+# ---------------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------------
+
+TOL = dict(rtol=2e-4, atol=2e-4)
+
+
+def assert_close(got, want, what: str) -> None:
+    if _is_key(want):
+        assert _is_key(got) and got.dtype == want.dtype, f"{what}: {got!r} is not a {want.dtype}"
+        assert np.array_equal(jax.random.key_data(got), jax.random.key_data(want)), \
+            f"{what}: key {jax.random.key_data(got)} != reference {jax.random.key_data(want)}"
+        return
+    g = np.asarray(got)
+    w = np.asarray(want)
+    assert g.shape == w.shape, f"{what}: shape {g.shape} != reference {w.shape}"
+    if not isinstance(want, int) and w.dtype not in (np.float64, np.int64):
+        # A typed value (a typed state, an extra state entry): exact.
+        assert g.dtype == w.dtype, f"{what}: dtype {g.dtype}, expected {w.dtype}"
+        assert np.array_equal(_bits(g), _bits(w)), f"{what}: {g} != reference {w} (bitwise)"
+        return
+    if isinstance(want, int) or w.dtype.kind in "iu":
+        assert g.dtype == np.int32, f"{what}: dtype {g.dtype}, expected int32"
+        assert np.array_equal(g, w), f"{what}: {g} != reference {w}"
+        return
+    assert g.dtype == np.float32, f"{what}: dtype {g.dtype}, expected float32"
+    np.testing.assert_allclose(g, w, err_msg=what, **TOL)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The values of a typed array, comparable bit for bit: integers as
+    int64, floats (every float type widens exactly to float32, -0.0 and NaNs
+    included) and complex parts as float32 bit patterns."""
+    if a.dtype == np.bool_ or jnp.issubdtype(a.dtype, jnp.integer):
+        return a.astype(np.int64)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        a = np.stack([a.real, a.imag])
+    return np.ascontiguousarray(np.atleast_1d(a.astype(np.float32))).view(np.uint32)
+
+
+def assert_dict_close(got: dict, want: dict, what: str) -> None:
+    assert set(got) == set(want), f"{what}: keys {sorted(got)} != reference {sorted(want)}"
+    for k in want:
+        assert_close(got[k], want[k], f"{what}[{k!r}]")
+
+
+def assert_outs_close(got, want, what: str) -> None:
+    assert len(got) == len(want)
+    for name, g, w in zip(ENV, got, want):
+        assert_close(g, w, f"{what} {name}")
+
+
+def perturb(state: dict) -> dict:
+    """Another valid state: floats moved, the counter advanced, typed states
+    updated exactly."""
+    out = {}
+    for k, v in state.items():
+        if _is_key(v):  # another key for the stream
+            out[k] = jax.random.fold_in(v, 7)
+            continue
+        if k in TYPED_STATES:
+            out[k] = typed_next(TYPED_STATES[k], v)
+            continue
+        a = np.asarray(v)
+        out[k] = (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
+    return out
+
+
+def reference(program, args, states=None, plants=None, diff: bool = False):
+    """Run the reference (``diff``: differentiated, see ``Reference``); a
+    predicate too close to call makes hypothesis discard the example."""
+    try:
+        return Reference(program, states, plants, diff).run(args)
+    except Ambiguous:
+        assume(False)
+
+
+def make_plants(program: Program, rng: np.random.Generator, fraction=0.5) -> dict:
+    """Random plants for some of the sown names (right shapes and dtypes)."""
+    plants = {}
+    slots = append_slots(program)
+    for name, mode in sorted(sow_names(program).items()):
+        if rng.random() > fraction:
+            continue
+        kind = sow_kind(name)
+        if mode == "append":
+            sl = slots[name]
+            rows = sum(s.rows() for s in sl)
+            shape = (rows, *sl[0].shape()[1:]) if sl[0].lens else (rows, *sl[0].shape())
+        else:
+            shape = (3,) if kind == "V" else ()
+        plants[name] = rng.uniform(-2, 2, shape).astype(np.float32)
+    return plants
+
+
+def features(program: Program) -> set[str]:
+    """Labels for ``hypothesis.event`` (see --hypothesis-show-statistics)."""
+    out = set()
+
+    def visit(stmts, depth, lens, owner):
+        out.add(f"depth {depth}")
+        for s in stmts:
+            name = type(s).__name__
+            if isinstance(s, Bump):
+                name = f"typed_state {TYPED_STATES[s.state]}"
+                out.add(f"typed_state {s.op}" + (" mixed" if s.target else ""))
+                out.add(f"typed_state in {owner}")
+            elif isinstance(s, Sow):
+                name = f"sow {s.mode}" + (" (other tag)" if s.tag != T else "")
+                if s.mode == "append" and s.tag == T and lens:
+                    name += f" in scan depth {len(lens)}"
+            elif isinstance(s, Scan):
+                name = f"scan len {s.length}" + (" reverse" if s.reverse else "")
+            elif isinstance(s, While):
+                name = (f"while {s.kind}" + (" spred" if s.spred else "")
+                        + (" cbump" if s.cbump else ""))
+            elif has_rule(s):
+                out.add(f"rule statements in {name}")
+                out.update(f"rule {type(r).__name__} in {name}" for r in s.rule)
+            out.add(name)
+            lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
+            for b in children(s):
+                visit(b, depth + 1, lens2, type(s).__name__)
+
+    visit(program.body, 0, (), "program")
+    return out
+
+
+def _event(label: str) -> None:
+    """``hypothesis.event``; nothing when a check runs outside hypothesis."""
+    try:
+        event(label)
+    except InvalidArgument:
+        pass
+
+
+_RUNS = [0]
+# What this process checked: programs per check, and every feature of them.
+_CHECKED: collections.Counter = collections.Counter()
+_GENERATED: set = set()
+# Set by test_ci_profile_generates_typed_states_everywhere: the CI profile's
+# tests draw their programs and record them, but check none.
+_DRAW_ONLY = False
+
+
+def run_check(check, program, *params):
+    """``check(program, *params)``; a failure carries the program's source and
+    the check's arguments."""
+    _RUNS[0] += 1
+    if _RUNS[0] % 250 == 0:  # every program compiles new jaxprs: bound the caches
+        jax.clear_caches()
+    _CHECKED[check.__name__] += 1
+    labels = features(program)
+    if rules_differentiated(check.__name__, program):  # "check_grad_inside: rule Draw in ..."
+        labels |= {f"{check.__name__}: {f}" for f in labels if f.startswith("rule ")}
+    for f in sorted(labels):
+        _GENERATED.add(f)
+        event(f)
+    if _DRAW_ONLY:
+        return
+    try:
+        check(program, *params)
+    except Exception as e:  # noqa: BLE001 - re-raised with the program attached
+        call = ", ".join(["program", *map(repr, params)])
+        e.add_note(f"fuzz program (failed {check.__name__}({call})):\n{to_source(program)}")
+        raise
+
+
+# ---------------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------------
+
+def check_uncurry(program, args, args2, jit: bool):
+    """uncurry: state0, pure(state0) (not jitted), pure(other state) (jitted or not)."""
+    fn = build(program)
+    out_r, fin_r, s0_r, _ = reference(program, args)
+    pure, state0 = tx.uncurry(fn, *args)
+    assert_dict_close(state0, s0_r, "state0")
+    if not jit:
+        out, fin = pure(state0, *args)
+        assert_outs_close(out, out_r, "pure(state0) out")
+        assert_dict_close(fin, fin_r, "pure(state0) state")
+        closed, infos = tx.make_jaxpr(fn)(*args)
+        check(closed)
+        assert [i.name for i in infos] == sorted(s0_r)
+        check(jax.make_jaxpr(pure)(state0, *args))  # the rewritten jaxprs, bound again
+    other = perturb(state0)
+    out_r2, fin_r2, _, _ = reference(program, args2, other)
+    run = jax.jit(pure) if jit else pure
+    out2, fin2 = run(other, *args2)
+    assert_outs_close(out2, out_r2, "pure(other state) out")
+    assert_dict_close(fin2, fin_r2, "pure(other state) state")
+
+
+def check_reap(program, args, jit: bool, compose: str, filt: tuple):
+    """reap of the uncurried function (or uncurry of the reaped one), with an
+    allowlist or blocklist ``filt = (kind, names)``."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    state = perturb(state0)
+    out_r, fin_r, _, reaps_r = reference(program, args, state)
+    kind, names = filt
+    kw = {} if kind is None else {kind: names}
+    if kind is not None:
+        keep = (lambda n: n in names) if kind == "allowlist" else (lambda n: n not in names)
+        reaps_r = {k: v for k, v in reaps_r.items() if keep(k)}
+    if compose == "reap(pure)":
+        car = h.call_and_reap(pure, tag=T, **kw)
+        (out, fin), reaps = (jax.jit(car) if jit else car)(state, *args)
+        if not jit:
+            check(jax.make_jaxpr(car)(state, *args))
+    else:
+        pure2, _ = tx.uncurry(h.call_and_reap(fn, tag=T, **kw), *args)
+        (out, reaps), fin = (jax.jit(pure2) if jit else pure2)(state, *args)
+    assert_outs_close(out, out_r, f"{compose} out")
+    assert_dict_close(fin, fin_r, f"{compose} state")
+    assert_dict_close(reaps, reaps_r, f"{compose} reaps")
+
+
+def check_harvest(program, args, seed: int, jit: bool):
+    """harvest (plant some names, reap the others) of the uncurried function."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    plants = make_plants(program, np.random.default_rng(seed))
+    out_r, fin_r, _, reaps_r = reference(program, args, dict(state0), plants)
+    hv = h.harvest(pure, tag=T)
+    (out, fin), reaps = (jax.jit(hv) if jit else hv)(plants, state0, *args)
+    assert_outs_close(out, out_r, "harvest out")
+    assert_dict_close(fin, fin_r, "harvest state")
+    assert_dict_close(reaps, reaps_r, "harvest reaps")
+    if plants and not jit:
+        out_p = h.plant(pure, tag=T)(plants, state0, *args)[0]
+        assert_outs_close(out_p, out_r, "plant out")
+
+
+def _stack(a, b):
+    if _is_key(a):
+        return jnp.stack([a, b])
+    return np.stack([np.asarray(a), np.asarray(b)])
+
+
+def check_vmap(program, args, args2, with_reap: bool):
+    """vmap of the pure function (or of reap of it) over a batch of two states
+    and two argument sets: each row matches its own reference run."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    states = (dict(state0), perturb(state0))
+    refs = [reference(program, a, s) for a, s in zip((args, args2), states)]
+    bstate = {k: _stack(states[0][k], states[1][k]) for k in state0}
+    bargs = [_stack(a, b) for a, b in zip(args, args2)]
+    if with_reap:
+        (out, fin), reaps = jax.vmap(h.call_and_reap(pure, tag=T))(bstate, *bargs)
+    else:
+        (out, fin), reaps = jax.vmap(pure)(bstate, *bargs), None
+    for row, (out_r, fin_r, _, reaps_r) in enumerate(refs):
+        pick = lambda tree: jax.tree_util.tree_map(lambda x: x[row], tree)  # noqa: E731
+        assert_outs_close(pick(out), out_r, f"vmap row {row} out")
+        assert_dict_close(pick(fin), fin_r, f"vmap row {row} state")
+        if with_reap:
+            assert_dict_close(pick(reaps), reaps_r, f"vmap row {row} reaps")
+
+
+def _objective(out, state, reaps=None) -> Any:
+    """A scalar of every float output, float32 state and reaped value."""
+    leaves = [*out, *(v for k, v in sorted(state.items()) if k in STATES),
+              *(v for _, v in sorted((reaps or {}).items()))]
+    return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
+
+
+def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad):
+    """Differentiated from outside, a custom function with stateful rules
+    runs its rule instead (JAX's semantics): its rule statements, then
+    ``jax.jvp`` of the function itself (custom_jvp) or the plain function
+    (custom_vjp's fwd), so the outputs and the states are the differentiated
+    reference's (``Reference(diff=True)``): the rule's effects happen once,
+    in program order. (Their derivatives differ from finite differences by
+    design: what a rule writes is a constant w.r.t. the inputs, as eagerly.)"""
+    floats_in = tuple(np.asarray(a) for a in args[:4])
+    out_r, fin_r, _, _ = reference(program, args, state, diff=True)
+
+    def run(*xs):
+        return pure(state, *xs, args[4])
+
+    if can_jvp:
+        (out, fin), _ = jax.jvp(run, floats_in, tuple(np.ones_like(a) for a in floats_in))
+        assert_outs_close(out, out_r, "jvp(pure) out")
+        assert_dict_close(fin, fin_r, "jvp(pure) state")
+    if can_grad:
+        try:
+            (out, fin), vjp_fn = jax.vjp(run, *floats_in)
+        except NotImplementedError as e:
+            # A float state that a custom_vjp fwd reads (a custom_jvp in its
+            # body takes every state) and that has a derivative there (set
+            # from a differentiated value before the call): documented
+            # (docs/limitations.md), as JAX refuses a custom_vjp closing
+            # over a differentiated value.
+            name = re.search(r"differentiating w\.r\.t\. state '(\w+)', which the custom_vjp "
+                             r"function at \S+ reads", str(e))
+            assert name and name[1] in states_of(program) and any(
+                isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)), e
+            _event("derivatives: vjp of pure refused: a differentiated state a custom_vjp reads")
+            return
+        assert_outs_close(out, out_r, "vjp(pure) out")
+        assert_dict_close(fin, fin_r, "vjp(pure) state")
+        cts = jax.tree_util.tree_map(
+            lambda v: (jnp.ones_like(v) if jnp.issubdtype(v.dtype, jnp.inexact)
+                       else np.zeros(np.shape(v), jax.dtypes.float0)), (out, fin))
+        if any(isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)):
+            # Its bwd (jax.vjp of the function) touches state after the
+            # forward pass: a StateError where a cotangent reaches it
+            # (tests/test_state_semantics.py); only the forward is checked.
+            _event("derivatives: forward of a stateful custom_vjp under vjp")
+        else:
+            grads = vjp_fn(cts)
+            assert all(np.isfinite(np.asarray(g)).all() for g in grads), grads
+    _event("derivatives: stateful custom rules run once, as the reference")
+    if (can_jvp or can_grad) and rule_functions(program):
+        _event("derivatives: rule statements ran under differentiation (jvp / vjp of pure)")
+
+
+def derivative_modes(program: Program) -> tuple[bool, bool]:
+    """(jvp, grad): forward mode of a custom_vjp function, reverse mode of a
+    while loop (incl. fori with traced bounds) are not supported by JAX."""
+    stmts = list(walk(program.body))
+    return (not any(isinstance(s, CustomVjp) for s in stmts),
+            not any(isinstance(s, (While, Fori)) for s in stmts))
+
+
+def rules_differentiated(check_name: str, program: Program) -> bool:
+    """Whether the check ``check_name`` runs ``program``'s rule statements
+    differentiated (and compares with ``Reference(diff=True)``)."""
+    if not rule_functions(program):
+        return False
+    if check_name == "check_grad_inside":  # (its programs have no while / fori / root)
+        return True
+    if check_name == "check_derivatives":
+        return (not any(not_differentiated(s) for s in walk(program.body))
+                and any(derivative_modes(program)))
+    return False
+
+
+def check_derivatives(program, args, seed: int, variant: str):
+    """jvp (and, without while loops, grad) of the pure function w.r.t. the
+    float arguments and float states (``variant="reap"``: of reap of it, the
+    reaped values included; ``"plant"``: of plant of it, also w.r.t. the
+    planted values), against central finite differences of the float64
+    reference."""
+    fn = build(program)
+    pure, state0 = tx.uncurry(fn, *args)
+    state = perturb(state0)
+    can_jvp, can_grad = derivative_modes(program)
+    if any(not_differentiated(s) for s in walk(program.body)):
+        _event("derivatives: not checked through custom_root / a checkpointed loop")
+        return
+    if stateful_custom_rules(program):
+        check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad)
+        return
+    # Typed states are not differentiated: integer-valued, updated by
+    # wrap-around and ``% 4``, they have no derivatives that finite
+    # differences see (their tangents, float0 or zero, still flow).
+    fkeys = sorted(k for k in state if k in STATES)
+    rng = np.random.default_rng(seed)
+    plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
+    pkeys = sorted(plants)
+    floats = ([np.asarray(a) for a in args[:4]] + [np.asarray(state[k]) for k in fkeys]
+              + [plants[k] for k in pkeys])
+    tangents = [rng.uniform(-1, 1, np.shape(x)).astype(np.float32) for x in floats]
+    n_st = 4 + len(fkeys)
+
+    def split(xs):
+        st_ = dict(state)
+        st_.update(zip(fkeys, xs[4:n_st]))
+        return st_, (*xs[:4], args[4]), dict(zip(pkeys, xs[n_st:]))
+
+    def f(*xs):
+        st_, a, pl = split(xs)
+        if variant == "reap":
+            (out, fin), reaps = h.call_and_reap(pure, tag=T)(st_, *a)
+            return _objective(out, fin, reaps)
+        if variant == "plant":
+            out, fin = h.plant(pure, tag=T)(pl, st_, *a)
+        else:
+            out, fin = pure(st_, *a)
+        return _objective(out, fin)
+
+    def f_ref(xs):
+        st_, a, pl = split(xs)
+        out, fin, _, reaps = reference(program, a, st_, pl)
+        return float(_objective(out, fin, reaps if variant == "reap" else None))
+
+    eps = 1e-5
+    plus = [np.asarray(x, np.float64) + eps * t for x, t in zip(floats, tangents)]
+    minus = [np.asarray(x, np.float64) - eps * t for x, t in zip(floats, tangents)]
+    fd = (f_ref(plus) - f_ref(minus)) / (2 * eps)
+    if can_jvp:
+        _, jvp = jax.jvp(f, floats, tangents)
+        np.testing.assert_allclose(float(jvp), fd, rtol=2e-3, atol=2e-3,
+                                   err_msg=f"{variant}: jvp vs finite differences")
+    if can_grad:
+        grads = jax.grad(f, argnums=tuple(range(len(floats))))(*floats)
+        dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
+        np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
+                                   err_msg=f"{variant}: grad vs finite differences")
+
+
+def check_grad_inside(program, args):
+    """``jax.value_and_grad`` inside the uncurried function (taxpr rewrites
+    the differentiated program, custom_vjp bwds recomputing their function
+    included): the value and the final states are the reference's (the
+    backward pass repeats no effect), and, where JAX's rules are autodiff's
+    and no rule has state, the gradient matches central finite differences
+    of the float64 reference. A stateful custom_vjp or equinox checkpointed
+    loop whose recomputation reads a state the forward changes may instead be
+    a ``StateError`` (which one cannot be read off the program)."""
+    fn = build(program)
+    stmts = list(walk(program.body))
+
+    def loss(*xs):
+        return _objective(fn(*xs), {})
+
+    def prog(a0, a1, a2, a3, n):
+        return jax.value_and_grad(lambda *f: loss(*f, n), argnums=(0, 1, 2, 3))(a0, a1, a2, a3)
+
+    recomputing = any(isinstance(s, (CustomVjp, EqxLoop)) and uses_state(s.body) for s in stmts)
+    try:
+        pure, state0 = tx.uncurry(prog, *args)
+        state = perturb(state0)
+        (value, grads), fin = pure(state, *args)
+    except tx.StateError as e:
+        assert recomputing, f"StateError without a recomputing bwd: {e}"
+        assert "recomputes" in str(e) or "replay" in str(e), e
+        _event("grad inside: a recomputation reading a changed state, a StateError")
+        return "StateError"
+    # JAX differentiates the program as it traces it: every custom function
+    # with stateful rules runs its rule (p0 is differentiated).
+    out_r, fin_r, _, _ = reference(program, args, state, diff=True)
+    assert_close(value, _objective(out_r, {}), "value_and_grad inside: value")
+    assert_dict_close(fin, fin_r, "value_and_grad inside: state")
+    if rule_functions(program):
+        _event("grad inside: rule statements ran under differentiation")
+    if (stateful_custom_rules(program) or any(not_differentiated(s) for s in stmts)
+            or any(isinstance(s, (Set, Bump)) for s in stmts)):
+        # Derivatives through a state set and read again inside the
+        # differentiated function are not propagated (docs/limitations.md).
+        _event("grad inside: value and states checked")
+        return "value and states"
+    eps = 1e-5
+    rng = np.random.default_rng(0)
+    floats = [np.asarray(a, np.float64) for a in args[:4]]
+    tangents = [rng.uniform(-1, 1, np.shape(x)) for x in floats]
+
+    def f_ref(xs):
+        out, _, _, _ = reference(program, (*xs, args[4]), state)
+        return float(_objective(out, {}))
+
+    fd = (f_ref([x + eps * t for x, t in zip(floats, tangents)])
+          - f_ref([x - eps * t for x, t in zip(floats, tangents)])) / (2 * eps)
+    dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
+    np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
+                               err_msg="grad inside vs finite differences")
+    _event("grad inside: value, states and gradient checked")
+    return "value, states and gradient"
+
+
+def check_raw_reap(program, args):
+    """reap / plant of the stateful function itself (no state handler: get
+    returns init, set is a no-op; taxpr warns about each set, as expected)."""
+    fn = build(program)
+    out_r, _, _, reaps_r = reference(program, args, "none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tx.StateNotUncurriedWarning)
+        out, reaps = jax.jit(h.call_and_reap(fn, tag=T))(*args)
+    assert_outs_close(out, out_r, "call_and_reap out")
+    assert_dict_close(reaps, reaps_r, "call_and_reap reaps")
+
+
+# ---- vmap inside the transformed function (batched predicates) ----------------------
+
+# (NotImplementedError: equinox's loops under vmap whose predicate reads a
+# state, "a while loop that runs while any example of a vmap batch runs".)
+VMAP_ERRORS = (tx.StateError, tx.InjectError, ValueError, NotImplementedError)
+
+
+def check_vmap_inside(program, args, p0s, jit: bool, with_reap: bool = False):
+    """uncurry of ``vmap(program)`` over a batch of ``p0`` (so conds/whiles on
+    ``f0`` get batched predicates, with states and sows inside). Per example
+    the result must be the reference run on that example, states shared
+    (reads broadcast; a state's new value is the same for every example);
+    where that has no per-example meaning (a state set to a value that
+    differs per example, or in a branch/iteration only some examples take)
+    the outcome must be a clear error that says it is about vmap.
+
+    ``with_reap`` also reaps (non-append names compared); reaping outside
+    the vmap a name that vmap batches in one cond branch and not in another
+    is such a clear error."""
+    fn = build(program)
+
+    def batched(p0, p1, p2, pv, n):
+        return jax.vmap(fn, in_axes=(0, None, None, None, None))(p0, p1, p2, pv, n)
+
+    bargs = (np.asarray(p0s, np.float32), *args[1:])
+    f = h.call_and_reap(batched, tag=T) if with_reap else batched
+    try:
+        pure, state0 = tx.uncurry(f, *bargs)
+        state = perturb(state0)
+        run = jax.jit(pure) if jit else pure
+        out, fin = run(state, *bargs)
+    except VMAP_ERRORS as e:
+        assert "vmap" in str(e), f"an error that does not say it is about vmap: {e!r}"
+        _event("vmap inside: clear error")
+        return
+    _event("vmap inside: result")
+    out, reaps = out if with_reap else (out, {})
+    refs = [reference(program, (np.float32(p), *args[1:]), dict(state)) for p in p0s]
+    modes = sow_names(program)
+    for row, (out_r, fin_r, _, reaps_r) in enumerate(refs):
+        assert_outs_close([np.asarray(o)[row] for o in out], out_r, f"vmap inside row {row} out")
+        # A state is not batched: every example must have left it the same.
+        assert_dict_close(fin, fin_r, f"vmap inside row {row} state")
+        for name, want in (reaps_r.items() if with_reap else ()):
+            if modes.get(name) == "append":
+                continue
+            got = np.asarray(reaps[name])
+            got = got[row] if got.shape != np.shape(want) else got
+            assert_close(got, want, f"vmap inside row {row} reap[{name!r}]")
+
+
+# ---- static rules: harvest's rules broken on purpose --------------------------------
+
+_LOOPS = (Scan, Fori, While, EqxLoop)
+VIOLATIONS = {
+    # kind: (where it may go, the sow, the messages it may raise)
+    "strict_in_scan": (lambda owners: any(isinstance(o, Scan) for o in owners), "strict",
+                       r"Cannot use strict mode for 'z' inside `scan`\.|"
+                       r"Must use clobber or cond_clobber mode for 'z' inside of a `while_loop`\."),
+    "append_in_while": (lambda owners: any(isinstance(o, (While, Fori, EqxLoop)) for o in owners),
+                        "append", r"Must use clobber or cond_clobber mode for 'z' inside of a "
+                                  r"`while_loop`\."),
+    "strict_twice": (lambda owners: not any(isinstance(o, (*_LOOPS, Cond, Switch)) for o in owners),
+                     "strict", r"Variable has already been reaped: z"),
+    "missing_in_branch": (lambda owners: bool(owners) and isinstance(owners[-1], (Cond, Switch))
+                          and len(owners[-1].branches) > 1, "clobber",
+                          r"Missing sow in branch: 'z'\.|Mismatching number of `sow`s between "
+                          r"branches\."),
+}
+
+
+# ---- programs as users run them: a warm-up first, inits in another style -------------
+
+WARM_UPS = ("none", "jit", "eager", "make_jaxpr")
+
+
+def warm_up(fn, how: str, args, program) -> None:
+    """Run ``fn`` before taxpr transforms it, so JAX's trace caches are warm.
+
+    Run without ``uncurry``, sets are lost and reads give the init (taxpr
+    warns about each set, as expected here), so a loop whose exit depends on
+    state may never end: programs with loops are only traced
+    (``jit(...).lower``, which fills the same trace caches, or
+    ``make_jaxpr``), never executed, by the warm-up."""
+    if how in ("jit", "eager") and any(isinstance(s, (While, Fori))
+                                       for s in walk(program.body)):
+        how = "jit_lower" if how == "jit" else "make_jaxpr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tx.StateNotUncurriedWarning)
+        _warm_up(fn, how, args)
+
+
+def _warm_up(fn, how: str, args) -> None:
+    if how == "jit":
+        jax.block_until_ready(jax.jit(fn)(*args))
+    elif how == "jit_lower":
+        jax.jit(fn).lower(*args)
+    elif how == "eager":
+        jax.block_until_ready(fn(*args))
+    elif how == "make_jaxpr":
+        jax.make_jaxpr(fn)(*args)
+
+
+EXTRA_ENTRIES = {"zz_extra": np.float32(3.5), "aa_steps": np.int32(7),
+                 "zz_flags": np.array([True, False, True]),
+                 "zz_half": np.asarray(-1.5, ml_dtypes.bfloat16)}
+
+
+def _linearized(fn):
+    """``fn`` computed under ``jax.vjp`` w.r.t. its first argument (the
+    forward pass, as ``jax.grad`` runs it): the same outputs and effects, but
+    traced through linearization and partial evaluation, where tags must be
+    kept (what a warm trace cache made with tags not kept broke)."""
+    def g(p0, *rest):
+        return jax.vjp(lambda p: fn(p, *rest), p0)[0]
+    return g
+
+
+def check_as_users_run(program, args, args2, warm: str, init_style: str, extra: bool,
+                       with_reap: bool, linearize: bool = False):
+    """uncurry (and reap of the pure function) of the hoisted program after a
+    warm-up, with inits in ``init_style`` and, with ``extra``, unknown entries
+    in the state dict (they pass through unchanged); with ``linearize`` the
+    transformed function runs the program under ``jax.vjp``."""
+    fn = build_hoisted(program, init_style)
+    warm_up(fn, warm, args, program)
+    if linearize:
+        fn = _linearized(fn)
+    out_r, fin_r, s0_r, _ = reference(program, args)
+    pure, state0 = tx.uncurry(fn, *args)
+    assert_dict_close(state0, s0_r, "state0")
+    out, fin = pure(state0, *args)
+    assert_outs_close(out, out_r, "pure(state0) out")
+    assert_dict_close(fin, fin_r, "pure(state0) state")
+    closed, infos = tx.make_jaxpr(fn)(*args)
+    check(closed)
+    assert [i.name for i in infos] == sorted(s0_r)
+    other = perturb(state0)
+    out_r2, fin_r2, _, reaps_r = reference(program, args2, other)
+    start = {**other, **EXTRA_ENTRIES} if extra else other
+    want_fin = {**fin_r2, **EXTRA_ENTRIES} if extra else fin_r2
+    if with_reap:
+        (out2, fin2), reaps = jax.jit(h.call_and_reap(pure, tag=T))(start, *args2)
+        assert_dict_close(reaps, reaps_r, "reap(pure) reaps")
+    else:
+        out2, fin2 = jax.jit(pure)(start, *args2)
+    assert_outs_close(out2, out_r2, "pure(other state) out")
+    assert_dict_close(fin2, want_fin, "pure(other state) state")

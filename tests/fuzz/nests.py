@@ -1,0 +1,125 @@
+"""Fixed programs that the deterministic tests run: every typed state's
+dtype through every primitive's carries (``TYPED_NESTS``), programs inside
+library operations (``LIBRARY_NESTS``), custom functions with state in
+their body differentiated inside the uncurried function
+(``GRAD_INSIDE_NESTS``) and custom functions whose rules touch states and
+keys themselves (``RULE_NESTS``).
+"""
+
+from __future__ import annotations
+
+from .model import (SVARS, TYPED_DTYPES, TYPED_OPS, AddC, Assign, Bin, Bump, Ckpt, Cond,
+                    CustomJvp, CustomVjp, Draw, EqxLoop, Fori, Get, IPred, Jit, MulC, Program,
+                    Root, Scan, Set, SIdx, Sow, Switch, Un, Var, While, typed_adds, typed_inits,
+                    typed_kind, typed_shape)
+
+
+def _all_typed_bumps(uid: int) -> tuple:
+    """One Bump per dtype (uids from ``uid``), every update and init form."""
+    out = []
+    for i, d in enumerate(TYPED_DTYPES):
+        values = typed_inits(d)
+        init = (tuple(values[(i + j) % len(values)] for j in range(3)) if typed_shape(d)
+                else values[i % len(values)])
+        ops = TYPED_OPS[typed_kind(d)]
+        op = ops[i % len(ops)]
+        arg = (IPred("n", 1, 2) if op == "xor" else typed_adds(d)[i % 3] if op == "add"
+               else None)
+        target = ("v" if typed_shape(d) else SVARS[i % 3]) if i % 2 else None
+        out.append(Bump(uid + i, f"y_{d}", init, ("scalar", "array", "callable")[i % 3], op,
+                        arg, target))
+    # bool's other update: xor with a predicate of the program
+    out.append(Bump(uid + len(out), "y_bool", (False, True, False), "array", "xor",
+                    IPred("n", 1, 2), "v"))
+    return tuple(out)
+
+
+# Every dtype's state in the carries of scan, cond, switch, jit (called twice)
+# and checkpoint; of while, fori and custom_jvp, then of custom_vjp.
+TYPED_NESTS = {
+    "scan_cond_switch_jit_ckpt": Program((Scan(
+        1, (Cond(2, IPred("i1", 0, 2), ((Switch(3, SIdx("n", 0, 2), (
+            (Jit(4, (Ckpt(5, _all_typed_bumps(100)),), calls=2),), ())),), ())),
+            Assign("f0", Un("sin", Var("x1")))),
+        2, False, (0.5, -1.0), Var("f1"), "f0", "f2"),)),
+    "while_fori_cjvp_cvjp": Program((While(
+        1, (Fori(2, (CustomJvp(3, _all_typed_bumps(100)),), "n", 0, 2),), "carry", 2),
+        CustomVjp(4, _all_typed_bumps(200), calls=2))),
+    "root_eqxloop": Program((Root(1, _all_typed_bumps(100)),
+                             EqxLoop(2, _all_typed_bumps(200), calls=2))),
+}
+
+
+# Programs inside library operations: custom_root (a high-level primitive on
+# newer JAX) and equinox's checkpointed while loop, each with state reads and
+# writes, sows and key draws, called once and twice.
+LIBRARY_NESTS = {
+    "root": Program((
+        Get("f0", "s0", 0.5),
+        Root(1, (Get("f1", "s1", -1.0), Set("s0", Bin("avg", Var("f0"), Var("f1"))),
+                 Sow(2, "f2", Var("f0"), "t0", "strict"),
+                 Sow(3, None, Var("f1"), "c0", "clobber"), Draw("f1"))),
+        Root(4, (Set("s1", Un("sin", Var("f2"))), Sow(5, None, Var("f2"), "c1", "clobber")),
+             calls=2),
+        Set("s1", Var("f2")))),
+    "eqxloop": Program((
+        EqxLoop(1, (Get("f0", "s0", 0.25), Set("s0", AddC(Var("f0"), 1.0)),
+                    Sow(2, "f1", Var("f0"), "c0", "clobber"), Draw("f2")), calls=2),
+        Set("s1", Var("f1")))),
+    "nested": Program((
+        EqxLoop(1, (Root(2, (Get("f0", "s0", 1.5), Set("s0", Un("sin", Var("f0"))),
+                             Sow(3, None, Var("f0"), "c0", "clobber"))),)),)),
+}
+
+
+# Custom functions whose body uses state, keys and sows (their rules call the
+# function: a custom_vjp's bwd recomputes it, as equinox's checkpointed loop
+# does), differentiated inside the uncurried function.
+GRAD_INSIDE_NESTS = {
+    "cvjp_counts_and_reads_a_constant_state": Program((
+        Set("s1", Var("f1")),
+        CustomVjp(1, (Get("f0", "s0", 0.5), Set("s0", AddC(Var("f0"), 1.0)),
+                      Get("f2", "s1", 0.0), Assign("f1", Bin("mul", Var("f1"), Var("f2"))),
+                      Sow(2, None, Var("f1"), "c0", "clobber"), Draw("f3")), calls=2),
+        Assign("f0", Bin("avg", Var("f0"), Var("f1"))))),
+    "cvjp_reads_a_state_it_updates": Program((
+        CustomVjp(1, (Get("f0", "s0", 0.5), Set("s0", Un("sin", Var("f0"))),
+                      Assign("f1", Bin("mul", Var("f1"), Var("f0")))),),)),
+    "cjvp_in_a_scan": Program((Scan(
+        1, (CustomJvp(2, (Get("f0", "s0", 0.25), Set("s0", AddC(Var("f0"), 1.0)),
+                          Assign("f1", Un("sin", Var("f1"))))),),
+        3, False, (0.5, -1.0, 2.0), Var("f2"), "f0", "f2"),)),
+    "eqxloop_in_a_jit": Program((Jit(1, (
+        EqxLoop(2, (Get("f0", "s0", 0.75), Set("s0", AddC(Var("f0"), 1.0)),
+                    Assign("f1", MulC(Var("f1"), 0.5)),
+                    Sow(3, None, Var("f1"), "c1", "clobber"))),), calls=2),)),
+}
+
+
+# Custom functions whose rules touch states and keys themselves (``rule``
+# statements run before the rule calls the function): a counter bumped and a
+# key drawn by a custom_jvp rule (called twice), rules of custom_jvp functions
+# nested in a custom_jvp in a scan, a custom_vjp fwd counting and drawing.
+RULE_NESTS = {
+    "cjvp_rule_counts_and_draws": Program((
+        Bump(1, "y_int8", 5, "scalar", "add", 1), Draw("f1"),
+        CustomJvp(2, (Assign("f1", Un("sin", Var("f1"))),),
+                  calls=2, rule=(Bump(3, "y_int8", 0, "array", "add", 127), Draw("_"))),
+        Draw("f2"))),
+    "nested_cjvp_rules_in_a_scan": Program((
+        Bump(1, "y_uint8", 5, "scalar", "add", 1), Draw("f1"),
+        Scan(2, (CustomJvp(3, (
+            Assign("f1", Un("sin", Var("f1"))),
+            CustomJvp(4, (Assign("f2", Un("tanh", Var("f1"))), Draw("f0")),
+                      rule=(Draw("_"),)),
+            Bump(5, "y_uint8", 0, "callable", "add", 128, "f2")),
+            calls=2, rule=(Bump(6, "y_uint8", 0, "array", "add", 255), Draw("_"))),),
+            2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),
+        Draw("f0"))),
+    "cvjp_fwd_counts_and_draws": Program((
+        Bump(1, "y_int32", 5, "scalar", "add", 1), Draw("f1"),
+        CustomVjp(2, (Get("f2", "s0", 0.5), Assign("f1", Bin("mul", Var("f1"), Var("f2"))),
+                      Set("s0", Var("f1"))),
+                  rule=(Bump(3, "y_int32", 0, "array", "add", 7), Draw("_"))),
+        Draw("f2"))),
+}

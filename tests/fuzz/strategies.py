@@ -1,0 +1,377 @@
+"""The hypothesis strategies of the fuzzer.
+
+``programs`` draws a ``Program`` (``Gen``: statement by statement within a
+budget, nested up to ``MAX_DEPTH``; optional features in ``allow``). It
+respects harvest's static rules: strict sows only outside loops, branches
+and functions called twice, once per name; only clobber modes inside
+``while`` / traced ``fori``; every cond branch sows the same names (appends
+and strict sows only as identical tails of every branch, missing clobber
+names padded in); an append name encodes its inner scan lengths so that its
+sows stack. ``arguments`` draws a program's arguments ``(p0, p1, p2, pv,
+n)``; ``ARGS`` and ``ARGS2`` are fixed ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .analysis import children, sows, states_of, uses_state
+from .model import (ARGUMENTS_ONLY, CLOBBER_NAMES, FUNCTION_KINDS, OTHER, RNG, STATES,
+                    STRICT_NAMES, SVARS, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, AddC, Assign,
+                    Bin, Bump, Cond, Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred,
+                    Get, IdxF, IPred, Mean, MulC, Program, Root, Scan, Set, SIdx, Sow, Switch,
+                    Un, Var, VConst, While, append_name, sow_kind, typed_adds, typed_inits,
+                    typed_kind, typed_shape, var_kind)
+
+MAX_DEPTH = 4
+
+
+# ---------------------------------------------------------------------------------
+# The generator
+# ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ctx:
+    depth: int = 0
+    scan_lens: tuple = ()
+    no_strict: bool = False  # in a loop, or a function called twice
+    in_while: bool = False  # only clobber modes
+    in_branch: bool = False  # appends only as branch tails
+    ivars: tuple = ("n",)
+    fvars: tuple = ()  # readable float scalars besides f0 f1 f2 (scan elements)
+
+
+CONSTS = (0.5, -0.5, 1.0, 0.25, -1.0, 1.5, -1.5, 2.0, 0.0, -2.0)
+COEFS = (1.0, -0.5, 0.5, 0.25, -1.0, 0.75)
+# Thresholds away from the values simple programs compute (a value within
+# 1e-3 of its threshold makes the example ambiguous and discarded).
+THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
+SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "bump")
+# Repeats weight the choice (the first entries are what shrinking tends to).
+STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
+              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp", "root", "eqxloop")
+# The derivative checks' programs (allow "custom_rules"): custom functions
+# three times as often, so that rule statements run differentiated.
+STMT_KINDS_CUSTOM = (*STMT_KINDS, "cjvp", "cvjp", "cjvp", "cvjp")
+
+
+class Gen:
+    def __init__(self, draw, budget: int, allow: frozenset = frozenset()):
+        self.draw = draw
+        self.budget = budget
+        self.uid = 0
+        self.strict_left = list(STRICT_NAMES)
+        # Optional features: "counter_state" (while on a counter state),
+        # "custom_rules" (custom functions more often: STMT_KINDS_CUSTOM).
+        self.allow = allow
+
+    def next_uid(self) -> int:
+        self.uid += 1
+        return self.uid
+
+    def pick(self, seq):
+        return self.draw(st.sampled_from(seq))
+
+    def int_(self, lo, hi):
+        return self.draw(st.integers(lo, hi))
+
+    # -- expressions
+    def expr(self, kind: str, ctx: Ctx, d: int = 0):
+        leaf = d >= 2 or not self.draw(st.booleans())
+        if kind == "S":
+            if leaf:
+                opts = ["var", "const", "idx"]
+                which = self.pick(opts)
+                if which == "var":
+                    return Var(self.pick((*SVARS, *ctx.fvars)))
+                if which == "const":
+                    return Const(self.pick(CONSTS))
+                return IdxF(self.pick(ctx.ivars))
+            op = self.pick(("avg", "sin", "mulc", "tanh", "mul", "addc", "mean"))
+        else:
+            if leaf:
+                if self.draw(st.booleans()):
+                    return Var("v")
+                return VConst(tuple(self.pick(CONSTS) for _ in range(3)))
+            op = self.pick(("avg", "sin", "mulc", "tanh", "mul", "addc"))
+        if op in ("sin", "tanh"):
+            return Un(op, self.expr(kind, ctx, d + 1))
+        if op == "mulc":
+            return MulC(self.expr(kind, ctx, d + 1), self.pick((0.5, -1.0, 0.9, -0.25)))
+        if op == "addc":
+            return AddC(self.expr(kind, ctx, d + 1), self.pick(CONSTS))
+        if op == "mean":
+            return Mean(self.expr("V", ctx, d + 1))
+        # avg / mul: for a vector, one side may be a scalar (broadcast)
+        ka, kb = kind, kind
+        if kind == "V":
+            ka, kb = self.pick((("V", "V"), ("V", "S"), ("S", "V")))
+        return Bin(op, self.expr(ka, ctx, d + 1), self.expr(kb, ctx, d + 1))
+
+    def pred(self, ctx: Ctx):
+        if self.draw(st.booleans()):
+            return IPred(self.pick(ctx.ivars), self.int_(0, 2), self.pick((2, 3)))
+        return FPred(self.expr("S", ctx, 1), self.pick(THRESH))
+
+    def target(self, kind: str):
+        return "v" if kind == "V" else self.pick(SVARS)
+
+    # -- sows
+    def sow(self, ctx: Ctx, mode=None, name=None, slot=None, unused_ok=True):
+        if mode is None:
+            modes = ["clobber", "cond_clobber", "other"]
+            if not ctx.in_while and not ctx.in_branch:
+                modes.insert(1, "append")
+            if not ctx.no_strict and not ctx.in_branch and self.strict_left:
+                modes.append("strict")
+            mode = self.pick(modes)
+        tag = T
+        pred = None
+        if mode == "other":
+            tag, name, mode = OTHER, "o", self.pick(("clobber", "append", "strict"))
+            kind = self.pick(("S", "V"))
+        elif mode == "clobber":
+            name = name or self.pick(tuple(CLOBBER_NAMES))
+            kind = CLOBBER_NAMES[name]
+        elif mode == "cond_clobber":
+            name = name or "q0"
+            kind = "S"
+            pred = self.pred(ctx)
+        elif mode == "strict":
+            name = name or self.strict_left.pop(self.int_(0, len(self.strict_left) - 1))
+            kind = STRICT_NAMES[name]
+        else:  # append
+            if name is None:
+                kind = self.pick(("S", "V"))
+                name = append_name(self.pick(("a", "b")), ctx.scan_lens, kind)
+            kind = sow_kind(name)
+        target = self.target(kind) if not (unused_ok and self.draw(st.booleans())) else None
+        return Sow(self.next_uid(), target, self.expr(kind, ctx), name, mode, tag, pred, slot)
+
+    # -- statements
+    def block(self, ctx: Ctx, max_len: int) -> tuple:
+        out = []
+        n = self.int_(0 if ctx.depth else 1, max_len)
+        for _ in range(n):
+            if self.budget <= 0:
+                break
+            self.budget -= 1
+            out.append(self.stmt(ctx))
+        return tuple(out)
+
+    def stmt(self, ctx: Ctx, k: Optional[str] = None):
+        """A statement (of kind ``k``: drawn from the kinds when None)."""
+        kinds = (SIMPLE_KINDS if ctx.depth >= MAX_DEPTH or self.budget <= 0
+                 else STMT_KINDS_CUSTOM if "custom_rules" in self.allow else STMT_KINDS)
+        k = k or self.pick(kinds)
+        if k == "assign":
+            kind = self.pick(("S", "V"))
+            return Assign(self.target(kind), self.expr(kind, ctx))
+        if k == "get":
+            state = self.pick(tuple(STATES))
+            init = (tuple(self.pick(CONSTS) for _ in range(3)) if STATES[state] == "V"
+                    else self.pick(CONSTS))
+            return Get(self.target(STATES[state]), state, init)
+        if k == "set":
+            state = self.pick(tuple(STATES))
+            return Set(state, self.expr(STATES[state], ctx))
+        if k == "sow":
+            return self.sow(ctx)
+        if k == "draw":
+            return Draw(self.pick(SVARS))
+        if k == "bump":
+            return self.bump(ctx)
+        uid = self.next_uid()
+        sub = dataclasses.replace(ctx, depth=ctx.depth + 1)
+        if k == "scan":
+            length = self.pick((2, 0, 1, 3))
+            sub = dataclasses.replace(sub, scan_lens=(*ctx.scan_lens, length), no_strict=True,
+                                      ivars=(*ctx.ivars, f"i{uid}"),
+                                      fvars=(*ctx.fvars, f"x{uid}"))
+            body = self.block(sub, 3)
+            yvar = self.pick(("f0", "f1", "f2", "v", f"x{uid}"))
+            return Scan(uid, body, length, self.draw(st.booleans()),
+                        tuple(self.pick(COEFS) for _ in range(length)), self.expr("S", ctx, 1),
+                        yvar, self.target(var_kind(yvar)))
+        if k == "fori":
+            sub = dataclasses.replace(sub, no_strict=True, in_while=True,
+                                      ivars=(*ctx.ivars, f"i{uid}"))
+            ivar = self.pick(ctx.ivars)
+            return Fori(uid, self.block(sub, 3), ivar, self.int_(-1, 1), self.int_(0, 3))
+        if k == "while":
+            kind = self.pick(("carry", "state")) if "counter_state" in self.allow else "carry"
+            sub = dataclasses.replace(sub, no_strict=True, in_while=True,
+                                      ivars=(*ctx.ivars, f"k{uid}") if kind == "carry"
+                                      else ctx.ivars)
+            spred = csow = None
+            if self.draw(st.booleans()):
+                state = self.pick(("s0", "s1"))
+                spred = (state, self.pick(CONSTS), self.pick(THRESH))
+            if self.draw(st.booleans()):
+                name = self.pick(tuple(CLOBBER_NAMES))
+                csow = (self.target(CLOBBER_NAMES[name]), name)
+            cbump = None
+            if "counter_state" in self.allow and self.draw(st.booleans()):
+                # A state written by each run of the predicate: one run more
+                # than the body (unmixed: the predicate's locals are dropped).
+                cbump = dataclasses.replace(self.bump(ctx, ops_without=("xor",)), target=None)
+            body = self.block(sub, 3)
+            loop = "lax"
+            if csow is None and cbump is None:
+                loop = self.pick(("lax", "lax", "eqx_lax", "eqx_checkpointed", "eqx_bounded"))
+                if loop == "eqx_bounded" and sows(body):
+                    # The bounded loop nests conds whose branches sow
+                    # differently: a known gap (tests/ecosystem/conftest.py).
+                    loop = "eqx_lax"
+            return While(uid, body, kind, self.pick((2, 1, 3, 0)), spred, csow, cbump, loop)
+        if k in ("cond", "switch"):
+            nb = 2 if k == "cond" else self.pick((3, 2, 1))
+            bctx = dataclasses.replace(sub, in_branch=True)
+            bodies = [list(self.block(bctx, 2)) for _ in range(nb)]
+            self.pad_branches(bodies, ctx)
+            # Tails: the same appends (and maybe a strict sow) ending every branch.
+            if ctx.in_while or ctx.in_branch or not self.draw(st.booleans()):
+                tails = []
+            else:
+                tails = [self.pick(("S", "V")) for _ in range(self.int_(1, 2))]
+            names = [append_name(self.pick(("a", "b")), ctx.scan_lens, kind) for kind in tails]
+            strict = None
+            if not ctx.no_strict and not ctx.in_branch and self.strict_left and self.draw(
+                    st.booleans()):
+                strict = self.strict_left.pop(self.int_(0, len(self.strict_left) - 1))
+            for body in bodies:
+                for j, name in enumerate(names):
+                    body.append(self.sow(bctx, "append", name, slot=(uid, j)))
+                if strict:
+                    body.append(self.sow(bctx, "strict", strict))
+            bodies = tuple(map(tuple, bodies))
+            if k == "cond":
+                return Cond(uid, self.pred(ctx), bodies)
+            return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
+                          bodies)
+        if k in FUNCTION_KINDS.values():
+            calls = self.pick((1, 2))
+            sub = dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1)
+            if k in ARGUMENTS_ONLY:  # reads only its arguments (see rblock)
+                sub = dataclasses.replace(sub, fvars=(), ivars=("n",))
+            if k == "eqxloop":  # a while loop: only clobber modes
+                sub = dataclasses.replace(sub, no_strict=True, in_while=True)
+            body = self.block(sub, 3)
+            kinds = {kind: cls for cls, kind in FUNCTION_KINDS.items()}
+            return kinds[k](uid, body, calls)
+        raise AssertionError(k)
+
+    def bump(self, ctx: Ctx, ops_without: tuple = ()) -> Bump:
+        """An exact update of a typed state of a random dtype: its kind first
+        (bool and complex are one dtype each, but their updates matter as
+        much as the integers' or floats'); no update in ``ops_without``."""
+        kind = self.pick(("i", "f", "b", "c"))
+        d = self.pick(tuple(d for d in TYPED_DTYPES if typed_kind(d) == kind))
+        values = typed_inits(d)
+        init = tuple(self.pick(values) for _ in range(3)) if typed_shape(d) else self.pick(values)
+        op = self.pick(tuple(o for o in TYPED_OPS[typed_kind(d)] if o not in ops_without))
+        arg = self.pred(ctx) if op == "xor" else self.pick(typed_adds(d)) if op == "add" else None
+        target = None
+        if self.draw(st.booleans()):
+            target = "v" if typed_shape(d) else self.pick(SVARS)
+        return Bump(self.next_uid(), f"y_{d}", init, self.pick(("scalar", "array", "callable")),
+                    op, arg, target)
+
+    def add_rules(self, body: tuple) -> tuple:
+        """``body`` with rule statements (``CustomJvp.rule``) drawn for some of
+        its custom functions, once the whole program is known: they touch
+        only states the program uses outside any rule (the undifferentiated
+        trace, where no rule runs, fixes the states ``pure`` takes and
+        returns: a state only a rule uses is an error, docs/limitations.md).
+        Not in a function nested in a custom_vjp, custom_root or equinox
+        loop, nor in the fwd of a custom_vjp whose body uses no state (clear
+        StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``)."""
+        kinds = states_of(Program(body))
+        typed = sorted(k for k, v in kinds.items() if v == "Y")
+        draws = RNG in kinds
+        if not typed and not draws:
+            return body
+
+        def visit(stmts, inside: bool) -> tuple:
+            out = []
+            for s in stmts:
+                if isinstance(s, (Cond, Switch)):
+                    s = dataclasses.replace(s, branches=tuple(visit(b, inside)
+                                                              for b in s.branches))
+                elif children(s):
+                    s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
+                        s, (CustomVjp, Root, EqxLoop))))
+                if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
+                        and (isinstance(s, CustomJvp) or uses_state(s.body))
+                        and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
+                    s = dataclasses.replace(s, rule=tuple(
+                        Draw("_") if draws and not (typed and self.draw(st.booleans()))
+                        else self.typed_bump(self.pick(typed))
+                        for _ in range(self.int_(1, 2))))
+                out.append(s)
+            return tuple(out)
+
+        return visit(body, False)
+
+    def typed_bump(self, state: str) -> Bump:
+        """An exact update of the typed state ``state`` that reads nothing of
+        the env (no ``xor``, no ``target``): a rule statement."""
+        d = TYPED_STATES[state]
+        values = typed_inits(d)
+        init = tuple(self.pick(values) for _ in range(3)) if typed_shape(d) else self.pick(values)
+        op = self.pick(tuple(o for o in TYPED_OPS[typed_kind(d)] if o != "xor"))
+        arg = self.pick(typed_adds(d)) if op == "add" else None
+        return Bump(self.next_uid(), state, init, self.pick(("scalar", "array", "callable")),
+                    op, arg)
+
+    def pad_branches(self, bodies: list, ctx: Ctx) -> None:
+        """Every branch must sow the same (non-append) names: prepend the
+        missing ones."""
+        have = [{s.name: s.mode for s in sows(b) if s.mode != "append"} for b in bodies]
+        union = {}
+        for hv in have:
+            union.update(hv)
+        bctx = dataclasses.replace(ctx, in_branch=True)
+        for body, hv in zip(bodies, have):
+            missing = [n for n in union if n not in hv]
+            body[:0] = [self.sow(bctx, union[n], n) for n in missing]
+
+
+@st.composite
+def programs(draw, budget: int = 12, allow=frozenset({"counter_state"})):
+    gen = Gen(draw, draw(st.integers(min(4, budget), budget)), allow)
+    body = gen.block(Ctx(), budget)
+    if "custom_rules" in allow and draw(st.booleans()):
+        # One more custom function at a random place of the top level, where
+        # Gen.add_rules may give it rule statements: its body uses state (a
+        # custom_vjp's fwd may have rule statements only then).
+        f = gen.stmt(Ctx(), gen.pick(("cjvp", "cvjp")))
+        if not uses_state(f.body):
+            first = gen.stmt(Ctx(depth=1), gen.pick(("bump", "draw")))
+            f = dataclasses.replace(f, body=(first, *f.body))
+        pos = draw(st.integers(0, len(body)))
+        body = (*body[:pos], f, *body[pos:])
+    return Program(gen.add_rules(body))
+
+
+F32 = st.sampled_from((0.5, -1.0, 1.5, 0.0, -0.75, 1.0, -2.0, 0.3))
+
+
+@st.composite
+def arguments(draw):
+    p0, p1, p2 = draw(F32), draw(F32), draw(F32)
+    pv = np.array([draw(F32) for _ in range(3)], np.float32)
+    n = draw(st.integers(-1, 3))
+    return (np.float32(p0), np.float32(p1), np.float32(p2), pv, np.int32(n))
+
+
+# Fixed arguments (the deterministic tests, the static rules' test).
+ARGS = (np.float32(0.5), np.float32(-1.0), np.float32(1.5), np.array([0.5, -0.5, 1.0], np.float32),
+        np.int32(1))
+ARGS2 = (np.float32(-1.0), np.float32(0.3), np.float32(-0.75), np.array([1.5, 0.0, -2.0],
+                                                                        np.float32), np.int32(2))
