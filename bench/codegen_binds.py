@@ -53,6 +53,9 @@ WHY = {
     getattr(sys.modules.get("taxpr._random"), "key_p", None):
         "taxpr's own primitive marking a key drawn from a `next_key` stream (an identity; no "
         "public function)",
+    getattr(sys.modules.get("taxpr._engine"), "ctx_through_p", None):
+        "taxpr's own primitive passing a state through a `custom_vjp` call that does not "
+        "write it (its value after the call, its tangent from before; no public function)",
     getattr(sys.modules.get("jax._src.lax.lax"), "empty2_p", None):
         "an uninitialised array that JAX's autodiff makes for an integer carry of a loop "
         "(`jax._src.lax.lax.empty2`, no public function)",

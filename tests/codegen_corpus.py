@@ -165,6 +165,32 @@ def stateful_rnn(w, xs):
     return pure(state0, w, xs)
 
 
+def _custom_vjp_of(fn):
+    g = jax.custom_vjp(fn)
+    g.defvjp(lambda *p: (fn(*p), p), lambda p, ct: jax.vjp(fn, *p)[1](ct))
+    return g
+
+
+def state_through_custom_vjps(a, b):
+    """Two custom_vjp functions, one counting its calls in a state, one
+    reading a float state: uncurry's pure program passes the float state
+    through the first call (``taxpr_ctx_through``)."""
+    @_custom_vjp_of
+    def count(a, b):
+        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
+        return a, b
+
+    @_custom_vjp_of
+    def read_scale(a, b):
+        return a * tx.get_state("scale", np.float32(0.5)), b
+
+    def program(a, b):
+        return read_scale(*count(a, b))
+
+    pure, state0 = tx.uncurry(program, a, b)
+    return pure({**state0, "scale": np.float32(-2.0)}, a, b)
+
+
 # ---- families of tests/test_ir_codegen.py ------------------------------------------------------
 
 def control_flow(x, i, n):
@@ -261,6 +287,8 @@ def _realistic() -> dict:
         "neural_network": (neural_network, (w, m)),
         "stateful_rnn": (stateful_rnn, (0.5 * np.eye(2, dtype=np.float32),
                                         np.ones((5, 2), np.float32))),
+        "state_through_custom_vjps": (state_through_custom_vjps,
+                                      (np.float32(0.25), np.float32(0.75))),
         "control_flow": (control_flow, (F32[:3], np.int32(1), np.int32(5))),
         "calls": (calls, (np.float32(0.3),)),
         "tags": (tags, (np.float32(1.5),)),

@@ -640,3 +640,85 @@ def test_a_state_a_custom_vjp_reads_is_not_differentiated_by_a_call_that_passes_
     ga, gb = vjp_fn(cts)
     assert_close(ga, (-2.0) ** power)  # the bwd of jax.vjp of the function
     assert_close(gb, 1.0)
+
+
+def _count_then_read_scale():
+    @_custom_vjp_of
+    def count(a, b):
+        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
+        return a, b
+
+    @_custom_vjp_of
+    def read_scale(a, b):
+        return a * tx.get_state("scale", np.float32(0.5)), b
+
+    return lambda a, b: read_scale(*count(a, b))
+
+
+def test_a_state_passed_through_a_custom_vjp_under_vmap_over_a_batch_of_states():
+    # One scale per example: each example's output and gradient use its own
+    # scale, and the state passed through the first call keeps its value.
+    program = _count_then_read_scale()
+    args = (np.float32(0.25), np.float32(0.75))
+    pure, s0 = tx.uncurry(program, *args)
+    scales = np.array([-2.0, 0.5, 3.0], np.float32)
+    states = {"calls": np.zeros(3, np.int32), "scale": scales}
+
+    def loss(state, a, b):
+        (out, s1) = pure(state, a, b)
+        return out[0] + out[1], s1
+
+    (val, s1), ga = jax.vmap(jax.value_and_grad(loss, argnums=1, has_aux=True),
+                             in_axes=(0, None, None))(states, *args)
+    assert_close(val, 0.25 * scales + 0.75)
+    assert_close(ga, scales)
+    assert_close(s1["scale"], scales)
+    np.testing.assert_array_equal(s1["calls"], [1, 1, 1])
+
+
+def test_a_state_passed_through_a_custom_vjp_under_jit_of_grad_with_warm_caches():
+    program = _count_then_read_scale()
+    args = (np.float32(0.25), np.float32(0.75))
+    pure, s0 = tx.uncurry(program, *args)
+    grad = jax.jit(jax.grad(lambda a, state: pure(state, a, np.float32(0.75))[0][0]))
+    for scale in (-2.0, 0.5, 4.0):  # the second and third calls hit the caches
+        state = {**s0, "scale": np.float32(scale)}
+        assert_close(grad(np.float32(0.25), state), scale)
+
+
+def test_a_custom_jvp_calling_a_custom_vjp_with_a_differentiated_state_under_jit_and_vmap():
+    _, program = _custom_jvp_calling_a_custom_vjp(reads_state=True)
+    xs = np.array([0.5, -1.0, 2.0], np.float32)
+    pure, s0 = tx.uncurry(program, xs[0])
+    grad = jax.jit(jax.vmap(jax.grad(lambda x: pure(s0, x)[0])))
+    for _ in range(2):  # the second call hits the caches
+        # d/dx [sin(x) * scale(x)], scale(x) = 4 x, per example
+        assert_close(grad(xs), np.cos(xs) * 4.0 * xs + np.sin(xs) * 4.0)
+
+
+def test_a_state_passed_through_a_custom_vjp_inside_shard_map():
+    from helpers import cpu_mesh, shard_map
+    from jax.sharding import PartitionSpec as P
+
+    mesh = cpu_mesh("x")
+    inner = _count_then_read_scale()
+
+    def program(a, b):
+        # Replicated operands: every shard computes the same, so the states
+        # set there are the same on every shard (vma checking on).
+        return shard_map()(inner, mesh=mesh, in_specs=(P(), P()), out_specs=(P(), P()))(a, b)
+
+    args = (np.float32(0.25), np.float32(0.75))
+    pure, s0 = tx.uncurry(program, *args)
+    state = {**s0, "scale": np.float32(-2.0)}
+    (out, s1), vjp_fn = jax.vjp(lambda a, b: pure(state, a, b), *args)
+    assert_close(out[0], 0.25 * -2.0)
+    assert_close(out[1], 0.75)
+    assert_close(s1["scale"], -2.0)
+    assert int(s1["calls"]) == 1
+    cts = jax.tree_util.tree_map(
+        lambda v: (np.ones_like(v) if jnp.issubdtype(v.dtype, jnp.inexact)
+                   else np.zeros(np.shape(v), jax.dtypes.float0)), (out, s1))
+    ga, gb = vjp_fn(cts)
+    assert_close(ga, -2.0)
+    assert_close(gb, 1.0)

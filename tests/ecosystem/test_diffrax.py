@@ -120,6 +120,39 @@ def test_grad_inside_pure(adjoint):
         assert int(s1["dx_evals"]) == evals  # the recomputation counts nothing
 
 
+def test_grad_from_outside_pure_of_solves_in_a_scan_reading_a_float_state():
+    # The vector field reads k (a float state nothing sets): the solve of the
+    # previous step, a custom_vjp call, passes k through, which must not make
+    # k look differentiated for the next step's solve.
+    def f(y0):
+        def step(y, _):
+            return _solve(_stateful_vf, y).ys[-1], None
+        return jax.lax.scan(step, y0, None, length=2)[0]
+
+    counter = Counter()
+
+    def reference(y0):
+        def vf(t, y, k):
+            counter.tick()
+            return -k * y
+
+        def step(y, _):
+            return _solve(vf, y, args=jnp.float32(K)).ys[-1], None
+        return jax.lax.scan(step, y0, None, length=2)[0]
+
+    y0 = jnp.array([1.0, 0.5])
+    pure, s0 = tx.uncurry(f, y0)
+    state = {**s0, "dx_k": jnp.float32(K)}
+    g, s1 = jax.grad(lambda y0: (lambda o: (o[0].sum(), o[1]))(pure(state, y0)),
+                     has_aux=True)(y0)
+    close(g, np.full(2, np.exp(-2 * K * T1)), rtol=1e-3)
+    counter.reset()
+    jax.block_until_ready(jax.jit(reference)(y0))
+    jax.effects_barrier()
+    assert int(s1["dx_evals"]) == counter.n, (int(s1["dx_evals"]), counter.n)
+    assert float(s1["dx_k"]) == K
+
+
 def test_grad_wrt_state_read_in_vector_field():
     # k only read from the state: d y1 / d k = -T1 * y1
     def f(y0):
