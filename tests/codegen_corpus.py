@@ -624,9 +624,11 @@ def _libraries() -> dict:
     return out
 
 
-def cases() -> list[tuple[str, object, list]]:
+@functools.cache
+def cases() -> tuple[tuple[str, object, list], ...]:
     """``(name, jaxpr, flat arguments)`` of every program of the corpus
-    (the library programs of the libraries installed)."""
+    (the library programs of the libraries installed). Traced once per
+    process: the tests and bench/codegen_binds.py that read it only read."""
     out = []
     for name, (fn, args) in _realistic().items():
         flat = jax.tree_util.tree_leaves(args)
@@ -634,4 +636,4 @@ def cases() -> list[tuple[str, object, list]]:
     out.extend((name, j, list(args)) for name, (j, args) in _examples().items())
     out.extend((name, j, list(args)) for name, (j, args) in _libraries().items())
     out.extend((name, j, args) for name, (j, args) in _fuzzed().items())
-    return out
+    return tuple(out)

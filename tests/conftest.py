@@ -42,10 +42,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-# Modules whose tests share a module-scoped fixture (the benchmark smoke run's
-# results): under `pytest -n N` each runs in one worker, so the fixture is
-# computed once; every other test is dispatched on its own.
-SHARED_FIXTURE_MODULES = frozenset({"test_bench_smoke.py"})
+# Modules whose tests share what they compute once per process (the
+# benchmark smoke run's results; the codegen corpus, `codegen_corpus.cases()`,
+# and its standalone run): under `pytest -n N` each runs in one worker, so
+# that is computed once; every other test is dispatched on its own.
+SHARED_FIXTURE_MODULES = frozenset({"test_bench_smoke.py", "test_ir_codegen_standalone.py"})
 
 
 @pytest.hookimpl(optionalhook=True)
