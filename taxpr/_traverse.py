@@ -103,7 +103,14 @@ def subjaxprs(eqn: core.JaxprEqn) -> list[tuple[Sub, Any]]:
 
 
 # Param value types that are never (and never hold) a jaxpr: skipped fast.
-_PLAIN_PARAM_TYPES = frozenset({type(None), bool, int, float, str, tuple, list})
+_PLAIN_PARAM_TYPES = {type(None), bool, int, float, str, tuple, list}
+
+
+def register_plain_param_type(t: type) -> None:
+    """Declare that params of type ``t`` never are nor hold a jaxpr (a
+    record taxpr keeps in its own primitives' params), so that ``subjaxprs``
+    does not look into them."""
+    _PLAIN_PARAM_TYPES.add(t)
 
 
 def effects_of(jaxprs) -> set:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import functools
 import itertools
 import sys
@@ -39,7 +38,7 @@ from jax.interpreters import ad, batching, mlir
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 
-from .. import _compat, _jax_overrides
+from .. import _compat, _jax_overrides, _traverse
 
 # Users cannot pass param names with this prefix: taxpr's own record on a
 # tag is the one param ``META``, a ``TagMeta``.
@@ -47,8 +46,7 @@ HIDDEN_PREFIX = "_taxpr_"
 META = "_taxpr_meta"
 
 
-@dataclasses.dataclass(frozen=True)
-class TagMeta:
+class TagMeta(NamedTuple):
     """What taxpr records on a tag equation, kept apart from the params the
     user passed (``user_params``), in the one param ``META``.
 
@@ -83,6 +81,7 @@ class TagMeta:
 
 
 _NO_META = TagMeta()
+_traverse.register_plain_param_type(TagMeta)
 
 
 def meta(params: dict) -> TagMeta:
@@ -92,7 +91,7 @@ def meta(params: dict) -> TagMeta:
 
 def with_meta(params: dict, **changes: Any) -> dict:
     """``params`` with the named fields of their ``TagMeta`` changed."""
-    return {**params, META: dataclasses.replace(meta(params), **changes)}
+    return {**params, META: meta(params)._replace(**changes)}
 
 
 # Keep mode is part of JAX's trace context, so that a trace JAX cached with
@@ -755,7 +754,7 @@ def tag(value: Any, **params: Any) -> Any:
     if not _in_trace() and not any(isinstance(x, core.Tracer) for x in leaves):
         _tell_untransformed(params, "ran eagerly")
         return value
-    params = {**params, META: TagMeta(tree=tree, kept=_keeping_here(params))}
+    params = {**params, META: TagMeta(tree, _keeping_here(params))}
     if _compat.eager_constant_folding():
         # Under ``jax.ensure_compile_time_eval()`` a trace evaluates a
         # primitive of constants at once: the tag would vanish from the
