@@ -2,7 +2,7 @@
 
 Every program is compared with the same program run eagerly with Python
 control flow and a key variable that each draw splits (``key, sub =
-split(key)``; the draw is ``sub``): ``Eager`` from test_state plus
+split(key)``; the draw is ``sub``): ``Eager`` from state_helpers plus
 ``next_key``.
 """
 
@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 import taxpr as tx
 
 from helpers import check, cpu_mesh, shard_map as _shard_map_fn
-from test_state import Eager, _TX, assert_close, jax_still_works
+from state_helpers import Eager, _TX, assert_close, jax_still_works
 
 f32 = jnp.float32
 kd = jax.random.key_data

@@ -1,4 +1,10 @@
-"""Jitting a stateful function without ``uncurry`` says so at compilation."""
+"""State accesses (``taxpr._state._ops``): ``get_state`` / ``set_state`` are
+tags marked by a private ``StateOp``, so a user's tag with state-like params
+(``op="get"``) is never a state access; a ``set_state`` compiled or run
+eagerly without ``uncurry`` says that its update is lost
+(``StateNotUncurriedWarning``, at the user's line), and ``uncurry`` / ``seed``
+say nothing.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,39 @@ import pytest
 
 import taxpr as tx
 
+from helpers import check
+from state_helpers import assert_close, f32
+
+
+# ---- user tags are not state accesses ----------------------------------------------------
+
+def test_user_tags_are_not_states():
+    def fn(x):
+        n = tx.get_state("n", jnp.zeros((), f32))
+        y = tx.tag(x * 2.0, op="get", name="n")
+        z = tx.tag(x + 1.0, op="set", name="m")
+        tx.set_state("n", n + y)
+        return y + z
+
+    jaxpr, states = tx.make_jaxpr(fn)(f32(1.0))
+    check(jaxpr)
+    assert [s.name for s in states] == ["n"]
+    user = [s.params for s in tx.find_tags(jaxpr)]
+    assert {"op": "get", "name": "n"} in [dict(p) for p in user]
+    assert {"op": "set", "name": "m"} in [dict(p) for p in user]
+    assert len(user) == 2  # only the user's tags are left
+
+    pure, s0 = tx.uncurry(fn, f32(1.0))
+    assert list(s0) == ["n"]
+    out, s1 = pure({"n": f32(5.0)}, f32(3.0))
+    assert_close(out, f32(6.0 + 4.0))
+    assert_close(s1, {"n": f32(11.0)})
+    # A user tag whose name matches no state and a state-free program.
+    jaxpr2, states2 = tx.make_jaxpr(lambda x: tx.tag(x, op="get", name="q"))(f32(1.0))
+    assert states2 == () and len(tx.find_tags(jaxpr2)) == 1
+
+
+# ---- a set_state without uncurry warns ---------------------------------------------------
 
 def counter(x):
     n = tx.get_state("n", jnp.zeros(()))

@@ -1,10 +1,13 @@
-"""State and keys in custom derivative rules, differentiated from outside.
-
-When uncurry's pure function is differentiated (``jax.grad(lambda x:
-pure(s, x)[0])``), JAX runs a custom_jvp rule or a custom_vjp fwd instead
-of the function. The reference is the same program run eagerly with a
-Python dict under the same JAX differentiation (``Eager``): the rule's
-effects happen once, with the states as they stand at the call.
+"""State in custom derivative rules (``custom_jvp`` rules, ``custom_vjp`` fwd
+and bwd) and in backward passes that replay the forward pass: the rewrite
+threads state through the rules it runs, and the guard on the rules it
+cannot thread makes them clear errors naming the state. Differentiated from
+outside (``jax.grad(lambda x: pure(s, x)[0])``), JAX runs a custom_jvp rule
+or a custom_vjp fwd instead of the function; the reference is the same
+program run eagerly with a Python dict under the same JAX differentiation
+(``Eager``): the rule's effects happen once, with the states as they stand
+at the call. Also: rules run by a ``jax.grad`` inside the program, and keys
+drawn in rules.
 """
 
 from __future__ import annotations
@@ -19,10 +22,215 @@ from jax import lax
 
 import taxpr as tx
 
-from test_state import TX, Eager, assert_close, assert_states, jax_still_works
+from state_helpers import (TX, Eager, assert_close, assert_states, check_program, f32, i32,
+                           jax_still_works)
 
-f32, i32 = jnp.float32, jnp.int32
 
+# ---- functions with state and custom rules -----------------------------------------------
+
+def cjvp_prog(S, x):
+    @jax.custom_jvp
+    def f(x):
+        k = S.get("k", jnp.full((), 2.0, f32))
+        S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return jnp.sin(x) * k
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x) * 2.0, 7.0 * t
+    return f(x) + x
+
+
+def cvjp_prog(S, x):
+    @jax.custom_vjp
+    def f(x):
+        k = S.get("k", jnp.full((), 3.0, f32))
+        S.set("k", k + 1.0)
+        return x * k
+
+    def fwd(x):
+        return x * 3.0, None
+
+    def bwd(_, g):
+        return (5.0 * g,)
+    f.defvjp(fwd, bwd)
+    return f(x) * 2.0
+
+
+def test_custom_jvp_with_state():
+    pure, s0 = check_program(cjvp_prog, (f32(0.3),), [(f32(1.2),), (f32(-0.7),)])
+    for x in (0.3, 1.2):
+        g = jax.grad(lambda x: pure(s0, x)[0])(f32(x))
+        assert_close(g, f32(8.0))  # the user's rule (7) + 1, not cos(x) * k + 1
+        g = jax.jit(jax.grad(lambda x: pure(s0, x)[0]))(f32(x))
+        assert_close(g, f32(8.0))
+
+
+def test_custom_vjp_with_state():
+    pure, s0 = check_program(cvjp_prog, (f32(0.3),), [(f32(1.2),), (f32(-0.7),)])
+    g = jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    assert_close(g, f32(10.0))  # the user's rule: 2 * 5
+    # Differentiated, the fwd runs instead of the function (as eagerly): its
+    # output, and none of the body's state effects.
+    (out, s1), _ = jax.vjp(lambda x: pure(s0, x), f32(0.5))
+    ref = Eager(s0)
+    want, _ = jax.vjp(lambda x: cvjp_prog(ref, x), f32(0.5))
+    assert_close(out, want)
+    assert_states(s1, ref.state)
+    assert_close(s1["k"], f32(3.0))
+
+
+def test_custom_jvp_grad_inside_fn_uses_user_rule():
+    def prog(S, x):
+        S.set("seen", x)
+        @jax.custom_jvp
+        def f(x):
+            return jnp.sin(x)
+        f.defjvp(lambda p, t: (jnp.sin(p[0]), 11.0 * t[0]))
+        g = jax.grad(f)(x)
+        S.set("g", g)
+        return g
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), f32(0.1))
+    out, s1 = pure(s0, f32(0.4))
+    assert_close(out, f32(11.0))
+    assert_close(s1, {"seen": f32(0.4), "g": f32(11.0)})
+
+
+# ---- rules reading a state, fwd and bwd with state ---------------------------------------
+
+def _cjvp(S, body_state: bool):
+    @jax.custom_jvp
+    def f(x):
+        k = S.get("k", f32(1.0)) if body_state else f32(1.0)
+        return jnp.sin(x) * k
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        k = S.get("k", f32(1.0))  # the rule reads the state (for the tangent)
+        return f(x), k * jnp.cos(x) * t
+    return f
+
+
+def _cjvp_prog(S, x, body_state=True, grad_inside=False):
+    S.set("k", S.get("k", f32(1.0)) + 1.0)
+    f = _cjvp(S, body_state)
+    return S.grad(f)(x) if grad_inside else f(x)
+
+
+def test_custom_jvp_rule_reading_state_under_grad_inside_the_function_matches_eager():
+    fn = functools.partial(_cjvp_prog, TX, grad_inside=True)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    for start in (s0, {"k": f32(4.0)}):
+        out, s1 = pure(start, f32(0.5))
+        ref = Eager(start)
+        assert_close(out, _cjvp_prog(ref, f32(0.5), grad_inside=True))
+        assert_states(s1, ref.state)
+
+
+def test_custom_jvp_rule_reading_state_sees_the_current_value_when_differentiated_from_outside():
+    fn = functools.partial(_cjvp_prog, TX)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cjvp_prog(ref, f32(0.5)))
+    assert_states(s1, ref.state)
+    # Eagerly, grad runs the rule with the current "k" (2.0 from s0's 1.0).
+    for start in (s0, {"k": f32(4.0)}):
+        want = jax.grad(lambda x: _cjvp_prog(Eager(start), x))(f32(0.5))
+        assert_close(want, 5.0 * np.cos(0.5) if start is not s0 else 2.0 * np.cos(0.5))
+        for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+            assert_close(diff(lambda x: pure(start, x)[0])(f32(0.5)), want)
+
+
+def test_custom_jvp_rule_with_state_around_a_stateless_body_matches_eager_from_outside():
+    # The rule is traced only when JAX differentiates the function (with
+    # JAX's own tangents), and then reads the state as it stands at the call.
+    fn = functools.partial(_cjvp_prog, TX, body_state=False)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cjvp_prog(ref, f32(0.5), body_state=False))
+    assert_states(s1, ref.state)
+    jaxpr, states = tx.make_jaxpr(fn)(f32(0.3))
+    assert [s.name for s in states] == ["k"]
+    for start in (s0, {"k": f32(4.0)}):
+        want = jax.grad(lambda x: _cjvp_prog(Eager(start), x, body_state=False))(f32(0.5))
+        for diff in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+            assert_close(diff(lambda x: pure(start, x)[0])(f32(0.5)), want)
+
+
+def _cvjp_prog(S, x, body_state=True, fwd_state=False, bwd_state=True):
+    @jax.custom_vjp
+    def f(x):
+        if body_state:
+            S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return x * 2.0
+
+    def fwd(x):
+        if fwd_state:
+            S.set("calls", S.get("calls", jnp.zeros((), i32)) + 1)
+        return x * 2.0, x
+
+    def bwd(res, g):
+        if bwd_state:
+            S.set("last_ct", g)  # the bwd writes a state
+        return (g * 2.0,)
+    f.defvjp(fwd, bwd)
+    S.set("last_ct", S.get("last_ct", f32(0.0)))
+    return f(x)
+
+
+def test_custom_vjp_bwd_setting_state_is_an_error_not_a_lost_update():
+    # A stateless body: the bwd runs (and refuses) only when JAX runs it.
+    fn = functools.partial(_cvjp_prog, TX, body_state=False)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cvjp_prog(ref, f32(0.5), body_state=False))
+    assert_states(s1, ref.state)
+    with pytest.raises(tx.StateError, match=r"state 'last_ct'.*custom_vjp\[bwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+    # A body with state: works undifferentiated, an error when differentiated
+    # from outside (eagerly the bwd's write would happen).
+    fn = functools.partial(_cvjp_prog, TX)
+    pure, s0 = tx.uncurry(fn, f32(0.3))
+    out, s1 = pure(s0, f32(0.5))
+    ref = Eager(s0)
+    assert_close(out, _cvjp_prog(ref, f32(0.5)))
+    assert_states(s1, ref.state)
+    with pytest.raises(tx.StateError, match=r"state 'last_ct'.*custom_vjp\[bwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+
+
+def test_custom_vjp_fwd_with_state_runs_instead_of_the_function_when_differentiated_from_outside():
+    prog = functools.partial(_cvjp_prog, fwd_state=True, bwd_state=False)
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), f32(0.3))
+    for start in (s0, {**s0, "calls": jnp.asarray(5, i32)}):
+        ref = Eager(start)
+        want, vjp = jax.vjp(lambda x: prog(ref, x), f32(0.5))
+        (out, s1), got_vjp = jax.vjp(lambda x: pure(start, x), f32(0.5))
+        assert_close(out, want)
+        assert_states(s1, ref.state)
+        assert int(s1["calls"]) == int(start["calls"]) + 1  # the fwd's count, once
+        zero_cts = jax.tree_util.tree_map(
+            lambda v: np.zeros(v.shape, jax.dtypes.float0) if v.dtype == i32
+            else jnp.zeros_like(v), s1)
+        assert_close(got_vjp((f32(1.0), zero_cts))[0], vjp(f32(1.0))[0])
+    # A fwd with state around a body without it: the body is not rewritten,
+    # so its rules are not threaded (only checked when JAX runs them).
+    prog = functools.partial(_cvjp_prog, body_state=False, fwd_state=True, bwd_state=False)
+    pure, s0 = tx.uncurry(functools.partial(prog, TX), f32(0.3))
+    assert sorted(s0) == ["last_ct"]
+    with pytest.raises(tx.StateError, match=r"state 'calls'.*custom_vjp\[fwd\]"):
+        jax.grad(lambda x: pure(s0, x)[0])(f32(0.5))
+    jax_still_works()
+
+
+# ---- rules that run instead of the function ----------------------------------------------
 
 def _scaled_sin(S):
     """The rule calls the function itself (JAX's canonical idiom)."""
@@ -157,6 +365,8 @@ def test_rule_in_a_jitted_scan_sees_each_step_state():
     assert_states(s1, want_state)
 
 
+# ---- keys drawn in a custom_vjp fwd ------------------------------------------------------
+
 def _dropout(x):
     @jax.custom_vjp
     def drop(x):
@@ -204,6 +414,8 @@ def test_uncurry_of_a_fwd_drawing_keys_matches_the_undifferentiated_stream():
     kept = np.asarray(g) != 0.0
     assert 0 < kept.sum() < x.size
 
+
+# ---- states only a rule touches, rules that do not run, a state a fwd reads --------------
 
 def _counted_sin(rule_extra):
     """sin counting its calls in "n"; its rule calls it and ``rule_extra(t)``
@@ -271,6 +483,8 @@ def test_differentiating_a_state_a_custom_vjp_fwd_reads_is_a_clear_error():
     jax_still_works()
 
 
+# ---- under vmap with warm caches; equinox's filter_custom_jvp ----------------------------
+
 def test_rule_under_vmap_and_warm_caches_matches_eager_per_example():
     pure, s0 = tx.uncurry(functools.partial(_rule_reads_a_scale, TX), f32(0.5))
     grad = jax.jit(jax.vmap(jax.value_and_grad(lambda s, x: pure(s, x), argnums=1, has_aux=True),
@@ -309,6 +523,8 @@ def test_equinox_filter_custom_jvp_rule_calling_the_function():
     assert_close((out, g), (2.0 * np.tanh(0.3) + 2.0 * np.tanh(0.6), f32(1.5)))
     assert int(s1["calls"]) == int(s0["calls"]) + 2 and float(s1["gain"]) == 2.0
 
+
+# ---- backward passes that recompute the forward pass -------------------------------------
 
 def test_custom_vjp_bwd_recomputing_the_function_reads_the_state_the_forward_read():
     # The bwd runs the function again (jax.vjp of it): a state it reads and
@@ -350,6 +566,8 @@ def test_custom_vjp_bwd_recomputing_a_state_the_forward_updates_is_a_clear_error
     with pytest.raises(tx.StateError, match=r"state 'rb_k'.*custom_vjp\[bwd\].*recomputes"):
         jax.grad(lambda x: pure(s0, x)[0])(2.0)
 
+
+# ---- rules reading a state their function does not use -----------------------------------
 
 def _grad_scale_layer(S):
     """A layer whose JVP rule scales tangents by a gradient scale kept in a
@@ -549,6 +767,8 @@ def test_a_rule_reading_a_state_in_a_program_without_states_is_a_clear_error():
     jax_still_works()
 
 
+# ---- custom_vjp functions called by a rule or passing a state through --------------------
+
 def _custom_jvp_calling_a_custom_vjp(reads_state: bool):
     @jax.custom_vjp
     def h(x):
@@ -722,3 +942,158 @@ def test_a_state_passed_through_a_custom_vjp_inside_shard_map():
     ga, gb = vjp_fn(cts)
     assert_close(ga, -2.0)
     assert_close(gb, 1.0)
+
+
+# ---- rules inside vmap, harvest and rules that cannot be traced --------------------------
+
+def test_reaping_a_custom_jvp_with_state_under_vmap_and_grad_matches_eager():
+    """harvest looks into custom JVP rules for sows when JAX may differentiate
+    (any non-jit trace, vmap included): a rule with state must not make that
+    look fail; the error belongs to differentiating it."""
+    from taxpr import harvest as h
+
+    def body(x):
+        s = tx.get_state("s", f32(0.5))
+        tx.set_state("s", s + x)
+        h.sow(x * 3.0, tag="t", name="a")
+        return x * s
+
+    counted = jax.custom_jvp(body)
+    counted.defjvp(lambda p, t: jax.jvp(body, p, t))
+    pure, s0 = tx.uncurry(counted, f32(1.0))
+    xs = jnp.array([1.0, 2.0], f32)
+    (out, fin), reaps = jax.vmap(h.call_and_reap(pure, tag="t"), in_axes=(None, 0))(s0, xs)
+    for row, x in enumerate((1.0, 2.0)):
+        ref = Eager(s0)  # eagerly: s = 0.5, then s + x; out = x * 0.5; sown 3x
+        want = x * ref.get("s", None)
+        ref.set("s", ref.get("s", None) + x)
+        assert_close(out[row], want)
+        assert_close(fin["s"][row], ref.state["s"])
+        assert_close(reaps["a"][row], 3.0 * x)
+    # Differentiated, the rule (the function's JVP) runs in its place once:
+    # d(x * s)/dx with s the state before the call; the sow is reaped from it.
+    ((out, fin), reaps), ((out_t, fin_t), reaps_t) = jax.jvp(
+        h.call_and_reap(pure, tag="t"), (s0, f32(2.0)),
+        (jax.tree_util.tree_map(jnp.zeros_like, s0), f32(1.0)))
+    assert_close((out, fin["s"], reaps["a"]), (f32(1.0), f32(2.5), f32(6.0)))
+    assert_close((out_t, fin_t["s"], reaps_t["a"]), (f32(0.5), f32(0.0), f32(3.0)))
+    assert_close(jax.grad(lambda x: h.call_and_reap(pure, tag="t")(s0, x)[0][0])(f32(1.0)),
+                 f32(0.5))
+
+
+def test_custom_vjp_in_a_vmapped_scan_with_an_array_constant_in_a_stateful_program_matches_eager():
+    """uncurry looks into custom_vjp fwd rules for state; a fwd that vmap
+    lifted (its function holds an array constant) refuses to be traced as if
+    differentiated w.r.t. that constant."""
+    def with_const(x, v):
+        return x, jnp.array([0.5, 1.5, -1.0], f32) + 0.0 * v
+
+    cv = jax.custom_vjp(with_const)
+    cv.defvjp(lambda *p: (with_const(*p), p), lambda p, ct: jax.vjp(with_const, *p)[1](ct))
+
+    def fn(S, xs, v):
+        def one(x):
+            def step(carry, _):
+                x, v = cv(*carry)
+                return (x, v), x
+            return S.scan(step, (x, v), None, length=2)[0][1].sum()
+        S.set("n", S.get("n", f32(0.0)) + 1.0)
+        return jax.vmap(one)(xs)
+
+    xs, v = jnp.array([1.0, 2.0], f32), jnp.ones(3, f32)
+    pure, s0 = tx.uncurry(functools.partial(fn, TX), xs, v)
+    out, s1 = pure(s0, xs, v)
+    ref = Eager(s0)
+    assert_close(out, fn(ref, xs, v))
+    assert_states(s1, ref.state)
+
+
+def _sowing_custom_jvp(kind: str):
+    """A custom_jvp whose rule is the JVP of its function (which sows ``x``
+    directly, in a taken ``cond`` branch, or every step of a 3-step scan), and
+    the eager derivative and reaped value at 0.5."""
+    from taxpr import harvest as h
+
+    def body(x):
+        if kind == "direct":
+            return h.sow(x, tag="t", name="c0") * 2.0
+        if kind == "cond":
+            return lax.cond(x > 0, lambda x: h.sow(x, tag="t", name="c0") * 2.0,
+                            lambda x: h.sow(x * 3.0, tag="t", name="c0"), x)
+        def step(c, _):
+            return h.sow(c, tag="t", name="c0", mode="append") * 2.0, None
+        return lax.scan(step, x, None, length=3)[0]
+
+    fn = jax.custom_jvp(body)
+    fn.defjvp(lambda p, t: jax.jvp(body, p, t))
+    # eagerly: d(2x)/dx = 2 (x > 0 takes the first branch), d(8x)/dx = 8;
+    # the rule runs once, on the primal 0.5
+    want = {"direct": (2.0, 0.5), "cond": (2.0, 0.5), "scan": (8.0, [0.5, 1.0, 2.0])}[kind]
+    return fn, want
+
+
+@pytest.mark.parametrize("kind", ["direct", "cond", "scan"])
+def test_grad_of_a_custom_jvp_whose_rule_sows_matches_eager(kind):
+    # Kept tags whose inputs are known are not staged where JAX linearizes a
+    # custom_jvp from its rule (staging them leaves the rule's primal output
+    # unknown: "Linearization failed").
+    from taxpr import harvest as h
+
+    fn, (grad, sown) = _sowing_custom_jvp(kind)
+    assert_close(jax.grad(fn)(f32(0.5)), grad)
+    assert_close(h.reap(jax.grad(fn), tag="t")(f32(0.5))["c0"], jnp.asarray(sown, f32))
+    assert_close(jax.jit(jax.grad(fn))(f32(0.5)), grad)
+    jax_still_works()
+
+
+def test_state_read_and_written_in_a_custom_jvp_rule_under_grad_inside_the_function_matches_eager():
+    # Failed with JAX's "Linearization failed" before: the rule's state tags
+    # were staged, leaving its primal output unknown.
+    @jax.custom_jvp
+    def f(x):
+        return x * 2.0
+
+    def rule(S, p, t):
+        s = S.get("s", f32(3.0))
+        S.set("s", s + 1.0)
+        return p[0] * s, t[0] * s
+
+    f.defjvp(lambda p, t: rule(TX, p, t))
+    pure, s0 = tx.uncurry(lambda x: jax.grad(f)(x), f32(1.0))
+    out, s1 = pure(s0, f32(1.0))
+    ref = Eager(s0)  # eagerly, grad runs the rule once
+    assert_close(out, rule(ref, (1.0,), (1.0,))[1])
+    assert_states(s1, ref.state)
+    jax_still_works()
+
+
+def test_a_custom_jvp_whose_rule_cannot_be_traced_does_not_stop_uncurry():
+    # uncurry looks into custom rules for
+    # state; a rule taking the JVP of a custom_vjp function cannot be traced
+    # at all (JAX's TypeError). Undifferentiated the program is fine, so
+    # must be uncurry; differentiated, JAX's own error comes.
+    def inner(x):
+        return x * 2.0
+
+    cv = jax.custom_vjp(inner)
+    cv.defvjp(lambda x: (inner(x), x), lambda x, g: (2.0 * g,))
+    body = lambda x: cv(x)  # noqa: E731
+    cj = jax.custom_jvp(body)
+    cj.defjvp(lambda p, t: jax.jvp(body, p, t))
+
+    def fn(S, x):
+        S.set("n", S.get("n", f32(0.0)) + 1.0)
+        return cj(x)
+
+    xs = jnp.array([1.0, 2.0], f32)
+    for f, x in ((functools.partial(fn, TX), f32(1.0)),
+                 (jax.vmap(functools.partial(fn, TX)), xs)):
+        pure, s0 = tx.uncurry(f, x)
+        out, s1 = pure(s0, x)
+        ref = Eager(s0)
+        assert_close(out, 2.0 * x)
+        fn(ref, f32(1.0))  # the state is not batched: one eager call's update
+        assert_states(s1, ref.state)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.grad(lambda x: pure(s0, x)[0].sum())(xs)
+    jax_still_works()
