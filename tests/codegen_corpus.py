@@ -165,24 +165,13 @@ def stateful_rnn(w, xs):
     return pure(state0, w, xs)
 
 
-def _custom_vjp_of(fn):
-    g = jax.custom_vjp(fn)
-    g.defvjp(lambda *p: (fn(*p), p), lambda p, ct: jax.vjp(fn, *p)[1](ct))
-    return g
-
-
 def state_through_custom_vjps(a, b):
     """Two custom_vjp functions, one counting its calls in a state, one
     reading a float state: uncurry's pure program passes the float state
     through the first call (``taxpr_ctx_through``)."""
-    @_custom_vjp_of
-    def count(a, b):
-        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
-        return a, b
+    from state_helpers import counting_and_scaling_custom_vjps
 
-    @_custom_vjp_of
-    def read_scale(a, b):
-        return a * tx.get_state("scale", np.float32(0.5)), b
+    count, read_scale = counting_and_scaling_custom_vjps()
 
     def program(a, b):
         return read_scale(*count(a, b))

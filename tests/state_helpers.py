@@ -380,3 +380,29 @@ def init_kinds_prog(S, x):
     S.set("flag", jnp.logical_not(d))
     S.set("dep", e + 1.0)
     return (a + b + e).sum() + c.sum() + d
+
+
+# ---- custom_vjp functions around states --------------------------------------------
+
+def custom_vjp_of(fn):
+    """``fn`` as a custom_vjp function whose rules are JAX's own derivative
+    of ``fn`` (fwd runs ``fn``; bwd is ``jax.vjp`` of it, run again)."""
+    g = jax.custom_vjp(fn)
+    g.defvjp(lambda *p: (fn(*p), p), lambda p, ct: jax.vjp(fn, *p)[1](ct))
+    return g
+
+
+def counting_and_scaling_custom_vjps():
+    """``(count, read_scale)``: two custom_vjp functions of ``(a, b)``, one
+    counting its calls in the int state ``calls``, one scaling ``a`` by the
+    float state ``scale`` (which the first does not touch)."""
+    @custom_vjp_of
+    def count(a, b):
+        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
+        return a, b
+
+    @custom_vjp_of
+    def read_scale(a, b):
+        return a * tx.get_state("scale", np.float32(0.5)), b
+
+    return count, read_scale

@@ -22,8 +22,8 @@ from jax import lax
 
 import taxpr as tx
 
-from state_helpers import (TX, Eager, assert_close, assert_states, check_program, f32, i32,
-                           jax_still_works)
+from state_helpers import (TX, Eager, assert_close, assert_states, check_program,
+                           counting_and_scaling_custom_vjps, f32, i32, jax_still_works)
 
 
 # ---- functions with state and custom rules -----------------------------------------------
@@ -817,26 +817,13 @@ def test_rule_of_a_function_calling_a_custom_vjp_and_reading_a_differentiated_st
     assert_close(grad, np.cos(0.5) * 2.0 + np.sin(0.5) * 4.0)
 
 
-def _custom_vjp_of(fn):
-    g = jax.custom_vjp(fn)
-    g.defvjp(lambda *p: (fn(*p), p), lambda p, ct: jax.vjp(fn, *p)[1](ct))
-    return g
-
-
 @pytest.mark.parametrize("where", ["after_another_custom_vjp", "twice", "in_a_scan"])
 def test_a_state_a_custom_vjp_reads_is_not_differentiated_by_a_call_that_passes_it_through(where):
     # No derivative w.r.t. the state is asked for, and nothing sets it: a
     # custom_vjp call before (or the previous step of a scan), which does not
     # touch it, must not make it look differentiated (JAX gives every output
     # of a custom_vjp call a tangent).
-    @_custom_vjp_of
-    def count(a, b):
-        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
-        return a, b
-
-    @_custom_vjp_of
-    def read_scale(a, b):
-        return a * tx.get_state("scale", np.float32(0.5)), b
+    count, read_scale = counting_and_scaling_custom_vjps()
 
     def program(a, b):
         if where == "after_another_custom_vjp":
@@ -863,15 +850,7 @@ def test_a_state_a_custom_vjp_reads_is_not_differentiated_by_a_call_that_passes_
 
 
 def _count_then_read_scale():
-    @_custom_vjp_of
-    def count(a, b):
-        tx.set_state("calls", tx.get_state("calls", np.int32(0)) + 1)
-        return a, b
-
-    @_custom_vjp_of
-    def read_scale(a, b):
-        return a * tx.get_state("scale", np.float32(0.5)), b
-
+    count, read_scale = counting_and_scaling_custom_vjps()
     return lambda a, b: read_scale(*count(a, b))
 
 
