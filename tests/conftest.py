@@ -8,6 +8,12 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 # test_ir_fuzz.py's test_bf16_chains_are_compared_without_xla_excess_precision).
 if "xla_allow_excess_precision" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_allow_excess_precision=false"
+# On a GPU, XLA times candidate convolution algorithms in each process and
+# keeps the fastest, so one program may round differently in two processes
+# (test_ir_codegen_standalone.py compares a generated file run in a fresh
+# process with the original, bit for bit): the default algorithm everywhere.
+if "xla_gpu_autotune_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_gpu_autotune_level=0"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

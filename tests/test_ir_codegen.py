@@ -21,6 +21,7 @@ from jax.experimental import io_callback
 import taxpr as tx
 from taxpr import _jaxpr, ir
 
+from helpers import cpu_devices
 from ir_helpers import assert_bitwise
 
 CALLS: Counter = Counter()
@@ -429,7 +430,7 @@ def test_meshes_and_abstract_meshes_are_written_with_their_axis_types():
 
     from taxpr.ir._codegen import _Gen
 
-    devices = np.array(jax.devices()[:4]).reshape(2, 2)
+    devices = np.array(cpu_devices(4)).reshape(2, 2)
     explicit = Mesh(devices[:, ::-1], ("a", "b"), axis_types=(AxisType.Explicit, AxisType.Auto))
     meshes = [Mesh(devices, ("a", "b")), explicit, explicit.abstract_mesh,
               AbstractMesh((2, 3), ("x", "y")),

@@ -576,9 +576,11 @@ WHILE_OF_TAGS_IN_A_JIT_CALLED_TWICE = {"while_of_tags_in_jit_called_twice_a": 12
 # A scan whose inputs are all constants constant_fold folds.
 SCAN_OF_FOLDED_CONSTANTS = 4777
 # Constants XLA's compile-time folding computes differently from eager
-# evaluation (program, the output that differs).
-XLA_FOLDING_DEPARTS_FROM_EAGER = {"negative_zero_minus_negative_zero": (835, 3),
-                                  "tanh_of_a_constant": (856, 0)}
+# evaluation (program, the output that differs, the backends where it does:
+# XLA's GPU backend folds tanh(1.5) as eager computes it).
+XLA_FOLDING_DEPARTS_FROM_EAGER = {
+    "negative_zero_minus_negative_zero": (835, 3, frozenset({"cpu", "gpu"})),
+    "tanh_of_a_constant": (856, 0, frozenset({"cpu"}))}
 # ``exp`` of a fused NaN constant, which JAX 0.10.2's XLA CPU backend
 # computes as garbage (program, the output).
 NAN_EXP_PROGRAMS = {"exp_of_nan_constant_a": (10015, 1), "exp_of_nan_constant_b": (10272, 3)}
@@ -627,9 +629,10 @@ def test_folding_a_computation_that_reads_known_constants_evaluates_it():
     check_program(SCAN_OF_FOLDED_CONSTANTS)
 
 
-@pytest.mark.parametrize("seed, output", [pytest.param(*case, id=name) for name, case
-                                          in XLA_FOLDING_DEPARTS_FROM_EAGER.items()])
-def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
+@pytest.mark.parametrize("seed, output, departs_on",
+                         [pytest.param(*case, id=name) for name, case
+                          in XLA_FOLDING_DEPARTS_FROM_EAGER.items()])
+def test_folded_constants_equal_what_jax_computes_eagerly(seed, output, departs_on):
     # XLA's compile-time folding of the original (-0.0 - -0.0 -> -0.0;
     # tanh(1.5) 1 ulp off) differs from the same program evaluated eagerly;
     # constant_fold follows eager.
@@ -637,8 +640,9 @@ def test_folded_constants_equal_what_jax_computes_eagerly(seed, output):
     folded = run(ir.constant_fold(j), *args)
     eager = run(j, *args, jit=False)
     assert_bitwise(folded, eager, f"seed={seed}")
-    with pytest.raises(AssertionError):  # XLA's own folding is the odd one out
-        assert_bitwise([folded[output]], [run(j, *args)[output]])
+    if jax.default_backend() in departs_on:  # XLA's own folding is the odd one out
+        with pytest.raises(AssertionError):
+            assert_bitwise([folded[output]], [run(j, *args)[output]])
     check_program(seed)
 
 
