@@ -288,6 +288,28 @@ def dispatch_table(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GPU_RESULTS = RESULTS.parent / "results-gpu.json"
+
+
+def gpu_table(results: dict) -> str:
+    """The GPU run (``bench/results-gpu.json``): its figures, the device they
+    were measured on and the outcome of the test suite on the same machine."""
+    device = results["machine"]["device"]
+    lines = [f"Measured on one {device} with {measured_on(results)}.", "",
+             "| benchmark | figure | value | target | met |", "|---|---|---|---|---|"]
+    for fig in results["figures"]:
+        met = {True: "yes", False: "**no**", None: ""}[fig.get("pass")]
+        lines.append(f"| `{fig['bench']}` | {fig['name']} | {fig['value']:.3g} | "
+                     f"{fig.get('target') or ''} | {met} |")
+    t = results["tests"]
+    failed = "".join(f" `{i}`" for i in t["failed_ids"])
+    lines += ["", f"The test suite on the same machine (`{t['command']}`): "
+                  f"{t['passed']} passed, {t['failed'] + t['errors']} failed{failed}, "
+                  f"{t['skipped']} skipped, {t['xfailed']} expected failures, "
+                  f"in {t['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
 def figures_table(results: dict) -> str:
     """A Markdown table of every figure in ``bench/results.json``."""
     lines = [f"Measured with {measured_on(results)} "

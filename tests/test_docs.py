@@ -128,6 +128,14 @@ def test_plot_data_is_read_from_the_committed_bench_results():
     assert all(r["machine"]["kind"] in headline for r in runs)
     assert mp.dispatch_table(runs).count(" us / ") == 2 * len(runs)
 
+    # The GPU run: its device named, every figure, the suite's counts.
+    gpu = mp.load_results(mp.GPU_RESULTS)
+    assert gpu["machine"]["backend"] == "gpu"
+    table = mp.gpu_table(gpu)
+    assert gpu["machine"]["device"] in table and "GPU backend" in table
+    assert table.count("\n| `bench_") == len(gpu["figures"])
+    assert f"{gpu['tests']['passed']} passed" in table
+
 
 def test_docs_extra_pins_the_site_tools():
     pyproject = (ROOT / "pyproject.toml").read_text()
