@@ -19,7 +19,8 @@ bounds, ``while_loop`` whose cond reads state (and may sow, and may write a
 typed state: one run more than the body), ``cond``,
 ``switch``, ``jax.jit``, ``jax.checkpoint``, custom_jvp / custom_vjp functions
 (whose rule / fwd may bump typed states and draw keys itself before calling
-the function: ``CustomJvp.rule``), ``lax.custom_root`` and equinox's
+the function, and a custom_jvp rule sow: ``CustomJvp.rule``),
+``lax.custom_root`` and equinox's
 checkpointed ``while_loop`` (each called once or twice) nested up to depth 4. Every op keeps values in [-2, 2] and is 1-Lipschitz.
 
 Each program has two interpreters:
@@ -40,7 +41,8 @@ Each program has two interpreters:
   plants replace values, append plants split row by row the same way).
   A float predicate within 1e-3 of its threshold discards the example.
   Differentiated (``diff=True``), a custom function's rule runs instead of
-  the function, as JAX runs it: its rule statements, then its body.
+  the function, as JAX runs it: its rule statements, then its body (a
+  rule's sows are reaped only then).
 
 The checks (one test each; ``_long`` variants for the long profile):
 ``uncurry`` (state0; ``pure(state0)`` not jitted, with ``check_jaxpr`` of the
@@ -51,8 +53,9 @@ of its reap over two states/argument sets, derivatives (``jvp``, and ``grad``
 without while loops, of pure / reap / plant against finite differences of the
 reference, w.r.t. the arguments and the float32 states ``s0 s1 sv``: typed
 states are carried, not differentiated; with stateful custom rules, jvp / vjp
-of pure and ``value_and_grad`` inside, outputs and states against the
-differentiated reference), ``reap`` of the raw stateful
+of pure, of its reap and of its harvest, and ``value_and_grad`` inside
+(reaped and harvested where a rule sows), outputs, states and reaps against
+the differentiated reference), ``reap`` of the raw stateful
 function, ``uncurry`` / ``reap`` under ``jax.disable_jit()`` (where a
 ``while_loop`` first tries its loop in Python), and static-rule violations.
 A last test checks that the CI profile
@@ -94,17 +97,19 @@ import taxpr as tx
 from taxpr import harvest as h
 
 from fuzz import checks as fuzz_checks
-from fuzz.analysis import blocks, insert
+from fuzz.analysis import blocks, insert, rule_sows, sow_names
 from fuzz.cases import (_as_users_run_case, _derivative_case, _disable_jit_case,
                         _grad_inside_case, _harvest_case, _raw_case, _reap_case, _uncurry_case,
                         _vmap_case, _vmap_inside_case)
 from fuzz.checks import (VIOLATIONS, assert_dict_close, assert_outs_close, check_derivatives,
                          check_grad_inside, check_harvest, check_reap,
                          check_stateful_rules_differentiated, check_uncurry, check_vmap,
-                         derivative_modes, perturb, reference, run_check)
+                         derivative_modes, harvest_of_pure_breaks, perturb, reference,
+                         run_check)
 from fuzz.model import (FUNCTIONS, RNG, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, Assign, Bump,
                         CustomJvp, CustomVjp, EqxLoop, Program, Sow, Un, Var)
-from fuzz.nests import GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS, TYPED_NESTS
+from fuzz.nests import (GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS, RULE_SOW_NESTS,
+                        RULE_SOW_PLANTS, TYPED_NESTS)
 from fuzz.profiles import (LONG, LONG_EXAMPLES, SHARES, _seeded, _seeded_long, ci_settings,
                            long_settings)
 from fuzz.render import build
@@ -343,6 +348,240 @@ def test_custom_rules_touching_states_and_keys_match_reference(nest):
     check_vmap(program, ARGS, ARGS2, with_reap=False)
 
 
+@pytest.mark.parametrize("nest", sorted(RULE_SOW_NESTS))
+def test_custom_jvp_rules_that_sow_match_reference(nest):
+    """Sows in custom_jvp rules happen where JAX runs the rule: differentiated
+    from outside (jvp and vjp of ``call_and_reap(pure)`` and of
+    ``harvest(pure)`` planting every name, the rules' too) and inside
+    (reap and harvest of ``value_and_grad`` in the uncurried function) the
+    outputs, states and reaps are ``Reference(diff=True)``'s: the rules'
+    names reaped (in program order, derivative zero), a planted one not;
+    undifferentiated (uncurry, reap, harvest, vmap) no rule runs and the
+    names only rules sow are absent."""
+    program = RULE_SOW_NESTS[nest]
+    assert not harvest_of_pure_breaks(program)
+    in_rules = {s.name for s in rule_sows(program)}
+    plants = {k: np.asarray(v, np.float32) for k, v in RULE_SOW_PLANTS.items()
+              if k in sow_names(program, rules=True)}
+    assert in_rules and in_rules <= set(plants)
+    for args in (ARGS, ARGS2):
+        check_uncurry(program, args, ARGS2, jit=False)
+        check_reap(program, args, jit=False, compose="reap(pure)", filt=(None, ()))
+        check_harvest(program, args, 0, jit=True)
+        pure, state0 = tx.uncurry(build(program), *args)
+        state = perturb(state0)
+        for variant in ("pure", "reap", "plant"):
+            check_stateful_rules_differentiated(program, pure, state, args,
+                                                *derivative_modes(program), variant=variant,
+                                                plants=plants)
+        assert check_grad_inside(program, args) == "value and states"
+        plain, ran = (reference(program, args, state, diff=d)[3] for d in (False, True))
+        assert not in_rules & set(plain) and in_rules <= set(ran)
+    check_vmap(program, ARGS, ARGS2, with_reap=True)
+
+
+# ---- where taxpr disagrees with the eager semantics (strict xfails) -------------------
+
+def _sowing_rule(fn, name, value=lambda x: x * 2.0):
+    """``jax.custom_jvp(fn)`` whose rule sows ``value(x)`` as ``name``
+    (clobber; its result unused), then returns ``jax.jvp(fn, ...)``."""
+    f = jax.custom_jvp(fn)
+
+    @f.defjvp
+    def rule(p, t):
+        h.sow(value(p[0]), tag=T, name=name, mode="clobber")
+        return jax.jvp(fn, p, t)
+
+    return f
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: differentiated from outside call_and_reap(pure) / harvest(pure), a custom_jvp "
+    "(or custom_vjp) the harvest rewrites takes its primal outputs from the function, not from "
+    "its rule (taxpr/_engine.py, _custom_jvp_rule), so the state effects of the rule "
+    "statements uncurry threaded into the rule are lost: the state 'k' is 10 instead of 11"))
+def test_a_harvest_of_pure_keeps_a_custom_jvp_rules_state_effects():
+    def fn(x):
+        return h.sow(jnp.sin(x), tag=T, name="s", mode="clobber")
+
+    f = jax.custom_jvp(fn)
+
+    @f.defjvp
+    def rule(p, t):
+        tx.set_state("k", tx.get_state("k", np.int32(0)) + 1)
+        return jax.jvp(fn, p, t)
+
+    def program(x):
+        tx.set_state("k", tx.get_state("k", np.int32(0)) + 10)
+        return f(x)
+
+    pure, state0 = tx.uncurry(program, np.float32(1.0))
+    (_, fin), _ = jax.jvp(lambda x: pure(state0, x), (np.float32(1.0),), (np.float32(1.0),))
+    assert int(fin["k"]) == 11  # the rule ran once, after the program's update
+    ((_, fin), _), _ = jax.jvp(lambda x: h.call_and_reap(pure, tag=T)(state0, x),
+                               (np.float32(1.0),), (np.float32(1.0),))
+    assert int(fin["k"]) == 11
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: jax.grad of reap of a custom_jvp whose rule is jax.jvp of its function, which "
+    "calls a custom_vjp, is JAX's TypeError \"can't apply forward-mode autodiff (jvp) to a "
+    "custom_vjp function\" where a sow in it makes the harvest rewrite the custom_jvp (taxpr "
+    "computes its outputs by jax.jvp of the function, taxpr/_engine.py, _custom_jvp_rule), "
+    "though jax.grad of the function works"))
+def test_reap_of_a_custom_jvp_calling_a_custom_vjp_under_grad():
+    g = jax.custom_vjp(jnp.sin)
+    g.defvjp(lambda x: (jnp.sin(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+
+    def fn(x):
+        return h.sow(g(x), tag=T, name="b", mode="clobber")
+
+    f = jax.custom_jvp(fn)
+    f.defjvp(lambda p, t: jax.jvp(fn, p, t))
+    x = np.float32(0.5)
+    want = float(jnp.cos(x))
+    assert float(jax.grad(f)(x)) == want
+    assert float(jax.grad(lambda x: h.call_and_reap(f, tag=T)(x)[0])(x)) == want
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: differentiated from outside call_and_reap(pure), a sow whose result a "
+    "custom_jvp rule does not use is dropped where the program has state (the state layer's "
+    "threaded rule loses it to dead-code elimination when ctx has no tangent, "
+    "taxpr/_engine.py, _jvp_of_threaded_rule): reap gives {} instead of {'r': 2.0}"))
+def test_an_unused_sow_in_a_custom_jvp_rule_is_reaped_with_state():
+    f = _sowing_rule(jnp.sin, "r")
+
+    def program(x):
+        y = f(x)
+        tx.set_state("y", y)
+        return y
+
+    want = {"r": 2.0}
+    reaps = jax.jvp(lambda x: h.reap(f, tag=T)(x), (np.float32(1.0),), (np.float32(1.0),))[0]
+    assert jax.tree_util.tree_map(float, reaps) == want  # without state: reaped
+    pure, state0 = tx.uncurry(program, np.float32(1.0))
+    reaps = jax.jvp(lambda x: h.call_and_reap(pure, tag=T)(state0, x)[1], (np.float32(1.0),),
+                    (np.float32(1.0),))[0]
+    assert jax.tree_util.tree_map(float, reaps) == want
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule's sow of a name "
+    "also sown outside rules is not reaped (only names sown nowhere but in rules are, "
+    "taxpr/harvest/_sites.py, _Sites.in_rules): reap gives the earlier sow's 3.0 instead of "
+    "the rule's 2.0, which reap of the jvp (the rule traced inside) gives"))
+def test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped():
+    f = _sowing_rule(jnp.sin, "c")
+
+    def program(x):
+        h.sow(x * 3.0, tag=T, name="c", mode="clobber")
+        return f(x)
+
+    one = np.float32(1.0)
+    inside = h.reap(lambda x: jax.jvp(program, (x,), (one,)), tag=T)(one)
+    assert float(inside["c"]) == 2.0  # eagerly: the rule's sow is the last
+    outside = jax.jvp(h.reap(program, tag=T), (one,), (one,))[0]
+    assert float(outside["c"]) == 2.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule that sows 'c' and "
+    "then calls its function, where a jitted custom_jvp's rule sows 'c' again, gives the first "
+    "sow's 3.0 instead of the last one's 2.0: the harvest dissolves the sows inside the jit in "
+    "the rule (taken for tangent-dependent, taxpr/harvest/_sites.py, prepare_rule) and applies "
+    "the rule's own sows after the function's (taxpr/_engine.py, _custom_jvp_rule)"))
+def test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered():
+    inner = _sowing_rule(jnp.sin, "c", lambda x: x * 2.0)
+    outer = _sowing_rule(jax.jit(inner), "c", lambda x: x * 3.0)
+    one = np.float32(1.0)
+    inside = h.reap(lambda x: jax.jvp(outer, (x,), (one,)), tag=T)(one)
+    assert float(inside["c"]) == 2.0  # eagerly: the outer rule's sow, then the inner's
+    outside = jax.jvp(h.reap(outer, tag=T), (one,), (one,))[0]
+    assert float(outside["c"]) == 2.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: under jax.grad inside the harvest, a cond whose branches both sow 'c', one of "
+    "them in a custom_vjp whose bwd recomputes it (jax.vjp of the function), is oryx's "
+    "ValueError 'Mismatching number of `sow`s between branches.' instead of reaping the taken "
+    "branch's value (without the recomputing bwd, or undifferentiated, it is reaped)"))
+def test_a_recomputing_custom_vjp_that_sows_in_a_branch_under_grad_is_reaped():
+    def sow(x):
+        return h.sow(x, tag=T, name="c", mode="clobber")
+
+    def fn(x):
+        return sow(jnp.sin(x))
+
+    f = jax.custom_vjp(fn)
+    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
+
+    def program(x):
+        return lax.cond(x > 0.3, sow, f, x)
+
+    x = np.float32(0.5)
+    assert float(h.reap(program, tag=T)(x)["c"]) == 0.5  # the taken branch's
+    assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == 0.5
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: under jax.grad inside the harvest, a strict sow in a custom_vjp whose bwd "
+    "recomputes it (jax.vjp of the function) is oryx's ValueError 'Variable has already been "
+    "reaped: c', though docs/harvest.md says the bwd's replay is not reaped a second time "
+    "(clobber, append and sow_cond sows there are reaped once)"))
+def test_a_strict_sow_in_a_recomputing_custom_vjp_under_grad_is_reaped():
+    def fn(x):
+        return h.sow(jnp.sin(x), tag=T, name="c", mode="strict") * 2.0
+
+    f = jax.custom_vjp(fn)
+    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
+    x = np.float32(0.5)
+    assert float(h.reap(f, tag=T)(x)["c"]) == float(jnp.sin(x))
+    assert float(h.reap(jax.grad(f), tag=T)(x)["c"]) == float(jnp.sin(x))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: jax.grad inside reap (or uncurry) of a jax.checkpoint around equinox's "
+    "checkpointed while_loop whose body sows is an AssertionError in JAX's partial evaluation "
+    "of the while loop (jax/_src/lax/control_flow/loops.py, _while_partial_eval_custom: "
+    "'assert not num_res'), though jax.grad of the function works"))
+def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
+    eqxi = pytest.importorskip("equinox.internal")
+
+    def program(x):
+        @jax.checkpoint
+        def ck(x):
+            return eqxi.while_loop(
+                lambda c: c[0] < 1,
+                lambda c: (c[0] + 1, h.sow(jnp.sin(c[1]), tag=T, name="c", mode="clobber")),
+                (jnp.int32(0), x), max_steps=1, kind="checkpointed")[1]
+        return ck(x)
+
+    x = np.float32(0.5)
+    assert float(jax.grad(program)(x)) == float(jnp.cos(x))
+    assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == float(jnp.sin(x))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug (or an undocumented gap: docs/harvest.md says sows in fwd are reaped and "
+    "planted): differentiated from outside the harvest (jax.vjp of reap), a custom_vjp "
+    "fwd's sow is left a tag, neither reaped nor planted: reap gives {} instead of "
+    "{'w': 2.0}, which reap of the vjp (the fwd traced inside) gives"))
+def test_sow_in_a_custom_vjp_fwd_is_reaped_when_differentiated_from_outside():
+    f = jax.custom_vjp(jnp.sin)
+
+    def fwd(x):
+        h.sow(x * 2.0, tag=T, name="w", mode="clobber")
+        return jnp.sin(x), x
+
+    f.defvjp(fwd, lambda x, ct: (jnp.cos(x) * ct,))
+    one = np.float32(1.0)
+    assert float(h.reap(lambda x: jax.vjp(f, x)[0], tag=T)(one)["w"]) == 2.0
+    assert h.reap(f, tag=T)(one) == {}  # undifferentiated, the fwd does not run
+    reaps = jax.vjp(h.reap(f, tag=T), one)[0]
+    assert jax.tree_util.tree_map(float, reaps) == {"w": 2.0}
+
+
 def test_custom_jvp_rule_counting_and_drawing_under_jvp_and_grad_of_pure():
     """A custom_jvp function called twice whose rule adds 127 to an int8
     counter and draws a key: under jax.jvp and jax.grad of pure from outside
@@ -449,8 +688,8 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     every exact update (so of every dtype kind), in every kind of body (so
     every control-flow primitive's carries get them), of most dtypes; and
     custom_jvp / custom_vjp functions whose rules bump typed states and draw
-    keys themselves, which the derivative checks run differentiated from
-    outside and inside. The tests draw the same programs again
+    keys themselves, and custom_jvp rules that sow, which the derivative
+    checks run differentiated from outside and inside. The tests draw the same programs again
     (derandomized), checking none."""
     # run_check reads and records these in its own module.
     _CHECKED, _GENERATED = collections.Counter(), set()
@@ -478,6 +717,9 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     for i, want in enumerate((checks, classes, ("Bump", "Draw"))):
         missing = set(want) - {r[i] for r in ran}
         assert not missing, f"no rule statements differentiated for {sorted(missing)}: {ran}"
+    # custom_jvp rules that sow, run differentiated from outside and inside.
+    missing = {c for c in checks if f"{c}: rule Sow in CustomJvp" not in _GENERATED}
+    assert not missing, f"no rule sows differentiated in {sorted(missing)}"
 
 
 def test_the_long_profile_runs_the_requested_number_of_programs_in_all():

@@ -4,8 +4,8 @@ Its statements (``walk``, ``children``; ``blocks``: every block with its
 path and owners), the sows of a tag and the names and modes sown, the states
 it mentions (``states_of``) and their inits at first use in trace order, its
 append sites (``Slot``, ``append_slots``), which custom functions have
-stateful rules or take ``p0``; and ``insert``: a program with one statement
-more.
+stateful rules or take ``p0``, the sows their rules make (``rule_sows``);
+and ``insert``: a program with one statement more.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .model import (FUNCTIONS, RNG, STATES, T, TYPED_STATES, Bump, Cond, CustomJvp, CustomVjp,
-                    Draw, Fori, Get, Program, Scan, Set, Sow, Switch, While, has_rule,
-                    sow_kind, typed_value)
+                    Draw, EqxLoop, Fori, Get, Program, Root, Scan, Set, Sow, Switch, While,
+                    has_rule, sow_kind, typed_value)
 
 
 # ---------------------------------------------------------------------------------
@@ -172,9 +172,48 @@ def append_slots(program: Program) -> dict[str, list[Slot]]:
     return slots
 
 
-def sow_names(program: Program) -> dict[str, str]:
-    """name -> mode of every sow of tag T."""
-    return {s.name: s.mode for s in sows(program.body)}
+def sow_names(program: Program, rules: bool = False) -> dict[str, str]:
+    """name -> mode of every sow of tag T (``rules``: those of ``rule_sows``
+    too, which run where the program is differentiated)."""
+    out = {s.name: s.mode for s in sows(program.body)}
+    if rules:
+        out.update((s.name, s.mode) for s in rule_sows(program))
+    return out
+
+
+def rule_sows(program: Program, tag=T) -> list:
+    """The sows of ``tag`` in the rules of the custom functions whose rules
+    run where the program is differentiated (``Reference(diff=True)``): not
+    those nested in a custom_vjp, custom_root or equinox loop (their
+    function runs undifferentiated in the forward pass)."""
+    out = []
+
+    def visit(stmts, inside: bool):
+        for s in stmts:
+            if has_rule(s) and not inside:
+                out.extend(r for r in s.rule if isinstance(r, Sow) and r.tag == tag)
+            for b in children(s):
+                visit(b, inside or isinstance(s, (CustomVjp, Root, EqxLoop)))
+
+    visit(program.body, False)
+    return out
+
+
+def rule_sow_in_branch(program: Program) -> bool:
+    """Whether a custom function whose rule sows (tag T) is in a branch of a
+    cond / switch of several branches: differentiated inside the harvest,
+    its sow is in that branch only."""
+    def visit(stmts, in_branch: bool) -> bool:
+        for s in stmts:
+            if in_branch and any(isinstance(r, Sow) and r.tag == T
+                                 for r in (s.rule if has_rule(s) else ())):
+                return True
+            branchy = isinstance(s, (Cond, Switch)) and len(s.branches) > 1
+            if any(visit(b, in_branch or branchy) for b in children(s)):
+                return True
+        return False
+
+    return visit(program.body, False)
 
 
 # ---- blocks of a program, and a statement inserted into one --------------------------

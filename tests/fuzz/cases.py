@@ -58,7 +58,7 @@ def _vmap_inside_case(data):
     run_check(check_vmap_inside, program, args, p0s, jit, with_reap)
 
 
-DERIVATIVE_FEATURES = frozenset({"counter_state", "custom_rules"})
+DERIVATIVE_FEATURES = frozenset({"counter_state", "custom_rules", "rule_sows"})
 
 
 def _derivative_case(data):

@@ -32,11 +32,11 @@ from taxpr import harvest as h
 
 from helpers import check
 
-from .analysis import (append_slots, children, rule_functions, sow_names, states_of,
-                       stateful_custom_rules, uses_state, walk)
-from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomVjp, EqxLoop, Fori, Program,
-                    Scan, Set, Sow, Switch, While, has_rule, not_differentiated, sow_kind,
-                    typed_next)
+from .analysis import (append_slots, children, rule_functions, rule_sow_in_branch, rule_sows,
+                       sow_names, sows, states_of, stateful_custom_rules, uses_state, walk)
+from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomJvp, CustomVjp, Draw, EqxLoop,
+                    Fori, Program, Scan, Set, Sow, Switch, While, has_rule, not_differentiated,
+                    sow_kind, typed_next)
 from .reference import Ambiguous, Reference, _is_key
 from .render import build, build_hoisted, to_source
 
@@ -118,12 +118,15 @@ def reference(program, args, states=None, plants=None, diff: bool = False):
         assume(False)
 
 
-def make_plants(program: Program, rng: np.random.Generator, fraction=0.5) -> dict:
-    """Random plants for some of the sown names (right shapes and dtypes)."""
+def make_plants(program: Program, rng: np.random.Generator, fraction=0.5, rules: bool = False,
+                append: bool = True) -> dict:
+    """Random plants for some of the sown names (right shapes and dtypes);
+    ``rules``: of the names sown in rules too (``sow_names``); not of the
+    append names without ``append``."""
     plants = {}
     slots = append_slots(program)
-    for name, mode in sorted(sow_names(program).items()):
-        if rng.random() > fraction:
+    for name, mode in sorted(sow_names(program, rules).items()):
+        if rng.random() > fraction or (mode == "append" and not append):
             continue
         kind = sow_kind(name)
         if mode == "append":
@@ -310,27 +313,63 @@ def _objective(out, state, reaps=None) -> Any:
     return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
 
 
-def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad):
+def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad,
+                                        variant: str = "pure", seed: int = 0, plants=None):
     """Differentiated from outside, a custom function with stateful rules
     runs its rule instead (JAX's semantics): its rule statements, then
     ``jax.jvp`` of the function itself (custom_jvp) or the plain function
     (custom_vjp's fwd), so the outputs and the states are the differentiated
     reference's (``Reference(diff=True)``): the rule's effects happen once,
     in program order. (Their derivatives differ from finite differences by
-    design: what a rule writes is a constant w.r.t. the inputs, as eagerly.)"""
+    design: what a rule writes is a constant w.r.t. the inputs, as eagerly.)
+
+    ``variant="reap"``: of ``call_and_reap(pure)``, the reaped values too
+    (a rule's sows, reaped in program order with derivative zero), and
+    undifferentiated, where no rule runs (the names only rules sow are
+    absent); ``"plant"``: of ``harvest(pure)`` planting ``plants`` (by
+    default some names, of the rules' sows too, drawn from ``seed``) and
+    reaping the others."""
     floats_in = tuple(np.asarray(a) for a in args[:4])
-    out_r, fin_r, _, _ = reference(program, args, state, diff=True)
+    if variant != "plant":
+        plants = {}
+    elif plants is None:
+        plants = make_plants(program, np.random.default_rng(seed), rules=True)
+    out_r, fin_r, _, reaps_r = reference(program, args, state, plants, diff=True)
+    if variant == "pure":
+        reaps_r = {}
+    if variant == "reap":  # undifferentiated: no rule runs
+        out_p, fin_p, _, reaps_p = reference(program, args, state)
+        (out, fin), reaps = h.call_and_reap(pure, tag=T)(state, *args)
+        assert_outs_close(out, out_p, "reap(pure) out")
+        assert_dict_close(fin, fin_p, "reap(pure) state")
+        assert_dict_close(reaps, reaps_p, "reap(pure) reaps")
+    broken = harvest_of_pure_breaks(program)
+    if variant != "pure" and broken:
+        _event(f"derivatives: reap / harvest of pure not differentiated: {broken}, a taxpr bug")
+        variant, plants, reaps_r = "pure", {}, {}
+        out_r, fin_r, _, _ = reference(program, args, state, diff=True)
+    what = {"pure": "pure", "reap": "reap(pure)", "plant": "harvest(pure)"}[variant]
+    in_rules = {s.name for s in rule_sows(program)}
 
     def run(*xs):
-        return pure(state, *xs, args[4])
+        a = (*xs, args[4])
+        if variant == "reap":
+            return h.call_and_reap(pure, tag=T)(state, *a)
+        if variant == "plant":
+            return h.harvest(pure, tag=T)(plants, state, *a)
+        return pure(state, *a), {}
 
     if can_jvp:
-        (out, fin), _ = jax.jvp(run, floats_in, tuple(np.ones_like(a) for a in floats_in))
-        assert_outs_close(out, out_r, "jvp(pure) out")
-        assert_dict_close(fin, fin_r, "jvp(pure) state")
+        ((out, fin), reaps), (_, reaps_t) = jax.jvp(
+            run, floats_in, tuple(np.ones_like(a) for a in floats_in))
+        assert_outs_close(out, out_r, f"jvp({what}) out")
+        assert_dict_close(fin, fin_r, f"jvp({what}) state")
+        assert_dict_close(reaps, reaps_r, f"jvp({what}) reaps")
+        for name in in_rules & set(reaps):  # documented: a constant
+            assert not np.any(np.asarray(reaps_t[name])), f"jvp({what}) reap {name!r} tangent"
     if can_grad:
         try:
-            (out, fin), vjp_fn = jax.vjp(run, *floats_in)
+            ((out, fin), reaps), vjp_fn = jax.vjp(run, *floats_in)
         except NotImplementedError as e:
             # A float state that a custom_vjp fwd reads (a custom_jvp in its
             # body takes every state) and that has a derivative there (set
@@ -343,11 +382,12 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
                 isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)), e
             _event("derivatives: vjp of pure refused: a differentiated state a custom_vjp reads")
             return
-        assert_outs_close(out, out_r, "vjp(pure) out")
-        assert_dict_close(fin, fin_r, "vjp(pure) state")
+        assert_outs_close(out, out_r, f"vjp({what}) out")
+        assert_dict_close(fin, fin_r, f"vjp({what}) state")
+        assert_dict_close(reaps, reaps_r, f"vjp({what}) reaps")
         cts = jax.tree_util.tree_map(
             lambda v: (jnp.ones_like(v) if jnp.issubdtype(v.dtype, jnp.inexact)
-                       else np.zeros(np.shape(v), jax.dtypes.float0)), (out, fin))
+                       else np.zeros(np.shape(v), jax.dtypes.float0)), ((out, fin), reaps))
         if any(isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)):
             # Its bwd (jax.vjp of the function) touches state after the
             # forward pass: a StateError where a cotangent reaches it
@@ -359,6 +399,34 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
     _event("derivatives: stateful custom rules run once, as the reference")
     if (can_jvp or can_grad) and rule_functions(program):
         _event("derivatives: rule statements ran under differentiation (jvp / vjp of pure)")
+    if (can_jvp or can_grad) and in_rules and variant != "pure":
+        _event(f"derivatives: rule sows under {what}")
+
+
+def harvest_of_pure_breaks(program: Program) -> str:
+    """Why taxpr gets ``call_and_reap(pure)`` / ``harvest(pure)`` of
+    ``program`` differentiated from outside wrong, or "". Where a custom
+    function that a harvest rewrites (it holds a sow of tag T, in its body or
+    in a rule in it) runs rule statements with state (its own, or those of a
+    custom function in its body), taxpr takes the function's outputs, not
+    its rule's, so those effects are lost
+    (``test_a_harvest_of_pure_keeps_a_custom_jvp_rules_state_effects``);
+    where it is a custom_jvp whose function calls a custom_vjp (or equinox's
+    checkpointed loop), taxpr differentiates the function in forward mode,
+    which JAX refuses
+    (``test_reap_of_a_custom_jvp_calling_a_custom_vjp_under_grad``)."""
+    for f in walk(program.body):
+        if not isinstance(f, (CustomJvp, CustomVjp)):
+            continue
+        inner = list(walk(f.body))
+        rules = [r for g in (f, *inner) if has_rule(g) for r in g.rule]
+        if not (sows(f.body) or any(isinstance(r, Sow) and r.tag == T for r in rules)):
+            continue
+        if any(isinstance(r, (Bump, Draw)) for r in rules):
+            return "rule statements with state"
+        if isinstance(f, CustomJvp) and any(isinstance(g, (CustomVjp, EqxLoop)) for g in inner):
+            return "a custom_vjp in a custom_jvp"
+    return ""
 
 
 def derivative_modes(program: Program) -> tuple[bool, bool]:
@@ -396,7 +464,8 @@ def check_derivatives(program, args, seed: int, variant: str):
         _event("derivatives: not checked through custom_root / a checkpointed loop")
         return
     if stateful_custom_rules(program):
-        check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad)
+        check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can_grad,
+                                            variant, seed)
         return
     # Typed states are not differentiated: integer-valued, updated by
     # wrap-around and ``% 4``, they have no derivatives that finite
@@ -454,7 +523,9 @@ def check_grad_inside(program, args):
     and no rule has state, the gradient matches central finite differences
     of the float64 reference. A stateful custom_vjp or equinox checkpointed
     loop whose recomputation reads a state the forward changes may instead be
-    a ``StateError`` (which one cannot be read off the program)."""
+    a ``StateError`` (which one cannot be read off the program). Where a
+    custom_jvp rule sows, also reap and harvest of the uncurried function
+    (``_harvest_grad_inside``)."""
     fn = build(program)
     stmts = list(walk(program.body))
 
@@ -481,6 +552,8 @@ def check_grad_inside(program, args):
     assert_dict_close(fin, fin_r, "value_and_grad inside: state")
     if rule_functions(program):
         _event("grad inside: rule statements ran under differentiation")
+    if any(isinstance(r, Sow) for f in rule_functions(program) for r in f.rule):
+        _harvest_grad_inside(program, pure, state, args)
     if (stateful_custom_rules(program) or any(not_differentiated(s) for s in stmts)
             or any(isinstance(s, (Set, Bump)) for s in stmts)):
         # Derivatives through a state set and read again inside the
@@ -503,6 +576,57 @@ def check_grad_inside(program, args):
                                err_msg="grad inside vs finite differences")
     _event("grad inside: value, states and gradient checked")
     return "value, states and gradient"
+
+
+def replayed_sows_break_harvest(program: Program) -> bool:
+    """Whether a sow that the bwd of a custom_vjp or equinox checkpointed
+    loop replays (it recomputes the function) is strict, or in a branch of a
+    cond / switch of several branches: under ``jax.grad`` inside a harvest
+    taxpr then raises, taking the replay for a second sow
+    (``test_a_strict_sow_in_a_recomputing_custom_vjp_under_grad_is_reaped``)
+    or the branches for sowing differently
+    (``test_a_recomputing_custom_vjp_that_sows_in_a_branch_under_grad_is_reaped``)."""
+    def visit(stmts, in_branch: bool) -> bool:
+        for s in stmts:
+            if isinstance(s, (CustomVjp, EqxLoop)) and any(
+                    in_branch or x.mode == "strict" for x in sows(s.body)):
+                return True
+            branchy = isinstance(s, (Cond, Switch)) and len(s.branches) > 1
+            if any(visit(b, in_branch or branchy) for b in children(s)):
+                return True
+        return False
+
+    return visit(program.body, False)
+
+
+def _harvest_grad_inside(program, pure, state, args) -> None:
+    """reap and harvest (plant some non-append names, of the rules' sows too,
+    reap the others) of ``pure`` of ``check_grad_inside``'s program: JAX runs
+    the rules as it traces it, so their sows are reaped and planted as any,
+    in program order (``Reference(diff=True)``). A rule's sow in a function
+    in one branch of a cond is then in that branch only: oryx's error
+    (docs/limitations.md). (Appends are not planted: where a custom_vjp's
+    bwd recomputes them that is a documented NotImplementedError.)"""
+    if replayed_sows_break_harvest(program):
+        _event("grad inside: not harvested: a replayed strict sow or one in a branch, a taxpr bug")
+        return
+    _, fin_r, _, reaps_r = reference(program, args, state, diff=True)
+    plants = make_plants(program, np.random.default_rng(1), rules=True, append=False)
+    out_p, fin_p, _, reaps_p = reference(program, args, state, plants, diff=True)
+    try:
+        (_, fin), reaps = h.call_and_reap(pure, tag=T)(state, *args)
+        ((value, _), fin_h), reaps_h = h.harvest(pure, tag=T)(plants, state, *args)
+    except ValueError as e:
+        assert rule_sow_in_branch(program), e
+        assert str(e) == "Mismatching number of `sow`s between branches.", e
+        _event("grad inside: a rule's sow in one branch of a cond, oryx's error")
+        return
+    assert_dict_close(fin, fin_r, "reap(value_and_grad inside) state")
+    assert_dict_close(reaps, reaps_r, "reap(value_and_grad inside) reaps")
+    assert_close(value, _objective(out_p, {}), "harvest(value_and_grad inside) value")
+    assert_dict_close(fin_h, fin_p, "harvest(value_and_grad inside) state")
+    assert_dict_close(reaps_h, reaps_p, "harvest(value_and_grad inside) reaps")
+    _event("grad inside: rule sows reaped and planted")
 
 
 def check_raw_reap(program, args):

@@ -214,10 +214,15 @@ class CustomJvp:
     env and ``n``): JAX's custom derivatives do not support closing over
     traced values.
 
-    ``rule``: statements the rule runs before ``jax.jvp`` of the function
-    (effects on states only: ``Bump`` without ``target`` of a typed state the
+    ``rule``: statements the rule runs before ``jax.jvp`` of the function:
+    effects on states (``Bump`` without ``target`` of a typed state the
     program uses outside any rule, ``Draw`` into a local where the program
-    draws keys elsewhere; see ``Gen.add_rules``). A function with a rule
+    draws keys elsewhere) and sows (``Sow`` of a value of the arguments, of
+    a name the program sows nowhere outside rules, not in append or strict
+    mode; see ``Gen.add_rules``). A rule sow's ``target`` is None (its
+    result unused) or ``r{uid}``, a local of the rule that scales the
+    tangents it returns by ``1 + 0 * sum(r{uid})`` (``RULE_SCALE``): the
+    rule stays the function's JVP, planted or not. A function with a rule
     statement, or with one nested in its body, takes the program's ``p0`` as
     an argument and its body ends with ``f0 = f0 + 0.0 * p0``: every
     derivative check differentiates ``p0``, so JAX always runs the rule
@@ -234,8 +239,11 @@ class CustomVjp:
     inputs), bwd is ``jax.vjp`` of it (derivatives as autodiff's; with state
     in the body the rules have state too). Reads only its arguments.
     ``rule``: statements the fwd runs before the function (as
-    ``CustomJvp.rule``; only where the body uses state: a state access in the
-    fwd of a custom_vjp whose body uses none is a StateError)."""
+    ``CustomJvp.rule``, but no sows: differentiated from outside the
+    harvest, a sow in a fwd is neither reaped nor planted,
+    ``test_sow_in_a_custom_vjp_fwd_is_reaped_when_differentiated_from_outside``;
+    only where the body uses state: a state access in the fwd of a
+    custom_vjp whose body uses none is a StateError)."""
     uid: int
     body: tuple
     calls: int = 1
@@ -314,6 +322,11 @@ RULE_DEFS = {
     "cvjp": ("def {f}_fwd(*p):", "return {f}_fn(*p), p",
              "{f}.defvjp({f}_fwd, lambda p, ct: jax.vjp({f}_fn, *p)[1](ct))"),
 }
+# What a custom_jvp rule with sows whose result it uses (``CustomJvp.rule``)
+# returns, given ``{f}`` and the sum ``{r}`` of those results: the JVP of
+# the function, its tangents scaled by one (planted or not).
+RULE_SCALE = ("out, out_t = jax.jvp({f}_fn, p, t)",
+              "return out, tuple(x * (1.0 + 0.0 * ({r})) for x in out_t)")
 # The line a function with rule statements ends with: its body uses ``p0``
 # (an argument with a nonzero tangent in every derivative check), so JAX runs
 # its rule whenever it differentiates the call, whatever the other tangents.
@@ -323,6 +336,17 @@ P0_USE = "f0 = f0 + 0.0 * p0"
 def has_rule(s) -> bool:
     """Whether ``s`` is a custom function with rule statements."""
     return isinstance(s, (CustomJvp, CustomVjp)) and bool(s.rule)
+
+
+def rule_reads_env(s) -> bool:
+    """Whether ``s``'s rule statements read its arguments (a sow's value):
+    the rule unpacks them first."""
+    return has_rule(s) and any(isinstance(r, Sow) for r in s.rule)
+
+
+def rule_results(s) -> list:
+    """The locals ``r{uid}`` of ``s``'s rule sows whose result the rule uses."""
+    return [r.target for r in s.rule if isinstance(r, Sow) and r.target]
 
 
 def not_differentiated(s) -> bool:

@@ -2,16 +2,17 @@
 dtype through every primitive's carries (``TYPED_NESTS``), programs inside
 library operations (``LIBRARY_NESTS``), custom functions with state in
 their body differentiated inside the uncurried function
-(``GRAD_INSIDE_NESTS``) and custom functions whose rules touch states and
-keys themselves (``RULE_NESTS``).
+(``GRAD_INSIDE_NESTS``), custom functions whose rules touch states and
+keys themselves (``RULE_NESTS``) and custom_jvp functions whose rules sow
+(``RULE_SOW_NESTS``).
 """
 
 from __future__ import annotations
 
-from .model import (SVARS, TYPED_DTYPES, TYPED_OPS, AddC, Assign, Bin, Bump, Ckpt, Cond,
-                    CustomJvp, CustomVjp, Draw, EqxLoop, Fori, Get, IPred, Jit, MulC, Program,
-                    Root, Scan, Set, SIdx, Sow, Switch, Un, Var, While, typed_adds, typed_inits,
-                    typed_kind, typed_shape)
+from .model import (OTHER, SVARS, TYPED_DTYPES, TYPED_OPS, AddC, Assign, Bin, Bump, Ckpt, Cond,
+                    CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred, Get, IPred, Jit, Mean, MulC,
+                    Program, Root, Scan, Set, SIdx, Sow, Switch, Un, Var, While, typed_adds,
+                    typed_inits, typed_kind, typed_shape)
 
 
 def _all_typed_bumps(uid: int) -> tuple:
@@ -123,3 +124,45 @@ RULE_NESTS = {
                   rule=(Bump(3, "y_int32", 0, "array", "add", 7), Draw("_"))),
         Draw("f2"))),
 }
+
+
+# custom_jvp functions whose rules sow (``rule`` sows, of names sown nowhere
+# outside rules; see ``Gen.rule_sow``): a rule sowing every kind (clobber of
+# a scalar and of a vector, sow_cond on ``n``) and calling the function,
+# which uses state, twice; a rule sowing (its result unused: the program
+# has no state) and calling a function that sows itself (clobber, append,
+# a strict sow after); rules of custom_jvp functions nested in a custom_jvp
+# in a scan (``RULE_SOW_PLANTS``: what the deterministic test plants); a
+# rule's sow in one branch of a cond.
+RULE_SOW_NESTS = {
+    "cjvp_rule_sows_every_kind_called_twice": Program((
+        Bump(1, "y_int8", 5, "scalar", "add", 1),
+        CustomJvp(2, (Assign("f1", Bin("avg", Var("f1"), Un("sin", Var("f0")))),
+                      Set("s1", Var("f1"))),
+                  calls=2, rule=(Sow(3, "r3", Bin("avg", Var("f0"), Var("f1")), "c0", "clobber"),
+                                 Sow(4, "r4", MulC(Var("v"), -0.5), "cv", "clobber"),
+                                 Sow(5, "r5", Var("f1"), "q0", "cond_clobber",
+                                     pred=IPred("n", 1, 2)))),
+        Get("f2", "s1", 0.0))),
+    "rule_sows_and_calls_a_sowing_function": Program((
+        CustomJvp(1, (Sow(2, "f1", Un("sin", Var("f1")), "c1", "clobber"),
+                      Sow(3, None, Var("v"), "av", "append"),
+                      Assign("f0", Bin("mul", Var("f0"), Var("f1")))),
+                  rule=(Sow(4, None, Mean(Var("v")), "c0", "clobber"),
+                        Sow(5, "r5", Var("f0"), "o", "clobber", OTHER))),
+        Sow(6, None, Var("f1"), "t0", "strict"))),
+    "planted_rule_sows_nested_in_a_scan": Program((
+        Get("f2", "s0", 0.25),
+        Scan(1, (CustomJvp(2, (Assign("f1", Un("tanh", Var("f1"))),
+                               CustomJvp(3, (Assign("f0", MulC(Var("f0"), 0.5)),),
+                                         rule=(Sow(4, "r4", Var("f0"), "c1", "clobber"),))),
+                           rule=(Sow(5, "r5", AddC(Var("f1"), 0.5), "c0", "clobber"),)),),
+             2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),
+        Set("s0", Var("f2")))),
+    "rule_sow_in_a_cond_branch": Program((
+        Cond(1, FPred(Var("f1"), 0.1), (
+            (CustomJvp(2, (Assign("f1", Un("sin", Var("f1"))),),
+                       rule=(Sow(3, None, Var("f1"), "c0", "clobber"),)),),
+            (Assign("f0", MulC(Var("f0"), 0.5)),))),)),
+}
+RULE_SOW_PLANTS = {"c0": 1.25, "c1": -0.75, "cv": (0.5, -1.5, 2.0), "q0": -0.25}

@@ -49,7 +49,11 @@ class Reference:
             is ``jax.jvp`` of the function: nested rules run); a
             ``CustomVjp`` runs its ``rule`` statements, then its body not
             differentiated (its fwd calls the plain function). Rule
-            statements touch states only. Without ``diff`` no rule runs.
+            statements touch states and sow (a plant replaces the value in
+            the rule; what the rule does with it is the function's JVP
+            either way), on a copy of the env: the function gets its
+            arguments unchanged. Without ``diff`` no rule runs: a name only
+            rules sow is not reaped (taxpr leaves it out, as oryx does).
     """
 
     def __init__(self, program: Program, states=None, plants=None, diff: bool = False):
@@ -275,7 +279,7 @@ class Reference:
 
     def reaps(self):
         out = {}
-        for name, mode in sow_names(self.program).items():
+        for name, mode in sow_names(self.program, rules=self.diff).items():
             if name in self.plants:
                 continue
             if mode != "append":

@@ -18,8 +18,8 @@ from .analysis import rule_functions, takes_p0
 from .model import (ARGUMENTS_ONLY, CALL_WRAPPERS, CUSTOM_RULES, ENV, FUNCTION_KINDS, FUNCTIONS,
                     MIX, NUMPY_DTYPES, OP_SOURCE, P0_USE, RULE_DEFS, T, TYPED_STATES, AddC,
                     Assign, Bin, Bump, Cond, Const, Draw, Fori, FPred, Get, IdxF, IPred, Mean,
-                    MulC, Program, Scan, Set, SIdx, Sow, Switch, Un, Var, VConst, While,
-                    has_rule, typed_kind, typed_shape)
+                    MulC, Program, RULE_SCALE, Scan, Set, SIdx, Sow, Switch, Un, Var, VConst,
+                    While, has_rule, rule_reads_env, rule_results, typed_kind, typed_shape)
 
 
 # ---------------------------------------------------------------------------------
@@ -251,10 +251,11 @@ def rstmt(s, ind: str, out: list) -> None:
                 wrap, rules = CUSTOM_RULES[kind]
                 w(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
-                    header, ret, install = (x.format(f=f) for x in RULE_DEFS[kind])
+                    header, _, install = (x.format(f=f) for x in RULE_DEFS[kind])
                     w(header)
-                    rblock(s.rule, i2, out)
-                    out.append(f"{i2}{ret}")
+                    body: list = []
+                    rblock(s.rule, "    ", body)
+                    out += [ind + line for line in rule_lines(s, f, [f"{params} = p"], body)]
                     w(install)
                 else:
                     w(rules.format(f=f))
@@ -262,6 +263,24 @@ def rstmt(s, ind: str, out: list) -> None:
             w(f"{ENV_S} = {kind}{s.uid}({params})")
     else:
         raise TypeError(s)
+
+
+def rule_lines(s, f: str, unpack: list, body: list) -> list:
+    """The lines of the rule of custom function ``s`` (named ``f``) after its
+    header: ``unpack`` (its arguments from ``p``, where a rule statement
+    reads them), its statements (``body``, rendered), and what it returns
+    (``RULE_DEFS``; ``RULE_SCALE`` where it uses its sows' results)."""
+    lines = ["    " + line for line in unpack] if rule_reads_env(s) else []
+    lines += body
+    kind = FUNCTION_KINDS[type(s)]
+    results = rule_results(s)
+    if results:
+        assert kind == "cjvp", "only a custom_jvp rule uses its sows' results"
+        r = " + ".join(f"jnp.sum({x})" for x in results)
+        lines += ["    " + x.format(f=f, r=r) for x in RULE_SCALE]
+    else:
+        lines.append("    " + RULE_DEFS[kind][1].format(f=f))
+    return lines
 
 
 def branch_call(s, operands: str) -> str:
@@ -460,10 +479,11 @@ class _Hoisted:
                                                       .get(kind), None))
                 self.defs.append(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
-                    header, ret, install = (x.format(f=f) for x in RULE_DEFS[kind])
+                    header, _, install = (x.format(f=f) for x in RULE_DEFS[kind])
                     lines: list = []
-                    self.block(s.rule, "    ", lines, ())  # effects on states only
-                    self.defs += [header, *lines, f"    {ret}", install]
+                    self.block(s.rule, "    ", lines, ())  # no nested functions
+                    unpack = [f"{ENV_S}, ex = p", f"{', '.join(scope)}, = ex"]
+                    self.defs += [header, *rule_lines(s, f, unpack, lines), install]
                 elif rules:
                     self.defs.append(rules.format(f=f))
             self.defs.append("")

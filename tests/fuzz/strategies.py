@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 from hypothesis import strategies as st
 
-from .analysis import children, sows, states_of, uses_state
+from .analysis import children, rule_sows, sow_names, sows, states_of, uses_state
 from .model import (ARGUMENTS_ONLY, CLOBBER_NAMES, FUNCTION_KINDS, OTHER, RNG, STATES,
                     STRICT_NAMES, SVARS, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, AddC, Assign,
                     Bin, Bump, Cond, Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred,
@@ -67,7 +67,8 @@ class Gen:
         self.uid = 0
         self.strict_left = list(STRICT_NAMES)
         # Optional features: "counter_state" (while on a counter state),
-        # "custom_rules" (custom functions more often: STMT_KINDS_CUSTOM).
+        # "custom_rules" (custom functions more often: STMT_KINDS_CUSTOM),
+        # "rule_sows" (sows among custom_jvp rules' statements: add_rules).
         self.allow = allow
 
     def next_uid(self) -> int:
@@ -290,12 +291,33 @@ class Gen:
         returns: a state only a rule uses is an error, docs/limitations.md).
         Not in a function nested in a custom_vjp, custom_root or equinox
         loop, nor in the fwd of a custom_vjp whose body uses no state (clear
-        StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``)."""
+        StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``).
+        With "rule_sows" allowed, a custom_jvp rule's statements may also be
+        sows (``rule_sow``), in programs with or without state (not a
+        custom_vjp's fwd: ``CustomVjp.rule``)."""
         kinds = states_of(Program(body))
         typed = sorted(k for k, v in kinds.items() if v == "Y")
         draws = RNG in kinds
-        if not typed and not draws:
+        sown = sow_names(Program(body)) if "rule_sows" in self.allow else None
+        if not typed and not draws and sown is None:
             return body
+
+        def rule(sows_ok: bool, nested: set) -> tuple:
+            """1 or 2 statements: state effects, or (``sows_ok``) sows, or
+            both (where a harvest of ``pure`` differentiated from outside
+            loses the effects: ``checks.harvest_of_pure_breaks``)."""
+            count = self.int_(1, 2)
+            kind = ("state" if not sows_ok else "sows" if not (typed or draws)
+                    else self.pick(("state", "sows", "mixed", "state")))
+            out = []
+            for _ in range(count):
+                if kind == "sows" or (kind == "mixed" and self.draw(st.booleans())):
+                    out.append(self.rule_sow(sown.keys() | nested,
+                                             used=bool(kinds) or self.draw(st.booleans())))
+                else:
+                    out.append(Draw("_") if draws and not (typed and self.draw(st.booleans()))
+                               else self.typed_bump(self.pick(typed)))
+            return tuple(out)
 
         def visit(stmts, inside: bool) -> tuple:
             out = []
@@ -306,17 +328,46 @@ class Gen:
                 elif children(s):
                     s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
                         s, (CustomVjp, Root, EqxLoop))))
+                sows_ok = sown is not None and isinstance(s, CustomJvp)
                 if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
                         and (isinstance(s, CustomJvp) or uses_state(s.body))
+                        and (typed or draws or sows_ok)
                         and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
-                    s = dataclasses.replace(s, rule=tuple(
-                        Draw("_") if draws and not (typed and self.draw(st.booleans()))
-                        else self.typed_bump(self.pick(typed))
-                        for _ in range(self.int_(1, 2))))
+                    nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
+                    s = dataclasses.replace(s, rule=rule(sows_ok, nested))
                 out.append(s)
             return tuple(out)
 
         return visit(body, False)
+
+    def rule_sow(self, taken, used: bool) -> Sow:
+        """A sow in a custom_jvp rule (clobber or ``sow_cond``, or of another
+        tag) of a value of the function's arguments. Its name is not in
+        ``taken``: the names the program sows outside rules (differentiated
+        from outside the harvest, taxpr does not reap a rule's sow of such a
+        name: ``test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped``)
+        and those that rules in the function's body sow (there taxpr orders a
+        rule's own sows after those of the rules in a jit in its function:
+        ``test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered``).
+        Its result is ``used`` by the rule (``RULE_SCALE``), or not only
+        where the program has no state: with state, differentiated from
+        outside, an unused one is not reaped
+        (``test_an_unused_sow_in_a_custom_jvp_rule_is_reaped_with_state``).
+        Not in append mode (per-site values in a rule: a NotImplementedError),
+        nor strict (a rule runs once per differentiated call)."""
+        ctx = Ctx(ivars=("n",))  # the function's arguments
+        free = [n for n in (*CLOBBER_NAMES, "q0") if n not in taken]
+        name = self.pick((*free, OTHER))
+        uid = self.next_uid()
+        tag, mode, pred = T, "clobber", None
+        if name == OTHER:
+            tag, name = OTHER, "o"
+            kind = self.pick(("S", "V"))
+        elif name == "q0":
+            mode, kind, pred = "cond_clobber", "S", self.pred(ctx)
+        else:
+            kind = CLOBBER_NAMES[name]
+        return Sow(uid, f"r{uid}" if used else None, self.expr(kind, ctx), name, mode, tag, pred)
 
     def typed_bump(self, state: str) -> Bump:
         """An exact update of the typed state ``state`` that reads nothing of
