@@ -391,7 +391,7 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
         if any(isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)):
             # Its bwd (jax.vjp of the function) touches state after the
             # forward pass: a StateError where a cotangent reaches it
-            # (tests/test_state_semantics.py); only the forward is checked.
+            # (tests/state/test_in_rules.py); only the forward is checked.
             _event("derivatives: forward of a stateful custom_vjp under vjp")
         else:
             grads = vjp_fn(cts)
