@@ -188,9 +188,10 @@ class Hooks:
         return key
 
     def rule_has_selected(self, engine: "Engine", eqn: core.JaxprEqn) -> bool:
-        """Whether the custom JVP rule of ``eqn`` (a ``custom_jvp_call``,
-        traced only when differentiated) holds selected tags; if so, ctx is
-        threaded through the rule when JAX differentiates ``eqn``."""
+        """Whether the custom JVP rule of ``eqn`` (a ``custom_jvp_call``), or
+        its fwd (a ``custom_vjp_call``), traced only when differentiated,
+        holds selected tags; if so, ctx is threaded through the rule after
+        the function when JAX differentiates ``eqn``."""
         return False
 
     # Whether any custom_jvp rule may hold a selected tag (rules are not
@@ -401,6 +402,8 @@ class Engine:
         return self._selected.set(jaxpr, found, maybe_rules)
 
     def _rule_selected(self, eqn, maybe_rules: bool = False) -> bool:
+        if eqn.primitive is _compat.custom_vjp_call_p:
+            return self.hooks.rule_has_selected(self, eqn)
         if eqn.primitive is not _compat.custom_jvp_call_p:
             return False
         return (self.hooks.rule_has_selected(self, eqn)
@@ -1266,6 +1269,9 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
 
     fwd_path = level.path + ("custom_vjp[fwd]",)
     threads_fwd = engine.hooks.threads_rules
+    # Without ``threads_rules``, a fwd holding tags the layer rewrites in
+    # rules (harvest: names sown only there) acts on ctx after the function.
+    fwd_after_function = not threads_fwd and engine._rule_selected(eqn)
     # The ctx leaves JAX differentiates the call w.r.t. (seen by the fwd):
     # only their cotangents are computed through the function.
     differentiated_ctx: set[int] = set()
@@ -1286,6 +1292,17 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
 
             def f(*primals):
                 return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
+        elif fwd_after_function:
+            rule_fn = _jaxpr.jaxpr_as_fun(
+                _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context))
+
+            def f(*primals):
+                # The function's outputs, ctx and collected values, then the
+                # fwd's tags on that ctx: (*residuals, *outputs, *ctx).
+                by_function = threaded_fn(*primals)
+                ran = rule_fn(*by_function[n_out:n_out + n], *primals[nc:nc + n_prims])
+                return [*ran[:len(ran) - n_out - n], *by_function[:n_out], *ran[len(ran) - n:],
+                        *by_function[n_out + n:]]
         else:
             _reject_rule_sites(engine, fwd_jaxpr, fwd_path)
 

@@ -562,26 +562,6 @@ def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
     assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == float(jnp.sin(x))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug (or an undocumented gap: docs/harvest.md says sows in fwd are reaped and "
-    "planted): differentiated from outside the harvest (jax.vjp of reap), a custom_vjp "
-    "fwd's sow is left a tag, neither reaped nor planted: reap gives {} instead of "
-    "{'w': 2.0}, which reap of the vjp (the fwd traced inside) gives"))
-def test_sow_in_a_custom_vjp_fwd_is_reaped_when_differentiated_from_outside():
-    f = jax.custom_vjp(jnp.sin)
-
-    def fwd(x):
-        h.sow(x * 2.0, tag=T, name="w", mode="clobber")
-        return jnp.sin(x), x
-
-    f.defvjp(fwd, lambda x, ct: (jnp.cos(x) * ct,))
-    one = np.float32(1.0)
-    assert float(h.reap(lambda x: jax.vjp(f, x)[0], tag=T)(one)["w"]) == 2.0
-    assert h.reap(f, tag=T)(one) == {}  # undifferentiated, the fwd does not run
-    reaps = jax.vjp(h.reap(f, tag=T), one)[0]
-    assert jax.tree_util.tree_map(float, reaps) == {"w": 2.0}
-
-
 def test_custom_jvp_rule_counting_and_drawing_under_jvp_and_grad_of_pure():
     """A custom_jvp function called twice whose rule adds 127 to an int8
     counter and draws a key: under jax.jvp and jax.grad of pure from outside

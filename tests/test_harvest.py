@@ -1325,6 +1325,44 @@ def test_custom_vjp_sows_in_fwd_and_bwd_reaped():
     assert_tree_allclose(reaps, {"fwd": 2 * np.sin(0.5), "bwd": 21.0})
 
 
+def _fwd_sows():
+    """A custom_vjp of sin whose fwd sows its residual, cos(x), as "r"
+    (clobber); the bwd scales the cotangent by the residual it gets."""
+    f = jax.custom_vjp(jnp.sin)
+    f.defvjp(lambda x: (jnp.sin(x), h.sow(jnp.cos(x), tag=T, name="r", mode="clobber")),
+             lambda r, ct: (r * ct,))
+    return f
+
+
+def test_sow_in_custom_vjp_fwd_is_reaped_and_planted_when_jax_differentiates_the_call():
+    f, x = _fwd_sows(), 0.5
+    # Differentiated from outside the harvest, the fwd runs in the call's
+    # place: its sow is reaped (a constant w.r.t. x, as eagerly, where the
+    # fwd sees primal values), as when the vjp is taken inside.
+    (out, reaps), vjp = jax.vjp(h.call_and_reap(f, tag=T), x)
+    allclose(out, np.sin(x))
+    assert_tree_allclose(reaps, {"r": np.cos(x)})
+    allclose(vjp((1.0, {"r": 1.0}))[0], np.cos(x))
+    assert_tree_allclose(h.reap(lambda x: jax.vjp(f, x)[0], tag=T)(x), {"r": np.cos(x)})
+
+    def loss(x):
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        return out + reaps["r"]
+
+    for grad in (jax.value_and_grad(loss), jax.jit(jax.value_and_grad(loss))):
+        value, g = grad(x)
+        allclose(value, np.sin(x) + np.cos(x))
+        allclose(g, np.cos(x))
+    # Not differentiated, the fwd does not run: the name is absent.
+    assert h.reap(f, tag=T)(x) == {}
+    # A plant replaces the fwd's residual, so the bwd scales by it.
+    planted = lambda x: h.plant(f, tag=T)({"r": 3.0}, x)
+    allclose(planted(x), np.sin(x))
+    allclose(jax.grad(planted)(x), 3.0)
+    allclose(jax.jit(jax.grad(planted))(x), 3.0)
+    check(jax.make_jaxpr(jax.grad(planted))(x))
+
+
 @pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
 def test_append_sow_in_custom_rule_function(kind):
     body = lambda x: h.sow(x * 2, tag=T, name="a", mode="append") + 1

@@ -141,7 +141,7 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
-        if _RULE in level.path and not self.in_rules(name):
+        if any(label in level.path for label in _RULES) and not self.in_rules(name):
             level.emit(eqn)  # reaped where the function itself sows it
             return ctx
         self.rewritten.add(name)
@@ -307,12 +307,18 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
     return fn
 
 
-_RULE = "custom_jvp[rule]"  # the engine's path element for a custom JVP rule
+# The engine's path elements of the derivative rules that run in a custom
+# function's place when JAX differentiates it: a custom_jvp's JVP rule and
+# a custom_vjp's fwd.
+_RULE_OF = {_compat.custom_jvp_call_p: "custom_jvp[rule]",
+            _compat.custom_vjp_call_p: "custom_vjp[fwd]"}
+_RULES = tuple(_RULE_OF.values())
 
 
 class _JvpRules:
-    """The JVP rules of ``custom_jvp_call`` equations, traced once each (as
-    JAX would when differentiating), to find the sows inside them."""
+    """The JVP rules of ``custom_jvp_call`` equations and the fwd rules of
+    ``custom_vjp_call`` ones, traced once each (as JAX would when
+    differentiating), to find the sows inside them."""
 
     def __init__(self, enabled: bool):
         # Without a differentiation trace around this harvest, no rule runs
@@ -321,18 +327,20 @@ class _JvpRules:
         self._rules = _traverse.IdMemo()  # eqn -> the rule's closed jaxpr
 
     def jaxpr(self, eqn) -> Any:
-        """The rule of a ``custom_jvp_call`` seen by ``iter_eqns`` (all input
-        tangents nonzero), or None."""
+        """The rule of a ``custom_jvp_call`` or ``custom_vjp_call`` seen by
+        ``iter_eqns`` (every input differentiated), or None."""
         return self._rules.get(eqn)
 
     def _trace(self, eqn) -> Any:
         """The rule's closed jaxpr, or None when it cannot be traced before
         it runs (a rule with state: its error comes when JAX runs it)."""
-        fun = eqn.params["jvp_jaxpr_fun"]
         n = len(eqn.invars) - eqn.params.get("num_consts", 0)
         try:
             with speculative_rule_traces():
-                jaxpr, consts, _ = fun.call_wrapped(*([False] * n))
+                if eqn.primitive is _compat.custom_jvp_call_p:  # zeros: none
+                    jaxpr, consts, _ = eqn.params["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
+                else:  # nonzeros: all
+                    jaxpr, consts = eqn.params["fwd_jaxpr_thunk"].call_wrapped(*([True] * n))
         except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
             # The rule refuses tangents for inputs JAX may never perturb
             # (equinox's ``nondifferentiable``), or holds tags that cannot be
@@ -343,14 +351,16 @@ class _JvpRules:
 
     def iter_eqns(self, closed):
         """``_traverse.iter_eqns`` of the program, also into the JVP rules of
-        its ``custom_jvp_call``s (``in_rule`` flag). Not into rules inside
-        rules (they run only under a second derivative, and a rule may call
-        its own function), nor inside ``shard_map`` (whose rules trace only
-        in the body's context)."""
+        its ``custom_jvp_call``s and the fwd rules of its ``custom_vjp_call``s
+        (``in_rule`` flag). Not into rules inside rules (they run only under
+        a second derivative, and a rule may call its own function), nor
+        inside a custom_vjp function (its bwd replays it), nor inside
+        ``shard_map`` (whose rules trace only in the body's context)."""
         for eqn, path in _traverse.iter_eqns(closed):
             yield eqn, path, False
-            if (self.enabled and eqn.primitive is _compat.custom_jvp_call_p
-                    and "shard_map" not in path):
+            label = _RULE_OF.get(eqn.primitive)
+            if (self.enabled and label is not None and "shard_map" not in path
+                    and not any(p.startswith("custom_vjp") for p in path)):
                 rule = self._trace(eqn)
-                for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, _RULE)):
+                for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, label)):
                     yield e, p, True
