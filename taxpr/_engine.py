@@ -32,7 +32,7 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
-from .primitives._tag import (meta, site_key, tag_cotangent_p, tag_p, tag_tangent_p,
+from .primitives._tag import (keep_tags, meta, site_key, tag_cotangent_p, tag_p, tag_tangent_p,
                               user_params)
 
 
@@ -1133,7 +1133,10 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_av
         else:
             # A rule defined without symbolic zeros gets them instantiated.
             user_zeros = zeros[user] if user_symbolic else (False,) * (user.stop - user.start)
-            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
+            # The rule runs in a rewritten function (its tags are kept as the
+            # function's are): an unused sow in it must outlive the DCE below.
+            with keep_tags():
+                jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
             n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
             if any(e.primitive is tag_p and engine.predicate(e.params)
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):

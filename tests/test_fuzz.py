@@ -445,28 +445,6 @@ def test_reap_of_a_custom_jvp_calling_a_custom_vjp_under_grad():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside call_and_reap(pure), a sow whose result a "
-    "custom_jvp rule does not use is dropped where the program has state (the state layer's "
-    "threaded rule loses it to dead-code elimination when ctx has no tangent, "
-    "taxpr/_engine.py, _jvp_of_threaded_rule): reap gives {} instead of {'r': 2.0}"))
-def test_an_unused_sow_in_a_custom_jvp_rule_is_reaped_with_state():
-    f = _sowing_rule(jnp.sin, "r")
-
-    def program(x):
-        y = f(x)
-        tx.set_state("y", y)
-        return y
-
-    want = {"r": 2.0}
-    reaps = jax.jvp(lambda x: h.reap(f, tag=T)(x), (np.float32(1.0),), (np.float32(1.0),))[0]
-    assert jax.tree_util.tree_map(float, reaps) == want  # without state: reaped
-    pure, state0 = tx.uncurry(program, np.float32(1.0))
-    reaps = jax.jvp(lambda x: h.call_and_reap(pure, tag=T)(state0, x)[1], (np.float32(1.0),),
-                    (np.float32(1.0),))[0]
-    assert jax.tree_util.tree_map(float, reaps) == want
-
-
-@pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: differentiated from outside the harvest, a custom_jvp rule's sow of a name "
     "also sown outside rules is not reaped (only names sown nowhere but in rules are, "
     "taxpr/harvest/_sites.py, _Sites.in_rules): reap gives the earlier sow's 3.0 instead of "

@@ -1325,6 +1325,38 @@ def test_custom_vjp_sows_in_fwd_and_bwd_reaped():
     assert_tree_allclose(reaps, {"fwd": 2 * np.sin(0.5), "bwd": 21.0})
 
 
+def test_unused_sow_in_a_custom_jvp_rule_is_reaped_from_a_function_with_state():
+    # The state layer rewrites the custom_jvp (its rule runs in the
+    # function's place, threaded); the rule's sow, whose result it does not
+    # use, is still there for a harvest of the uncurried function.
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def _(p, t):
+        h.sow(p[0] * 2.0, tag=T, name="r", mode="clobber")
+        return jax.jvp(jnp.sin, p, t)
+
+    def program(x):
+        y = f(x)
+        tx.set_state("y", y)
+        return y
+
+    one = np.float32(1.0)
+    want = {"r": 2.0}  # eagerly: the rule runs once, sowing 2 * x
+    assert_tree_allclose(jax.jvp(h.reap(f, tag=T), (one,), (one,))[0], want)
+    pure, state0 = tx.uncurry(program, one)
+    (out, reaps), (out_t, _) = jax.jvp(
+        lambda x: h.call_and_reap(pure, tag=T)(state0, x), (one,), (one,))
+    assert_tree_allclose(reaps, want)
+    allclose(out[0], np.sin(1.0))
+    allclose(out[1]["y"], np.sin(1.0))
+    allclose(out_t[0], np.cos(1.0))
+    g = jax.grad(lambda x: h.call_and_reap(pure, tag=T)(state0, x)[0][0])(one)
+    allclose(g, np.cos(1.0))
+
+
 def _fwd_sows():
     """A custom_vjp of sin whose fwd sows its residual, cos(x), as "r"
     (clobber); the bwd scales the cotangent by the residual it gets."""
