@@ -1021,6 +1021,11 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                 res = r_out[:n_res]  # the rule's outputs (with its plants)
                 outs = [*outs[:n_out], *r_out[n_res:], *outs[n_out + n:]]
                 rest_t = [*r_t[n_res:], *rest_t[n:]]
+            # JAX's outputs of a differentiated call are its rule's (they may
+            # differ from the function's: a rule of a function rewritten for
+            # state also writes the state), ctx and collected values are the
+            # function's, then the rule's tags'.
+            outs = [*res[:n_out], *outs[n_out:]]
             user_out_t = iter(res[len(out_zeros):])
             out_t = [t if z else _add_ct(next(user_out_t), t)
                      for t, z in zip(outs_t_ctx, out_zeros)]
@@ -1300,18 +1305,19 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context))
 
             def f(*primals):
-                # The function's outputs, ctx and collected values, then the
-                # fwd's tags on that ctx: (*residuals, *outputs, *ctx).
+                # The function's ctx and collected values, then the fwd's
+                # tags on that ctx: (*residuals, *outputs, *ctx).
                 by_function = threaded_fn(*primals)
                 ran = rule_fn(*by_function[n_out:n_out + n], *primals[nc:nc + n_prims])
-                return [*ran[:len(ran) - n_out - n], *by_function[:n_out], *ran[len(ran) - n:],
-                        *by_function[n_out + n:]]
+                return [*ran[:len(ran) - n], *ran[len(ran) - n:], *by_function[n_out + n:]]
         else:
             _reject_rule_sites(engine, fwd_jaxpr, fwd_path)
 
             def f(*primals):
+                # The fwd's residuals and outputs (JAX's outputs of a
+                # differentiated call), the function's ctx and collected values.
                 res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
-                return [*res_and_outs[:len(res_and_outs) - n_out], *threaded_fn(*primals)]
+                return [*res_and_outs, *threaded_fn(*primals)[n_out:]]
 
         result = _jaxpr.open_with_constvars(_jaxpr.trace_flat(f, in_avals))
         fwd_cache[nonzeros] = result

@@ -396,34 +396,6 @@ def _sowing_rule(fn, name, value=lambda x: x * 2.0):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside call_and_reap(pure) / harvest(pure), a custom_jvp "
-    "(or custom_vjp) the harvest rewrites takes its primal outputs from the function, not from "
-    "its rule (taxpr/_engine.py, _custom_jvp_rule), so the state effects of the rule "
-    "statements uncurry threaded into the rule are lost: the state 'k' is 10 instead of 11"))
-def test_a_harvest_of_pure_keeps_a_custom_jvp_rules_state_effects():
-    def fn(x):
-        return h.sow(jnp.sin(x), tag=T, name="s", mode="clobber")
-
-    f = jax.custom_jvp(fn)
-
-    @f.defjvp
-    def rule(p, t):
-        tx.set_state("k", tx.get_state("k", np.int32(0)) + 1)
-        return jax.jvp(fn, p, t)
-
-    def program(x):
-        tx.set_state("k", tx.get_state("k", np.int32(0)) + 10)
-        return f(x)
-
-    pure, state0 = tx.uncurry(program, np.float32(1.0))
-    (_, fin), _ = jax.jvp(lambda x: pure(state0, x), (np.float32(1.0),), (np.float32(1.0),))
-    assert int(fin["k"]) == 11  # the rule ran once, after the program's update
-    ((_, fin), _), _ = jax.jvp(lambda x: h.call_and_reap(pure, tag=T)(state0, x),
-                               (np.float32(1.0),), (np.float32(1.0),))
-    assert int(fin["k"]) == 11
-
-
-@pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: jax.grad of reap of a custom_jvp whose rule is jax.jvp of its function, which "
     "calls a custom_vjp, is JAX's TypeError \"can't apply forward-mode autodiff (jvp) to a "
     "custom_vjp function\" where a sow in it makes the harvest rewrite the custom_jvp (taxpr "

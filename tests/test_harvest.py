@@ -1357,6 +1357,67 @@ def test_unused_sow_in_a_custom_jvp_rule_is_reaped_from_a_function_with_state():
     allclose(g, np.cos(1.0))
 
 
+def _counting_custom(kind: str):
+    """sin as a custom_jvp or custom_vjp function that sows its value as
+    "s" and adds 1 to the state "n"; its rule (custom_jvp) or fwd
+    (custom_vjp) adds 1 to the state "k" before calling it."""
+    def fn(x):
+        tx.set_state("n", tx.get_state("n", np.int32(0)) + 1)
+        return h.sow(jnp.sin(x), tag=T, name="s", mode="clobber")
+
+    def bump():
+        tx.set_state("k", tx.get_state("k", np.int32(0)) + 1)
+
+    if kind == "custom_jvp":
+        f = jax.custom_jvp(fn)
+
+        @f.defjvp
+        def _(p, t):
+            bump()
+            return jax.jvp(fn, p, t)
+    else:
+        f = jax.custom_vjp(fn)
+
+        def fwd(x):
+            bump()
+            return fn(x), x
+
+        f.defvjp(fwd, lambda x, ct: (jnp.cos(x) * ct,))
+    return f
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_a_harvest_of_pure_keeps_the_state_effects_of_a_custom_rule(kind):
+    # Differentiated from outside, a harvest of the uncurried function gives
+    # the outputs of the rule that runs in the call's place (the state
+    # rewrite threads the state through it), as pure alone does.
+    f = _counting_custom(kind)
+
+    def program(x):
+        tx.set_state("k", tx.get_state("k", np.int32(0)) + 10)
+        return f(x)
+
+    one = np.float32(1.0)
+    pure, state0 = tx.uncurry(program, one)
+    # eagerly: the program adds 10, then the rule runs once, adds 1 and
+    # calls the function, which adds 1 to "n"
+    (out, fin), _ = jax.vjp(lambda x: pure(state0, x), one)
+    assert (int(fin["k"]), int(fin["n"])) == (11, 1)
+    ((out2, fin), reaps), _ = jax.vjp(lambda x: h.call_and_reap(pure, tag=T)(state0, x), one)
+    assert (int(fin["k"]), int(fin["n"])) == (11, 1)
+    assert_tree_allclose(reaps, {"s": np.sin(1.0)})
+    allclose(out2, out)
+
+    def loss(x):
+        (out, fin), reaps = h.call_and_reap(pure, tag=T)(state0, x)
+        return out + reaps["s"], fin
+
+    (value, fin), g = jax.value_and_grad(loss, has_aux=True)(one)
+    assert (int(fin["k"]), int(fin["n"])) == (11, 1)
+    allclose(value, 2 * np.sin(1.0))
+    allclose(g, 2 * np.cos(1.0))  # the function's sow is reaped with its derivative
+
+
 def _fwd_sows():
     """A custom_vjp of sin whose fwd sows its residual, cos(x), as "r"
     (clobber); the bwd scales the cotangent by the residual it gets."""
