@@ -452,45 +452,6 @@ def test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered():
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: under jax.grad inside the harvest, a cond whose branches both sow 'c', one of "
-    "them in a custom_vjp whose bwd recomputes it (jax.vjp of the function), is oryx's "
-    "ValueError 'Mismatching number of `sow`s between branches.' instead of reaping the taken "
-    "branch's value (without the recomputing bwd, or undifferentiated, it is reaped)"))
-def test_a_recomputing_custom_vjp_that_sows_in_a_branch_under_grad_is_reaped():
-    def sow(x):
-        return h.sow(x, tag=T, name="c", mode="clobber")
-
-    def fn(x):
-        return sow(jnp.sin(x))
-
-    f = jax.custom_vjp(fn)
-    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
-
-    def program(x):
-        return lax.cond(x > 0.3, sow, f, x)
-
-    x = np.float32(0.5)
-    assert float(h.reap(program, tag=T)(x)["c"]) == 0.5  # the taken branch's
-    assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == 0.5
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: under jax.grad inside the harvest, a strict sow in a custom_vjp whose bwd "
-    "recomputes it (jax.vjp of the function) is oryx's ValueError 'Variable has already been "
-    "reaped: c', though docs/harvest.md says the bwd's replay is not reaped a second time "
-    "(clobber, append and sow_cond sows there are reaped once)"))
-def test_a_strict_sow_in_a_recomputing_custom_vjp_under_grad_is_reaped():
-    def fn(x):
-        return h.sow(jnp.sin(x), tag=T, name="c", mode="strict") * 2.0
-
-    f = jax.custom_vjp(fn)
-    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
-    x = np.float32(0.5)
-    assert float(h.reap(f, tag=T)(x)["c"]) == float(jnp.sin(x))
-    assert float(h.reap(jax.grad(f), tag=T)(x)["c"]) == float(jnp.sin(x))
-
-
-@pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: jax.grad inside reap (or uncurry) of a jax.checkpoint around equinox's "
     "checkpointed while_loop whose body sows is an AssertionError in JAX's partial evaluation "
     "of the while loop (jax/_src/lax/control_flow/loops.py, _while_partial_eval_custom: "

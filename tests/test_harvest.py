@@ -1952,6 +1952,41 @@ def test_plant_in_a_custom_vjp_whose_bwd_recomputes_is_planted_in_the_recomputat
     assert float(d_c1) == 2.0 and float(d_x) == 0.0
 
 
+def test_a_recomputing_custom_vjp_that_sows_in_a_branch_under_grad_is_reaped():
+    def sow(x):
+        return h.sow(x, tag=T, name="c", mode="clobber")
+
+    def fn(x):
+        return sow(jnp.sin(x))
+
+    f = jax.custom_vjp(fn)
+    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
+
+    def program(x):
+        return jax.lax.cond(x > 0.3, sow, f, x)
+
+    # The taken branch's value, once (the bwd's recomputation is not reaped).
+    for x, want, grad in ((0.5, 0.5, 1.0), (0.1, np.sin(0.1), np.cos(0.1))):
+        x = np.float32(x)
+        allclose(h.reap(program, tag=T)(x)["c"], want)
+        (g, reaps) = h.call_and_reap(jax.grad(program), tag=T)(x)
+        allclose(reaps["c"], want)
+        allclose(g, grad)
+
+
+def test_a_strict_sow_in_a_recomputing_custom_vjp_under_grad_is_reaped():
+    def fn(x):
+        return h.sow(jnp.sin(x), tag=T, name="c", mode="strict") * 2.0
+
+    f = jax.custom_vjp(fn)
+    f.defvjp(lambda x: (fn(x), x), lambda x, ct: jax.vjp(fn, x)[1](ct))
+    x = np.float32(0.5)
+    assert float(h.reap(f, tag=T)(x)["c"]) == float(jnp.sin(x))
+    g, reaps = h.call_and_reap(jax.grad(f), tag=T)(x)
+    assert float(reaps["c"]) == float(jnp.sin(x))  # once: the recomputation is not reaped
+    allclose(g, 2 * np.cos(x))
+
+
 def test_plant_through_a_recomputing_bwd_under_jit_and_vmap_of_grad():
     # The replayed bwd is traced with the values JAX passes: tracers under
     # jit and vmap. Reference by hand: f = 2 * c1 * x0 ** 0 (x does not matter).

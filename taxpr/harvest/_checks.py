@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 
 from .. import _compat, _jaxpr, _traverse
 from .._inject import guarded_place
-from ..primitives._tag import is_guarded, meta, n_values, tag_p
+from ..primitives._tag import is_guarded, meta, n_values, site_key, tag_p
 from ._sow import SOW
 
 
@@ -65,6 +65,8 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         counts: dict = {}
         for eqn in _jaxpr.jaxpr_parts(j).eqns:
             if eqn.primitive is tag_p and select(eqn.params):
+                if _replays_the_forward(eqn.params, forward_sites):
+                    continue  # the forward's sow again: not reaped a second time
                 name, mode = eqn.params["name"], eqn.params["mode"]
                 if name in transformed:
                     if in_while and mode not in ("clobber", "cond_clobber"):
@@ -124,7 +126,25 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                     f"every sow of a name sows one type; reshard one of them).")
         counts[name] = _SowCount(n + 1, mode, avals, batched, guard)
 
+    forward_sites = _forward_sites(jaxpr)
     walk(jaxpr, False, False)
+
+
+def _forward_sites(jaxpr: Any) -> set:
+    """``(custom_vjp scope, site)`` of every tag its fwd binds."""
+    return {(scope, site_key(eqn.params)) for eqn, _ in _traverse.iter_eqns(jaxpr)
+            if eqn.primitive is tag_p for scope in meta(eqn.params).fwd_scopes}
+
+
+def _replays_the_forward(params: dict, forward_sites: set) -> bool:
+    """Whether a sow is bound by a custom_vjp bwd that recomputes the forward
+    pass, at a site its fwd or function binds too (``primitives._tag``'s
+    ``TagMeta``): the engine drops what it reaps there (``_engine``)."""
+    marks = meta(params)
+    if marks.replay_scope is None:
+        return False
+    key = site_key(params)
+    return key in marks.function_sites or (marks.replay_scope, key) in forward_sites
 
 
 def _vmap_why(batched: bool, other_batched: bool, place: str) -> str:
