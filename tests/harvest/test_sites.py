@@ -317,7 +317,7 @@ def test_plant_of_reap_and_nested_plants_compose():
     assert_tree_allclose(reaps, {"y": want_y})
     # plant inside plant: each plants its own name
     both = h.plant(h.plant(_while_two_sows, tag=T), tag=T)
-    i, val, val2, y = 0, 0.0, 0.0, None
+    i, val, val2 = 0, 0.0, 0.0
     while i < 5:  # x planted 5.0, y planted 1.0
         i, val, val2 = i + 1, 6.0, 5.0 + 1.0
     out = both({"y": 1.0}, {"x": 5.0}, (0, 0.0, 0.0))
