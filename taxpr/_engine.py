@@ -173,9 +173,64 @@ class Channels(NamedTuple):
 NO_CHANNELS = Channels()
 
 
+class RulePolicy:
+    """How a layer treats its tags in custom derivative rules: a custom_jvp
+    rule, a custom_vjp fwd or bwd, which JAX traces only when it
+    differentiates the call, after the rewrite. Two semantics:
+
+    * eager (``in_place``; state and keys): the rule runs in the function's
+      place with ctx threaded through it, so the effects of what runs happen
+      once, in program order;
+    * oryx's (harvest): the function's own effects stand; a rule whose tags
+      the layer rewrites (``has_selected``) acts on ctx after the function,
+      and other selected tags in rules go to ``untraced_site``.
+
+    The defaults are oryx's with nothing rewritten in rules.
+    """
+
+    in_place = False
+
+    # Whether any custom_jvp rule may hold a selected tag (rules are not
+    # traced ahead of JAX): custom_jvp functions outside custom_vjp functions
+    # are then threaded, their rules when JAX runs them; a primitive without
+    # a thread rule whose only reason to be threaded is such a rule is left
+    # as it is.
+    may_hold_sites = False
+
+    # Whether ``untraced_site`` can raise (tracing a bwd to look costs a trace).
+    checks_untraced = False
+
+    def has_selected(self, engine: "Engine", eqn: core.JaxprEqn) -> bool:
+        """Whether the custom JVP rule of ``eqn`` (a ``custom_jvp_call``), or
+        its fwd (a ``custom_vjp_call``), traced only when differentiated,
+        holds tags to rewrite there; if so, without ``in_place``, ctx is
+        threaded through the rule after the function when JAX
+        differentiates ``eqn``."""
+        return False
+
+    def prepare(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
+        """The custom JVP rule jaxpr ``rule`` (inputs: ``n_primals`` primals,
+        then tangents) as it should be threaded: its ctx outputs must not
+        depend on the tangents, or reverse mode cannot linearize it."""
+        return rule
+
+    def untraced_site(self, params: dict, path: tuple[str, ...]) -> Exception | None:
+        """A selected tag inside a user's derivative rule that runs only when
+        the rewritten program is differentiated from outside, after the
+        rewrite, where the layer does not thread it: the error to raise, or
+        None to leave it a tag (oryx's harvest does)."""
+        return None
+
+    def check(self, rule: Any, path: tuple[str, ...]) -> None:
+        """Called with a threaded rule before it runs: raise for tags left in
+        it that the layer owns but could not thread."""
+
+
 class Hooks:
     """How an effect layer reports channel misuse (harvest overrides these
-    to give oryx's messages)."""
+    to give oryx's messages) and treats derivative rules (``rules``)."""
+
+    rules = RulePolicy()
 
     def loop_channel(self, key: Any, loop: str, path: tuple[str, ...]) -> Exception:
         return NotImplementedError(
@@ -186,44 +241,6 @@ class Hooks:
         """The key of an inner channel in the enclosing ``level`` (``stacked``:
         a scan stacks / slices it). Keys must stay distinct per site there."""
         return key
-
-    def rule_has_selected(self, engine: "Engine", eqn: core.JaxprEqn) -> bool:
-        """Whether the custom JVP rule of ``eqn`` (a ``custom_jvp_call``), or
-        its fwd (a ``custom_vjp_call``), traced only when differentiated,
-        holds selected tags; if so, ctx is threaded through the rule after
-        the function when JAX differentiates ``eqn``."""
-        return False
-
-    # Whether any custom_jvp rule may hold a selected tag (rules are not
-    # traced ahead of JAX): custom_jvp functions outside custom_vjp functions
-    # are then threaded, their rules when JAX runs them; a primitive without
-    # a thread rule whose only reason to be threaded is such a rule is left
-    # as it is.
-    rules_may_hold_sites = False
-
-    def prepare_rule(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
-        """The custom JVP rule jaxpr ``rule`` (inputs: ``n_primals`` primals,
-        then tangents) as it should be threaded: its ctx outputs must not
-        depend on the tangents, or reverse mode cannot linearize it."""
-        return rule
-
-    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception | None:
-        """A selected tag inside a user's derivative rule (custom_jvp rule,
-        custom_vjp fwd/bwd) that runs only when the rewritten program is
-        differentiated from outside, after the rewrite: the error to raise,
-        or None to leave it a tag (oryx's harvest does). The state layer
-        raises (a read would see the init, a write would be lost)."""
-        return None
-
-    checks_rules = False  # whether rule_site can raise (tracing bwd to look costs a trace)
-
-    # Whether a function's custom rule, when JAX runs it instead of the
-    # function (the rewritten program differentiated from outside), is
-    # threaded in its place: ctx flows through the custom_jvp rule or the
-    # custom_vjp fwd, so that the effects of what runs happen once, in program
-    # order (the state layer). Otherwise the function's own effects stand and
-    # selected tags in rules go to ``rule_site`` (harvest: oryx's semantics).
-    threads_rules = False
 
     def describe_ctx(self, index: int) -> str:
         """How an error names ctx leaf ``index``."""
@@ -247,10 +264,6 @@ class Hooks:
             f"backward pass replays the forward pass (it sees what the forward saw and its "
             f"effects are not repeated), so an effect of its own has no place in the "
             f"program's order")
-
-    def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
-        """Called with a threaded rule (``threads_rules``) before it runs:
-        raise for tags left in it that the layer owns but could not thread."""
 
     def branches(self, collects: list[tuple], path: tuple[str, ...]) -> None:
         if len(set(collects)) > 1:
@@ -383,9 +396,9 @@ class Engine:
     # ---- selection ----------------------------------------------------------
     def has_selected(self, jaxpr: Any, maybe_rules: bool = False) -> bool:
         """Whether ``jaxpr`` holds a selected tag, in itself, a nested jaxpr
-        or a custom_jvp rule that ``Hooks.rule_has_selected`` answers for.
+        or a custom_jvp rule that ``RulePolicy.has_selected`` answers for.
         ``maybe_rules``: also count the custom_jvp functions whose rules may
-        hold one (``Hooks.rules_may_hold_sites``), outside custom_vjp
+        hold one (``RulePolicy.may_hold_sites``), outside custom_vjp
         functions (a bwd replays its forward: what it runs is the body's)."""
         found = self._selected.get(jaxpr, maybe_rules)
         if found is not None:
@@ -403,11 +416,11 @@ class Engine:
 
     def _rule_selected(self, eqn, maybe_rules: bool = False) -> bool:
         if eqn.primitive is _compat.custom_vjp_call_p:
-            return self.hooks.rule_has_selected(self, eqn)
+            return self.hooks.rules.has_selected(self, eqn)
         if eqn.primitive is not _compat.custom_jvp_call_p:
             return False
-        return (self.hooks.rule_has_selected(self, eqn)
-                or (maybe_rules and self.hooks.rules_may_hold_sites))
+        return (self.hooks.rules.has_selected(self, eqn)
+                or (maybe_rules and self.hooks.rules.may_hold_sites))
 
     # ---- the interpreter ----------------------------------------------------
     def thread_eqns(self, eqns: Sequence[core.JaxprEqn], level: Level, ctx: list) -> list:
@@ -427,7 +440,7 @@ class Engine:
                     if rule is None:
                         inner = next((e for _, sj in subs for e, _ in _traverse.iter_eqns(sj)
                                       if is_selected(e, self.predicate)), None)
-                        if inner is None and self.hooks.rules_may_hold_sites:
+                        if inner is None and self.hooks.rules.may_hold_sites:
                             level.emit(eqn)  # only rules that may hold none: left as is
                             continue
                         held = (describe_tag(user_params(inner.params)) if inner is not None
@@ -971,7 +984,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     rule_path = level.path + ("custom_jvp[rule]",)
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)  # definite: harvest's hooks
-    if engine.hooks.threads_rules:
+    if engine.hooks.rules.in_place:
         jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded,
                                               in_avals, user, n_out,
                                               level.path + ("custom_jvp[jvp rule]",),
@@ -1048,7 +1061,7 @@ def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
     """A custom rule's jaxpr (a JVP rule, or a custom_vjp fwd), threaded (ctx
     in first, out last)."""
     closed = _jaxpr.close_traced(jvp_jaxpr, jvp_consts)
-    closed = engine.hooks.prepare_rule(engine, closed, n_primals)
+    closed = engine.hooks.rules.prepare(engine, closed, n_primals)
     rule = engine.thread_jaxpr(closed, path, 0, len(_jaxpr.jaxpr_parts(closed).outvars),
                                context)
     ch = engine.channels(rule)
@@ -1057,7 +1070,7 @@ def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
             f"taxpr: tags in the custom rule at {format_path(path)} collect or are fed "
             f"values per site ({(ch.collects or ch.feeds)[0][0]!r}); only values carried in "
             f"ctx (e.g. non-append sows) are supported in a derivative rule")
-    engine.hooks.check_rule(rule, path)
+    engine.hooks.rules.check(rule, path)
     return rule
 
 
@@ -1068,7 +1081,7 @@ def _inexact(aval) -> bool:
 def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_avals,
                           user: slice, n_out: int, path, context):
     """The ``jvp_jaxpr_fun`` of a rewritten custom_jvp function for a layer
-    whose rules run in the function's place (``Hooks.threads_rules``), as
+    whose rules run in the function's place (``RulePolicy.in_place``), as
     eagerly:
 
     - where some of the function's own inputs have nonzero tangents, its
@@ -1276,14 +1289,14 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 [*fwds, *range(n_all + n_x)])
 
     fwd_path = level.path + ("custom_vjp[fwd]",)
-    threads_fwd = engine.hooks.threads_rules
-    # Without ``threads_rules``, a fwd holding tags the layer rewrites in
+    threads_fwd = engine.hooks.rules.in_place
+    # Without ``RulePolicy.in_place``, a fwd holding tags the layer rewrites in
     # rules (harvest: names sown only there) acts on ctx after the function.
     fwd_after_function = not threads_fwd and engine._rule_selected(eqn)
     # The ctx leaves JAX differentiates the call w.r.t. (seen by the fwd):
     # only their cotangents are computed through the function.
     differentiated_ctx: set[int] = set()
-    # With ``threads_rules`` the user's fwd, threaded, runs in the function's
+    # With ``RulePolicy.in_place`` the user's fwd, threaded, runs in the function's
     # place: ``(*ctx, *inputs) -> (*residuals, *outputs, *ctx)``; the ctx
     # flows of the backward pass are the function's (``_bwd_through_ctx``).
 
@@ -1512,11 +1525,11 @@ def _reject_rule_sites(engine, rule_jaxpr, path: tuple[str, ...]) -> None:
     from outside cannot be threaded: the rule is traced after the rewrite.
     Eagerly the rule's effects would happen (instead of the function's), so
     rather than drop or misplace them this is an error naming the tag."""
-    if not engine.hooks.checks_rules:
+    if not engine.hooks.rules.checks_untraced:
         return
     for eqn, sub_path in _traverse.iter_eqns(rule_jaxpr, path):
         if eqn.primitive is tag_p and is_selected(eqn, engine.predicate):
-            error = engine.hooks.rule_site(user_params(eqn.params), sub_path)
+            error = engine.hooks.rules.untraced_site(user_params(eqn.params), sub_path)
             if error is not None:
                 if _SPECULATIVE.get():
                     raise RuleNotTraceable(str(error)) from error

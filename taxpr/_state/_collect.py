@@ -147,7 +147,7 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
     body uses no state, and the rules of the ``custom_jvp`` functions inside
     those, checked when JAX runs them: state accesses there are an error
     (other ``custom_jvp`` functions are threaded whole, rules included, see
-    ``_StateHooks.rules_may_hold_sites``), and of those inside a primitive
+    ``_StateRules.may_hold_sites``), and of those inside a primitive
     the engine has no thread rule for.
 
     Such a rule runs instead of the function when uncurry's pure function is
@@ -190,7 +190,7 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
         if (prim is _compat.custom_jvp_call_p and not every_custom_jvp and threads_custom_jvps
                 and not in_custom_vjp(path)):
             # (custom_jvp functions outside custom_vjp functions are
-            # threaded whole, rules included: ``rules_may_hold_sites``.)
+            # threaded whole, rules included: ``RulePolicy.may_hold_sites``.)
             return None
         if _traverse.holds(eqn, lambda e: e.primitive is tag_p and is_state_tag(e.params)):
             return None  # threaded by the engine, which checks its rules itself

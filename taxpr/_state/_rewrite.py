@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jaxpr
-from .._engine import Hooks, format_path
+from .._engine import Hooks, RulePolicy, format_path
 from .._inject import InjectPolicy, inject_with
 from .. import _traverse
 from ..primitives._tag import tag_p
@@ -79,12 +79,46 @@ def _state_ctx(states: dict[str, StateInfo], values: dict | None = None) -> dict
     return values
 
 
-class _StateHooks(Hooks):
+class _StateRules(RulePolicy):
     """When the pure function is differentiated from outside, the custom_jvp
     rule or custom_vjp fwd of a function whose body uses state runs in its
     place with the state threaded through it (as eagerly). Accesses in a
     custom_vjp bwd (it runs after the forward returned its states), and sets
-    of states the function never touches, are errors.
+    of states the function never touches, are errors."""
+
+    in_place = True
+    checks_untraced = True
+
+    def __init__(self, names: frozenset | None):
+        self.names = names
+        # Any custom_jvp rule may read a state (a gradient scale kept in
+        # state) though its function's body uses none: with states to
+        # thread, every custom_jvp function outside a custom_vjp takes them,
+        # and its rule, when JAX runs it, is threaded (traced then, never
+        # ahead of JAX).
+        self.may_hold_sites = bool(names)
+
+    def untraced_site(self, params: dict, path: tuple[str, ...]) -> Exception:
+        return rule_error(params["name"], params["op"], path)
+
+    def check(self, rule: Any, path: tuple[str, ...]) -> None:
+        if self.names is None:
+            return
+        for eqn, sub in _traverse.iter_eqns(rule, path):
+            if (eqn.primitive is tag_p and is_state_tag(eqn.params) and eqn.params["op"] is SET
+                    and eqn.params["name"] not in self.names):
+                name = eqn.params["name"]
+                raise StateError(
+                    f"taxpr: state {name!r}: set_state({name!r}) at {format_path(sub)} is in a "
+                    f"derivative rule, and the function itself never touches {name!r}, so "
+                    f"uncurry's pure function has no such state to write it to (its states "
+                    f"are {sorted(self.names)}). Give the state a place in the function: a "
+                    f"get_state({name!r}, init) there makes uncurry thread it")
+
+
+class _StateHooks(Hooks):
+    """The state layer's hooks: derivative rules as ``_StateRules`` says,
+    errors that name states.
 
     Arguments:
         names: the states threaded (``None``: another layer may own the
@@ -93,26 +127,12 @@ class _StateHooks(Hooks):
             ``names``).
     """
 
-    checks_rules = True
-    threads_rules = True
-
     def __init__(self, names: Sequence[str] | None = None,
                  leaf_names: Sequence[str] | None = None):
         self.names = None if names is None else frozenset(names)
         leaf_names = names if leaf_names is None else leaf_names
         self.leaf_names = None if leaf_names is None else list(leaf_names)
-
-    @property
-    def rules_may_hold_sites(self) -> bool:
-        # Any custom_jvp rule may read a state (a gradient scale kept in
-        # state) though its function's body uses none: with states to
-        # thread, every custom_jvp function outside a custom_vjp takes them,
-        # and its rule, when JAX runs it, is threaded (traced then, never
-        # ahead of JAX).
-        return bool(self.names)
-
-    def rule_site(self, params: dict, path: tuple[str, ...]) -> Exception:
-        return rule_error(params["name"], params["op"], path)
+        self.rules = _StateRules(self.names)
 
     def describe_ctx(self, index: int) -> str:
         if self.leaf_names is None:
@@ -138,20 +158,6 @@ class _StateHooks(Hooks):
             f"the forward pass (it reads the states the forward pass saw; the writes it "
             f"repeats are not applied twice), so a write of its own would be lost. Set the "
             f"state in the function or its fwd rule")
-
-    def check_rule(self, rule: Any, path: tuple[str, ...]) -> None:
-        if self.names is None:
-            return
-        for eqn, sub in _traverse.iter_eqns(rule, path):
-            if (eqn.primitive is tag_p and is_state_tag(eqn.params) and eqn.params["op"] is SET
-                    and eqn.params["name"] not in self.names):
-                name = eqn.params["name"]
-                raise StateError(
-                    f"taxpr: state {name!r}: set_state({name!r}) at {format_path(sub)} is in a "
-                    f"derivative rule, and the function itself never touches {name!r}, so "
-                    f"uncurry's pure function has no such state to write it to (its states "
-                    f"are {sorted(self.names)}). Give the state a place in the function: a "
-                    f"get_state({name!r}, init) there makes uncurry thread it")
 
 
 def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:

@@ -13,8 +13,9 @@ weak-type promotion); plant of an ``append`` sow inside a scan works, also
 for selected rows only (``rows``); sows in ``shard_map`` work or raise a
 clear error; ``strict=True`` catches misspelled names; errors never corrupt
 JAX's trace state; cost grows linearly with nesting depth. Sows inside a
-``custom_jvp`` rule are threaded through the rule when JAX differentiates
-the call (the engine's ``rule_has_selected`` / ``prepare_rule`` hooks).
+``custom_jvp`` rule or a ``custom_vjp`` fwd are threaded through it when
+JAX differentiates the call (``_sites._HarvestRules``, the engine's
+``RulePolicy`` with oryx's semantics).
 
 Modules, each importing only those above it:
 

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
-from .._engine import Engine, Hooks, Level, format_path, inline, speculative_rule_traces
+from .._engine import (Engine, Hooks, Level, RulePolicy, format_path, inline,
+                       speculative_rule_traces)
 from .._find import dissolve_tags
 from .._inject import guarded_place
 from ..primitives._tag import meta, n_values, tag_p
@@ -27,16 +28,17 @@ class _ChannelKey(NamedTuple):
     stacked: bool  # whether its value comes out of a scan (one row per step)
 
 
-class _HarvestHooks(Hooks):
-    """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
-    numbered afresh in every enclosing jaxpr, so sows in different calls
-    (two jits, two scans) never share a key."""
+class _HarvestRules(RulePolicy):
+    """oryx's semantics for sows in derivative rules: the function's own
+    sows are reaped from the function; sows only rules make (and planted
+    ones) are rewritten in the rule, after the function's, when JAX runs it
+    (``_JvpRules`` traces the rules ahead to find them)."""
 
-    def __init__(self, sites: "_Sites", rules: "_JvpRules"):
+    def __init__(self, sites: "_Sites", traced: "_JvpRules"):
         self.sites = sites
-        self.rules = rules
+        self.traced = traced
 
-    def prepare_rule(self, engine, rule, n_primals):
+    def prepare(self, engine, rule, n_primals):
         """Sows in the rule whose value depends on the tangents stay plain
         identities (not reaped or planted), so reverse mode can linearize."""
         dep = set(_jaxpr.jaxpr_parts(rule).invars[n_primals:])
@@ -60,15 +62,25 @@ class _HarvestHooks(Hooks):
 
         return _traverse.map_jaxpr(rule, rewrite)
 
-    def rule_has_selected(self, engine, eqn) -> bool:
+    def has_selected(self, engine, eqn) -> bool:
         # Sows found nowhere but in JVP rules, and planted sows: the others
         # (e.g. the function's own sows, when its rule calls it) are reaped
         # from the function as usual; a planted one is planted in the rule too,
         # so that a rule computing the function's JVP gives the planted one's.
-        rule = self.rules.jaxpr(eqn)
+        rule = self.traced.jaxpr(eqn)
         return rule is not None and any(
             e.primitive is tag_p and engine.predicate(e.params) and self.sites.in_rules(
                 e.params["name"]) for e, _ in _traverse.iter_eqns(rule))
+
+
+class _HarvestHooks(Hooks):
+    """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
+    numbered afresh in every enclosing jaxpr, so sows in different calls
+    (two jits, two scans) never share a key."""
+
+    def __init__(self, sites: "_Sites", traced_rules: "_JvpRules"):
+        self.sites = sites
+        self.rules = _HarvestRules(sites, traced_rules)
 
     def rekey(self, key, level, stacked):
         return key._replace(occurrence=self.sites.next_occurrence(level, key.kind, key.name),
