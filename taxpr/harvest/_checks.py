@@ -126,17 +126,27 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                     f"every sow of a name sows one type; reshard one of them).")
         counts[name] = _SowCount(n + 1, mode, avals, batched, guard)
 
-    forward_sites = _forward_sites(jaxpr)
+    forward_sites = _ForwardSites(jaxpr)
     walk(jaxpr, False, False)
 
 
-def _forward_sites(jaxpr: Any) -> set:
-    """``(custom_vjp scope, site)`` of every tag its fwd binds."""
-    return {(scope, site_key(eqn.params)) for eqn, _ in _traverse.iter_eqns(jaxpr)
-            if eqn.primitive is tag_p for scope in meta(eqn.params).fwd_scopes}
+class _ForwardSites:
+    """``(custom_vjp scope, site)`` of every tag a fwd binds in ``jaxpr``,
+    collected on the first question (most programs replay nothing)."""
+
+    def __init__(self, jaxpr: Any):
+        self.jaxpr = jaxpr
+        self.sites: set | None = None
+
+    def __contains__(self, scope_and_site: tuple) -> bool:
+        if self.sites is None:
+            self.sites = {(scope, site_key(eqn.params))
+                          for eqn, _ in _traverse.iter_eqns(self.jaxpr)
+                          if eqn.primitive is tag_p for scope in meta(eqn.params).fwd_scopes}
+        return scope_and_site in self.sites
 
 
-def _replays_the_forward(params: dict, forward_sites: set) -> bool:
+def _replays_the_forward(params: dict, forward_sites: _ForwardSites) -> bool:
     """Whether a sow is bound by a custom_vjp bwd that recomputes the forward
     pass, at a site its fwd or function binds too (``primitives._tag``'s
     ``TagMeta``): the engine drops what it reaps there (``_engine``)."""
