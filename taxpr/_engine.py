@@ -1017,10 +1017,14 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
             res = (core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[user], *user_t)
                    if rule is None else None)
-            # Tangents through ctx / fed values only (original inputs held).
-            through = [_zeros(a.to_tangent_aval()) if n <= i < n + n_all else t
-                       for i, (t, a) in enumerate(zip(per_input, in_avals))]
-            outs, (outs_t_ctx, _) = _jvp_split(threaded_fn, primals, through, n_out)
+            # Tangents through ctx / fed values only, the original inputs
+            # held as constants: a custom_vjp in the function that does not
+            # depend on ctx is then not differentiated (JAX has no forward
+            # mode for it, even of a zero tangent).
+            wrt = [i for i in range(k) if not n <= i < n + n_all]
+            outs, through_t = jax.jvp(_of_some_inputs(threaded_fn, primals, wrt),
+                                      [primals[i] for i in wrt], [per_input[i] for i in wrt])
+            outs_t_ctx = through_t[:n_out]
             _, (_, rest_t) = _jvp_split(threaded_fn, primals, per_input, n_out)
             if rule is not None:
                 # The rule's tags act on ctx after the function's; what they
