@@ -33,8 +33,8 @@ from taxpr import harvest as h
 from helpers import check
 
 from .analysis import (append_slots, children, rule_functions, rule_sow_in_branch, rule_sows,
-                       sow_names, sows, states_of, stateful_custom_rules, uses_state, walk)
-from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomJvp, CustomVjp, Draw, EqxLoop,
+                       sow_names, states_of, stateful_custom_rules, uses_state, walk)
+from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomVjp, EqxLoop,
                     Fori, Program, Scan, Set, Sow, Switch, While, has_rule, not_differentiated,
                     sow_kind, typed_next)
 from .reference import Ambiguous, Reference, _is_key
@@ -343,11 +343,6 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
         assert_outs_close(out, out_p, "reap(pure) out")
         assert_dict_close(fin, fin_p, "reap(pure) state")
         assert_dict_close(reaps, reaps_p, "reap(pure) reaps")
-    broken = harvest_of_pure_breaks(program)
-    if variant != "pure" and broken:
-        _event(f"derivatives: reap / harvest of pure not differentiated: {broken}, a taxpr bug")
-        variant, plants, reaps_r = "pure", {}, {}
-        out_r, fin_r, _, _ = reference(program, args, state, diff=True)
     what = {"pure": "pure", "reap": "reap(pure)", "plant": "harvest(pure)"}[variant]
     in_rules = {s.name for s in rule_sows(program)}
 
@@ -401,32 +396,6 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
         _event("derivatives: rule statements ran under differentiation (jvp / vjp of pure)")
     if (can_jvp or can_grad) and in_rules and variant != "pure":
         _event(f"derivatives: rule sows under {what}")
-
-
-def harvest_of_pure_breaks(program: Program) -> str:
-    """Why taxpr gets ``call_and_reap(pure)`` / ``harvest(pure)`` of
-    ``program`` differentiated from outside wrong, or "". Where a custom
-    function that a harvest rewrites (it holds a sow of tag T, in its body or
-    in a rule in it) runs rule statements with state (its own, or those of a
-    custom function in its body), taxpr takes the function's outputs, not
-    its rule's, so those effects are lost
-    (``test_a_harvest_of_pure_keeps_a_custom_jvp_rules_state_effects``);
-    where it is a custom_jvp whose function calls a custom_vjp (or equinox's
-    checkpointed loop), taxpr differentiates the function in forward mode,
-    which JAX refuses
-    (``test_reap_of_a_custom_jvp_calling_a_custom_vjp_under_grad``)."""
-    for f in walk(program.body):
-        if not isinstance(f, (CustomJvp, CustomVjp)):
-            continue
-        inner = list(walk(f.body))
-        rules = [r for g in (f, *inner) if has_rule(g) for r in g.rule]
-        if not (sows(f.body) or any(isinstance(r, Sow) and r.tag == T for r in rules)):
-            continue
-        if any(isinstance(r, (Bump, Draw)) for r in rules):
-            return "rule statements with state"
-        if isinstance(f, CustomJvp) and any(isinstance(g, (CustomVjp, EqxLoop)) for g in inner):
-            return "a custom_vjp in a custom_jvp"
-    return ""
 
 
 def derivative_modes(program: Program) -> tuple[bool, bool]:
@@ -578,27 +547,6 @@ def check_grad_inside(program, args):
     return "value, states and gradient"
 
 
-def replayed_sows_break_harvest(program: Program) -> bool:
-    """Whether a sow that the bwd of a custom_vjp or equinox checkpointed
-    loop replays (it recomputes the function) is strict, or in a branch of a
-    cond / switch of several branches: under ``jax.grad`` inside a harvest
-    taxpr then raises, taking the replay for a second sow
-    (``test_a_strict_sow_in_a_recomputing_custom_vjp_under_grad_is_reaped``)
-    or the branches for sowing differently
-    (``test_a_recomputing_custom_vjp_that_sows_in_a_branch_under_grad_is_reaped``)."""
-    def visit(stmts, in_branch: bool) -> bool:
-        for s in stmts:
-            if isinstance(s, (CustomVjp, EqxLoop)) and any(
-                    in_branch or x.mode == "strict" for x in sows(s.body)):
-                return True
-            branchy = isinstance(s, (Cond, Switch)) and len(s.branches) > 1
-            if any(visit(b, in_branch or branchy) for b in children(s)):
-                return True
-        return False
-
-    return visit(program.body, False)
-
-
 def _harvest_grad_inside(program, pure, state, args) -> None:
     """reap and harvest (plant some non-append names, of the rules' sows too,
     reap the others) of ``pure`` of ``check_grad_inside``'s program: JAX runs
@@ -607,9 +555,6 @@ def _harvest_grad_inside(program, pure, state, args) -> None:
     in one branch of a cond is then in that branch only: oryx's error
     (docs/limitations.md). (Appends are not planted: where a custom_vjp's
     bwd recomputes them that is a documented NotImplementedError.)"""
-    if replayed_sows_break_harvest(program):
-        _event("grad inside: not harvested: a replayed strict sow or one in a branch, a taxpr bug")
-        return
     _, fin_r, _, reaps_r = reference(program, args, state, diff=True)
     plants = make_plants(program, np.random.default_rng(1), rules=True, append=False)
     out_p, fin_p, _, reaps_p = reference(program, args, state, plants, diff=True)

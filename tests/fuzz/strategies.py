@@ -304,8 +304,7 @@ class Gen:
 
         def rule(sows_ok: bool, nested: set) -> tuple:
             """1 or 2 statements: state effects, or (``sows_ok``) sows, or
-            both (where a harvest of ``pure`` differentiated from outside
-            loses the effects: ``checks.harvest_of_pure_breaks``)."""
+            both."""
             count = self.int_(1, 2)
             kind = ("state" if not sows_ok else "sows" if not (typed or draws)
                     else self.pick(("state", "sows", "mixed", "state")))

@@ -299,6 +299,35 @@ def _fwd_sows():
     return f
 
 
+def test_harvest_of_a_custom_jvp_calling_a_custom_vjp_under_grad():
+    # The harvest rewrites the custom_jvp (its function sows); JAX has no
+    # forward mode for the custom_vjp inside, so the tangents through ctx
+    # hold the function's inputs constant and never reach it.
+    g = jax.custom_vjp(jnp.sin)
+    g.defvjp(lambda x: (jnp.sin(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+
+    def fn(x):
+        return h.sow(g(x), tag=T, name="b", mode="clobber")
+
+    f = jax.custom_jvp(fn)
+    f.defjvp(lambda p, t: jax.jvp(fn, p, t))
+    x = np.float32(0.5)
+    want = float(jnp.cos(x))
+    assert float(jax.grad(f)(x)) == want
+    assert float(jax.grad(lambda x: h.call_and_reap(f, tag=T)(x)[0])(x)) == want
+
+    def loss(x):
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        return out + 2.0 * reaps["b"], reaps
+
+    (value, reaps), grad = jax.value_and_grad(loss, has_aux=True)(x)
+    allclose(value, 3.0 * np.sin(0.5))
+    assert_tree_allclose(reaps, {"b": np.sin(0.5)})
+    allclose(grad, 3.0 * np.cos(0.5))  # the function's sow, reaped with its derivative
+    planted = jax.grad(lambda x: h.plant(f, tag=T)({"b": 2.0}, x))(x)
+    allclose(planted, 0.0)  # the output is the planted constant
+
+
 def test_sow_in_custom_vjp_fwd_is_reaped_and_planted_when_jax_differentiates_the_call():
     f, x = _fwd_sows(), 0.5
     # Differentiated from outside the harvest, the fwd runs in the call's
