@@ -1308,11 +1308,16 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         nonzeros = tuple(nonzeros)
         if nonzeros in fwd_cache:
             return fwd_cache[nonzeros]
+        # A speculative trace (harvest looking for sows) differentiates every
+        # input: it neither checks nor records what JAX differentiates, and
+        # its result is not cached for JAX's own call.
+        speculative = _SPECULATIVE.get()
         fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
         if threads_fwd:
             rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
-            _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
-            differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
+            if not speculative:
+                _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
+                differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
             rule_fn = _jaxpr.jaxpr_as_fun(rule)
 
             def f(*primals):
@@ -1326,7 +1331,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 # tags on that ctx: (*residuals, *outputs, *ctx).
                 by_function = threaded_fn(*primals)
                 ran = rule_fn(*by_function[n_out:n_out + n], *primals[nc:nc + n_prims])
-                return [*ran[:len(ran) - n], *ran[len(ran) - n:], *by_function[n_out + n:]]
+                return [*ran, *by_function[n_out + n:]]
         else:
             _reject_rule_sites(engine, fwd_jaxpr, fwd_path)
 
@@ -1337,7 +1342,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 return [*res_and_outs, *threaded_fn(*primals)[n_out:]]
 
         result = _jaxpr.open_with_constvars(_jaxpr.trace_flat(f, in_avals))
-        fwd_cache[nonzeros] = result
+        if not speculative:
+            fwd_cache[nonzeros] = result
         return result
 
     def bwd(*args):
@@ -1449,7 +1455,12 @@ def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> 
     reach them only through the VJP of the function, which libraries' custom
     VJPs (equinox's checkpointed loops, diffrax's adjoints) do not provide:
     rather than a zero gradient, an error naming the entry."""
-    used = _jaxpr.used_invars(rule)[:len(nonzeros)]
+    # A ctx entry the fwd hands on unchanged is not read: its derivative is
+    # the identity, which the function's VJP gives.
+    invars, outvars = _jaxpr.jaxpr_parts(rule).invars, _jaxpr.jaxpr_parts(rule).outvars
+    n = len(nonzeros)
+    handed_on = {len(outvars) - n + i for i in range(n) if outvars[len(outvars) - n + i] is invars[i]}
+    used = _jaxpr.used_invars(rule, [i not in handed_on for i in range(len(outvars))])[:n]
     for i, (nz, u, aval) in enumerate(zip(nonzeros, used, engine.ctx_avals)):
         if nz and u and _inexact(aval):
             raise NotImplementedError(

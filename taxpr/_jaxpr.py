@@ -194,11 +194,13 @@ def close_traced(jaxpr: Any, consts: Sequence[Any]) -> Any:
                        jaxpr.effects, jaxpr.debug_info)
 
 
-def used_invars(closed: Any) -> list[bool]:
-    """Which of a closed jaxpr's (non-const) inputs its outputs depend on."""
+def used_invars(closed: Any, used_outputs: Sequence[bool] | None = None) -> list[bool]:
+    """Which of a closed jaxpr's (non-const) inputs its outputs (those of
+    ``used_outputs``, default all) depend on."""
     constvars, consts, invars, eqns, outvars, effects, dbg = jaxpr_parts(closed)
     open_j = core.Jaxpr([], [*constvars, *invars], outvars, eqns, effects, dbg, is_high(eqns))
-    _, used = pe.dce_jaxpr(open_j, [True] * len(outvars))
+    _, used = pe.dce_jaxpr(open_j, [True] * len(outvars) if used_outputs is None
+                           else list(used_outputs))
     return list(used[len(constvars):])
 
 

@@ -108,8 +108,8 @@ from fuzz.checks import (VIOLATIONS, assert_dict_close, assert_outs_close, check
                          run_check)
 from fuzz.model import (FUNCTIONS, RNG, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, Assign, Bump,
                         CustomJvp, CustomVjp, EqxLoop, Program, Sow, Un, Var)
-from fuzz.nests import (GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS, RULE_SOW_NESTS,
-                        RULE_SOW_PLANTS, TYPED_NESTS)
+from fuzz.nests import (FWD_SOW_NESTS, GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS,
+                        RULE_SOW_NESTS, RULE_SOW_PLANTS, TYPED_NESTS)
 from fuzz.profiles import (LONG, LONG_EXAMPLES, SHARES, _seeded, _seeded_long, ci_settings,
                            long_settings)
 from fuzz.render import build
@@ -358,7 +358,23 @@ def test_custom_jvp_rules_that_sow_match_reference(nest):
     names reaped (in program order, derivative zero), a planted one not;
     undifferentiated (uncurry, reap, harvest, vmap) no rule runs and the
     names only rules sow are absent."""
-    program = RULE_SOW_NESTS[nest]
+    _check_rule_sows(RULE_SOW_NESTS[nest])
+
+
+@pytest.mark.parametrize("nest", sorted(FWD_SOW_NESTS))
+def test_custom_vjp_fwds_that_sow_match_reference(nest):
+    """Sows in custom_vjp fwds, as custom_jvp rules' (``_check_rule_sows``):
+    reaped (after the function's own sows, derivative zero) and planted (a
+    residual the bwd reads, planted) where JAX differentiates the call (vjp
+    of ``call_and_reap(pure)`` / ``harvest(pure)``, reap and harvest of
+    ``value_and_grad`` in the uncurried function), absent undifferentiated,
+    where the fwd does not run."""
+    _check_rule_sows(FWD_SOW_NESTS[nest])
+
+
+def _check_rule_sows(program):
+    """The checks of the programs whose rules (or fwds) sow: every one, on
+    both fixed arguments, planting ``RULE_SOW_PLANTS``."""
     in_rules = {s.name for s in rule_sows(program)}
     plants = {k: np.asarray(v, np.float32) for k, v in RULE_SOW_PLANTS.items()
               if k in sow_names(program, rules=True)}
@@ -449,37 +465,6 @@ def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
     x = np.float32(0.5)
     assert float(jax.grad(program)(x)) == float(jnp.cos(x))
     assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == float(jnp.sin(x))
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside call_and_reap(pure) (jax.vjp), a custom_vjp fwd's "
-    "sow is dropped where the function's body uses state and the program has another state "
-    "(with the body's state alone, or with no state in the body, it is reaped; the fwd run "
-    "after the function, taxpr/_engine.py, _custom_vjp_rule): reap gives {} instead of "
-    "{'w': 2.0}, which reap of the vjp (the fwd traced inside) gives"))
-def test_a_custom_vjp_fwds_sow_is_reaped_with_state_in_its_body_and_another_state():
-    def fn(x):
-        tx.set_state("b", x)
-        return jnp.sin(x)
-
-    f = jax.custom_vjp(fn)
-
-    def fwd(x):
-        h.sow(x * 2.0, tag=T, name="w", mode="clobber")
-        return fn(x), x
-
-    f.defvjp(fwd, lambda x, ct: jax.vjp(fn, x)[1](ct))
-
-    def program(x):
-        tx.set_state("a", tx.get_state("a", np.float32(0.25)) + 1.0)
-        return f(x)
-
-    one = np.float32(1.0)
-    pure, state0 = tx.uncurry(program, one)
-    inside = h.reap(lambda x: jax.vjp(lambda y: pure(state0, y), x)[0], tag=T)(one)
-    assert jax.tree_util.tree_map(float, inside) == {"w": 2.0}
-    reaps = jax.vjp(lambda x: h.call_and_reap(pure, tag=T)(state0, x)[1], one)[0]
-    assert jax.tree_util.tree_map(float, reaps) == {"w": 2.0}
 
 
 def test_custom_jvp_rule_counting_and_drawing_under_jvp_and_grad_of_pure():
@@ -588,7 +573,7 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     every exact update (so of every dtype kind), in every kind of body (so
     every control-flow primitive's carries get them), of most dtypes; and
     custom_jvp / custom_vjp functions whose rules bump typed states and draw
-    keys themselves, and custom_jvp rules that sow, which the derivative
+    keys themselves, and custom_jvp rules and custom_vjp fwds that sow, which the derivative
     checks run differentiated from outside and inside. The tests draw the same programs again
     (derandomized), checking none."""
     # run_check reads and records these in its own module.
@@ -617,8 +602,10 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     for i, want in enumerate((checks, classes, ("Bump", "Draw"))):
         missing = set(want) - {r[i] for r in ran}
         assert not missing, f"no rule statements differentiated for {sorted(missing)}: {ran}"
-    # custom_jvp rules that sow, run differentiated from outside and inside.
-    missing = {c for c in checks if f"{c}: rule Sow in CustomJvp" not in _GENERATED}
+    # custom_jvp rules and custom_vjp fwds that sow, run differentiated from
+    # outside and inside.
+    missing = {(c, cls) for c in checks for cls in classes
+               if f"{c}: rule Sow in {cls}" not in _GENERATED}
     assert not missing, f"no rule sows differentiated in {sorted(missing)}"
 
 

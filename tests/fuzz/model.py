@@ -239,11 +239,13 @@ class CustomVjp:
     inputs), bwd is ``jax.vjp`` of it (derivatives as autodiff's; with state
     in the body the rules have state too). Reads only its arguments.
     ``rule``: statements the fwd runs before the function (as
-    ``CustomJvp.rule``, but no sows: differentiated from outside the
-    harvest, a sow in a fwd is neither reaped nor planted,
-    ``test_sow_in_a_custom_vjp_fwd_is_reaped_when_differentiated_from_outside``;
-    only where the body uses state: a state access in the fwd of a
-    custom_vjp whose body uses none is a StateError)."""
+    ``CustomJvp.rule``): effects on states only where the body uses state (a
+    state access in the fwd of a custom_vjp whose body uses none is a
+    StateError), and sows (as a custom_jvp rule's; reaped and planted where
+    JAX differentiates the call, docs/harvest.md). A fwd sow's ``target`` is
+    None or ``r{uid}``, which the fwd saves as a residual by which the bwd
+    scales the cotangents, ``1 + 0 * sum(r{uid})`` (``FWD_SCALE``): the bwd
+    stays the function's VJP, planted or not."""
     uid: int
     body: tuple
     calls: int = 1
@@ -327,6 +329,12 @@ RULE_DEFS = {
 # the function, its tangents scaled by one (planted or not).
 RULE_SCALE = ("out, out_t = jax.jvp({f}_fn, p, t)",
               "return out, tuple(x * (1.0 + 0.0 * ({r})) for x in out_t)")
+# What a custom_vjp fwd with sows whose result it uses (``CustomVjp.rule``)
+# returns, given ``{f}`` and the sum ``{r}`` of those results (a residual),
+# and how it is installed: a bwd that scales the cotangents by one.
+FWD_SCALE = ("return {f}_fn(*p), (p, {r})",
+             "{f}.defvjp({f}_fwd, lambda res, ct: jax.vjp({f}_fn, *res[0])[1]("
+             "tuple(x * (1.0 + 0.0 * res[1]) for x in ct)))")
 # The line a function with rule statements ends with: its body uses ``p0``
 # (an argument with a nonzero tangent in every derivative check), so JAX runs
 # its rule whenever it differentiates the call, whatever the other tangents.
@@ -345,7 +353,8 @@ def rule_reads_env(s) -> bool:
 
 
 def rule_results(s) -> list:
-    """The locals ``r{uid}`` of ``s``'s rule sows whose result the rule uses."""
+    """The locals ``r{uid}`` of ``s``'s rule (or fwd) sows whose result the
+    rule uses."""
     return [r.target for r in s.rule if isinstance(r, Sow) and r.target]
 
 

@@ -3,8 +3,9 @@ dtype through every primitive's carries (``TYPED_NESTS``), programs inside
 library operations (``LIBRARY_NESTS``), custom functions with state in
 their body differentiated inside the uncurried function
 (``GRAD_INSIDE_NESTS``), custom functions whose rules touch states and
-keys themselves (``RULE_NESTS``) and custom_jvp functions whose rules sow
-(``RULE_SOW_NESTS``).
+keys themselves (``RULE_NESTS``), custom_jvp functions whose rules sow
+(``RULE_SOW_NESTS``) and custom_vjp functions whose fwds sow
+(``FWD_SOW_NESTS``).
 """
 
 from __future__ import annotations
@@ -166,3 +167,36 @@ RULE_SOW_NESTS = {
             (Assign("f0", MulC(Var("f0"), 0.5)),))),)),
 }
 RULE_SOW_PLANTS = {"c0": 1.25, "c1": -0.75, "cv": (0.5, -1.5, 2.0), "q0": -0.25}
+
+
+# custom_vjp functions whose fwds sow (``CustomVjp.rule`` sows, of names sown
+# nowhere outside rules; planted with ``RULE_SOW_PLANTS``): a fwd sowing
+# every kind (its clobber's result a residual the bwd scales by) of a
+# function called twice, which sows itself (clobber, append, a strict sow
+# after); a fwd sowing (its result unused) of a function that sets a state,
+# in a program that sets another, in a scan beside a custom_jvp whose rule
+# sows; a fwd's sow in one branch of a cond.
+FWD_SOW_NESTS = {
+    "cvjp_fwd_sows_every_kind_called_twice": Program((
+        CustomVjp(1, (Sow(2, "f1", Un("sin", Var("f1")), "c1", "clobber"),
+                      Sow(3, None, Var("v"), "av", "append"),
+                      Assign("f0", Bin("mul", Var("f0"), Var("f1")))),
+                  calls=2, rule=(Sow(4, "r4", Bin("avg", Var("f0"), Var("f1")), "c0", "clobber"),
+                                 Sow(5, None, MulC(Var("v"), -0.5), "cv", "clobber"),
+                                 Sow(6, None, Var("f1"), "q0", "cond_clobber",
+                                     pred=IPred("n", 1, 2)),
+                                 Sow(7, "r7", Var("f0"), "o", "clobber", OTHER))),
+        Sow(8, None, Var("f1"), "t0", "strict"))),
+    "fwd_sows_of_a_stateful_function_in_a_scan": Program((
+        Set("s0", AddC(Var("f0"), 1.0)),
+        Scan(1, (CustomVjp(2, (Assign("f1", Un("tanh", Var("f1"))), Set("s1", Var("f1"))),
+                           rule=(Sow(3, None, AddC(Var("f1"), 0.5), "c0", "clobber"),)),
+                 CustomJvp(4, (Assign("f0", MulC(Var("f0"), 0.5)),),
+                           rule=(Sow(5, "r5", Var("f0"), "c1", "clobber"),))),
+             2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),)),
+    "fwd_sow_in_a_cond_branch": Program((
+        Cond(1, FPred(Var("f1"), 0.1), (
+            (CustomVjp(2, (Assign("f1", Un("sin", Var("f1"))),),
+                       rule=(Sow(3, "r3", Var("f1"), "c0", "clobber"),)),),
+            (Assign("f0", MulC(Var("f0"), 0.5)),))),)),
+}

@@ -16,8 +16,8 @@ import linecache
 
 from .analysis import rule_functions, takes_p0
 from .model import (ARGUMENTS_ONLY, CALL_WRAPPERS, CUSTOM_RULES, ENV, FUNCTION_KINDS, FUNCTIONS,
-                    MIX, NUMPY_DTYPES, OP_SOURCE, P0_USE, RULE_DEFS, T, TYPED_STATES, AddC,
-                    Assign, Bin, Bump, Cond, Const, Draw, Fori, FPred, Get, IdxF, IPred, Mean,
+                    MIX, NUMPY_DTYPES, OP_SOURCE, P0_USE, RULE_DEFS, FWD_SCALE, T, TYPED_STATES,
+                    AddC, Assign, Bin, Bump, Cond, Const, Draw, Fori, FPred, Get, IdxF, IPred, Mean,
                     MulC, Program, RULE_SCALE, Scan, Set, SIdx, Sow, Switch, Un, Var, VConst,
                     While, has_rule, rule_reads_env, rule_results, typed_kind, typed_shape)
 
@@ -251,12 +251,11 @@ def rstmt(s, ind: str, out: list) -> None:
                 wrap, rules = CUSTOM_RULES[kind]
                 w(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
-                    header, _, install = (x.format(f=f) for x in RULE_DEFS[kind])
-                    w(header)
+                    w(RULE_DEFS[kind][0].format(f=f))
                     body: list = []
                     rblock(s.rule, "    ", body)
                     out += [ind + line for line in rule_lines(s, f, [f"{params} = p"], body)]
-                    w(install)
+                    w(rule_install(s, f))
                 else:
                     w(rules.format(f=f))
         for _ in range(s.calls):
@@ -269,18 +268,28 @@ def rule_lines(s, f: str, unpack: list, body: list) -> list:
     """The lines of the rule of custom function ``s`` (named ``f``) after its
     header: ``unpack`` (its arguments from ``p``, where a rule statement
     reads them), its statements (``body``, rendered), and what it returns
-    (``RULE_DEFS``; ``RULE_SCALE`` where it uses its sows' results)."""
+    (``RULE_DEFS``; ``RULE_SCALE`` / ``FWD_SCALE`` where it uses its sows'
+    results)."""
     lines = ["    " + line for line in unpack] if rule_reads_env(s) else []
     lines += body
     kind = FUNCTION_KINDS[type(s)]
     results = rule_results(s)
     if results:
-        assert kind == "cjvp", "only a custom_jvp rule uses its sows' results"
         r = " + ".join(f"jnp.sum({x})" for x in results)
-        lines += ["    " + x.format(f=f, r=r) for x in RULE_SCALE]
+        scale = RULE_SCALE if kind == "cjvp" else FWD_SCALE[:1]
+        lines += ["    " + x.format(f=f, r=r) for x in scale]
     else:
         lines.append("    " + RULE_DEFS[kind][1].format(f=f))
     return lines
+
+
+def rule_install(s, f: str) -> str:
+    """The line installing the rule of custom function ``s`` (named ``f``):
+    a custom_vjp whose fwd saves its sows' results gets ``FWD_SCALE``'s bwd."""
+    kind = FUNCTION_KINDS[type(s)]
+    if kind == "cvjp" and rule_results(s):
+        return FWD_SCALE[1].format(f=f)
+    return RULE_DEFS[kind][2].format(f=f)
 
 
 def branch_call(s, operands: str) -> str:
@@ -479,11 +488,11 @@ class _Hoisted:
                                                       .get(kind), None))
                 self.defs.append(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
-                    header, _, install = (x.format(f=f) for x in RULE_DEFS[kind])
                     lines: list = []
                     self.block(s.rule, "    ", lines, ())  # no nested functions
                     unpack = [f"{ENV_S}, ex = p", f"{', '.join(scope)}, = ex"]
-                    self.defs += [header, *rule_lines(s, f, unpack, lines), install]
+                    self.defs += [RULE_DEFS[kind][0].format(f=f),
+                                  *rule_lines(s, f, unpack, lines), rule_install(s, f)]
                 elif rules:
                     self.defs.append(rules.format(f=f))
             self.defs.append("")

@@ -293,8 +293,8 @@ class Gen:
         loop, nor in the fwd of a custom_vjp whose body uses no state (clear
         StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``).
         With "rule_sows" allowed, a custom_jvp rule's statements may also be
-        sows (``rule_sow``), in programs with or without state (not a
-        custom_vjp's fwd: ``CustomVjp.rule``)."""
+        sows (``rule_sow``), in programs with or without state, and
+        sometimes a custom_vjp's fwd sows too."""
         kinds = states_of(Program(body))
         typed = sorted(k for k, v in kinds.items() if v == "Y")
         draws = RNG in kinds
@@ -334,14 +334,20 @@ class Gen:
                         and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
                     nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
                     s = dataclasses.replace(s, rule=rule(sows_ok, nested))
+                if (sown is not None and isinstance(s, CustomVjp) and not inside
+                        and self.int_(0, 1) == 0):  # a fwd that sows (modestly often)
+                    s = dataclasses.replace(s, rule=(*s.rule, *(
+                        self.rule_sow(sown.keys(), used=self.draw(st.booleans()))
+                        for _ in range(self.int_(1, 2)))))
                 out.append(s)
             return tuple(out)
 
         return visit(body, False)
 
     def rule_sow(self, taken, used: bool) -> Sow:
-        """A sow in a custom_jvp rule (clobber or ``sow_cond``, or of another
-        tag) of a value of the function's arguments. Its name is not in
+        """A sow in a custom_jvp rule or a custom_vjp fwd (clobber or
+        ``sow_cond``, or of another tag) of a value of the function's
+        arguments. Its name is not in
         ``taken``: the names the program sows outside rules (differentiated
         from outside the harvest, taxpr does not reap a rule's sow of such a
         name: ``test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped``)

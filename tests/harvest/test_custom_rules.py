@@ -357,6 +357,34 @@ def test_sow_in_custom_vjp_fwd_is_reaped_and_planted_when_jax_differentiates_the
     check(jax.make_jaxpr(jax.grad(planted))(x))
 
 
+def test_a_custom_vjp_fwds_sow_is_reaped_with_state_in_its_body_and_another_state():
+    # The function's body uses a state and the program another one, which the
+    # fwd hands on unchanged: harvest's look into the fwd (every input
+    # differentiated) must still find its sow.
+    def fn(x):
+        tx.set_state("b", x)
+        return jnp.sin(x)
+
+    f = jax.custom_vjp(fn)
+
+    def fwd(x):
+        h.sow(x * 2.0, tag=T, name="w", mode="clobber")
+        return fn(x), x
+
+    f.defvjp(fwd, lambda x, ct: jax.vjp(fn, x)[1](ct))
+
+    def program(x):
+        tx.set_state("a", tx.get_state("a", np.float32(0.25)) + 1.0)
+        return f(x)
+
+    one = np.float32(1.0)
+    pure, state0 = tx.uncurry(program, one)
+    inside = h.reap(lambda x: jax.vjp(lambda y: pure(state0, y), x)[0], tag=T)(one)
+    assert jax.tree_util.tree_map(float, inside) == {"w": 2.0}
+    reaps = jax.vjp(lambda x: h.call_and_reap(pure, tag=T)(state0, x)[1], one)[0]
+    assert jax.tree_util.tree_map(float, reaps) == {"w": 2.0}
+
+
 @pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
 def test_append_sow_in_custom_rule_function(kind):
     body = lambda x: h.sow(x * 2, tag=T, name="a", mode="append") + 1

@@ -483,6 +483,37 @@ def test_differentiating_a_state_a_custom_vjp_fwd_reads_is_a_clear_error():
     jax_still_works()
 
 
+def test_differentiating_a_state_a_custom_vjp_hands_on_unchanged():
+    # The function uses a state of its own; the differentiated state 'a' is
+    # only handed on by the call (its derivative there is the identity).
+    def body(x):
+        tx.set_state("calls", tx.get_state("calls", jnp.zeros((), i32)) + 1)
+        return jnp.sin(x)
+
+    f = jax.custom_vjp(body)
+    f.defvjp(lambda x: (body(x), x), lambda x, g: (jnp.cos(x) * g,))
+
+    def program(x):
+        a = tx.get_state("a", f32(1.0))
+        y = f(x * a)
+        tx.set_state("a", a * 3.0)
+        return y * a
+
+    x = f32(0.5)
+    pure, s0 = tx.uncurry(program, x)
+
+    def loss(a):
+        out, s1 = pure({**s0, "a": a}, x)
+        return out + s1["a"], s1
+
+    (value, s1), g = jax.value_and_grad(loss, has_aux=True)(f32(2.0))
+    # By hand: sin(x a) a + 3 a, d/da = x a cos(x a) + sin(x a) + 3.
+    assert_close(value, np.sin(0.5 * 2.0) * 2.0 + 6.0)
+    assert_close(g, 0.5 * 2.0 * np.cos(1.0) + np.sin(1.0) + 3.0)
+    assert int(s1["calls"]) == int(s0["calls"]) + 1
+    jax_still_works()
+
+
 # ---- under vmap with warm caches; equinox's filter_custom_jvp ----------------------------
 
 def test_rule_under_vmap_and_warm_caches_matches_eager_per_example():
