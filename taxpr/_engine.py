@@ -1313,11 +1313,12 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         # its result is not cached for JAX's own call.
         speculative = _SPECULATIVE.get()
         fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
+        if not speculative:
+            differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
         if threads_fwd:
             rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
             if not speculative:
                 _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
-                differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
             rule_fn = _jaxpr.jaxpr_as_fun(rule)
 
             def f(*primals):
@@ -1346,21 +1347,31 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             fwd_cache[nonzeros] = result
         return result
 
+    out_avals = [v.aval for v in eqn.outvars]
+
     def bwd(*args):
         n_res = len(args) - n_out - n_y
         user_res, primals = args[:n_res - n_all - n_x], args[n_res - n_all - n_x:n_res]
         ct_outs, ct_rest = args[n_res:n_res + n_out], args[n_res + n_out:]
-        user_cts, logs = _replayed_bwd(engine, user_bwd, user_res, ct_outs, primals[n_all:],
-                                       threaded, level.path + ("custom_vjp[bwd]",),
-                                       level.context)
-        if threads_fwd:
+        # The call is rebuilt with symbolic zeros (so that a cotangent nothing
+        # flows into is known to be zero); the user's bwd gets them as
+        # registered.
+        user_ct_outs = ct_outs if p["symbolic_zeros"] else list(
+            map(_instantiate, ct_outs, out_avals))
+        user_cts, logs = _replayed_bwd(engine, user_bwd, user_res, user_ct_outs,
+                                       primals[n_all:], threaded,
+                                       level.path + ("custom_vjp[bwd]",), level.context)
+        if threads_fwd or all(map(_is_zero_ct, ct_rest)):
+            # Nothing flows back into ctx or the collected values (harvest:
+            # no reaped value is differentiated): the function itself is
+            # differentiated only w.r.t. the ctx leaves JAX differentiates,
+            # so a function JAX cannot reverse (a while loop under equinox's
+            # or diffrax's checkpointing) is left to the user's bwd.
             return _compat.custom_vjp_bwd_result(
-                _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest,
-                                 [v.aval for v in eqn.outvars], engine.ctx_avals, nc, n_all,
-                                 differentiated_ctx),
+                _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals,
+                                 rest_avals, n, nc, n_all, differentiated_ctx),
                 logs)
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
-        out_avals = [v.aval for v in eqn.outvars]
         via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
         via_outs = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_zeros_like_ct, rest_avals)])
         cts = [*via_ctx[:nc],
@@ -1372,7 +1383,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx, *feeds],
                   [*eqn.outvars, *ctx_out, *collects], num_consts=0, out_trees=out_trees,
                   fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
-                  bwd=_compat.wrap_fun(bwd, user_bwd))
+                  bwd=_compat.wrap_fun(bwd, user_bwd), symbolic_zeros=True)
     written = engine.writes(threaded)
     return [_ctx_through(level, after, before)
             if i not in written and _inexact(engine.ctx_avals[i]) and type(before) is core.Var
@@ -1484,26 +1495,28 @@ def _of_some_inputs(fn: Callable, inputs, positions) -> Callable:
     return of_some
 
 
-def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_ctx, out_avals, ctx_avals,
-                     nc, n_all, differentiated: set[int]):
-    """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx]``
-    whose fwd ran in its place: the args' from the user's bwd (what the fwd
-    wrote to ctx is a constant w.r.t. them, as eagerly), ctx's from the VJP
-    of the threaded function ``threaded_fn(*consts, *args, *ctx) -> (*outputs,
-    *ctx)`` w.r.t. the ctx leaves JAX differentiates (``differentiated``),
-    taken only where a nonzero cotangent flows there."""
-    n = len(ctx_avals)
+def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals, rest_avals,
+                     n, nc, n_all, differentiated: set[int]):
+    """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx,
+    *feeds]`` where what the function adds to ctx or collects is a constant
+    w.r.t. its args (a fwd ran in its place, as eagerly; or no cotangent
+    flows there): the args' from the user's bwd, ctx's from the VJP of the
+    threaded function ``threaded_fn(*consts, *args, *ctx, *feeds) ->
+    (*outputs, *ctx, *collects)`` w.r.t. the ``n`` ctx leaves JAX
+    differentiates (``differentiated``), taken only where a nonzero
+    cotangent flows there."""
     in_avals = [core.typeof(p) for p in primals]
     held = [_zeros_like_ct(a) for a in in_avals[:nc]]
     args_ct = [_instantiate(c, a) for c, a in zip(user_cts, in_avals[nc:n_all])]
-    wrt = [i for i in sorted(differentiated) if _inexact(ctx_avals[i])]
+    wrt = [i for i in sorted(differentiated) if _inexact(in_avals[n_all + i])]
     ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:n_all + n]]
-    if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_ctx))):
+    if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_rest))):
         return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
     positions = [n_all + i for i in wrt]
     through = _of_some_inputs(threaded_fn, primals, positions)
     _, vjp_fn = jax.vjp(through, *(primals[i] for i in positions))
-    cts = vjp_fn([*map(_instantiate, ct_outs, out_avals), *map(_instantiate, ct_ctx, ctx_avals)])
+    cts = vjp_fn([*map(_instantiate, ct_outs, out_avals),
+                  *map(_instantiate, ct_rest, rest_avals)])
     for i, ct in zip(wrt, cts):
         ctx_ct[i] = ct
     return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]

@@ -4,6 +4,7 @@ a planted value; with the hooks that name harvest's errors."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -327,6 +328,13 @@ _RULE_OF = {_compat.custom_jvp_call_p: "custom_jvp[rule]",
 _RULES = tuple(_RULE_OF.values())
 
 
+# The flags each rule's thunk (keyed by its function, one per staged call)
+# was last looked into with: tried alone on a warm cache. A look that fails
+# leaves JAX's memoized thunk without the output trees it stores when it
+# traces, so that JAX's own next call, a cache hit, would find none.
+_FLAGS_THAT_TRACE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class _JvpRules:
     """The JVP rules of ``custom_jvp_call`` equations and the fwd rules of
     ``custom_vjp_call`` ones, traced once each (as JAX would when
@@ -347,19 +355,28 @@ class _JvpRules:
         """The rule's closed jaxpr, or None when it cannot be traced before
         it runs (a rule with state: its error comes when JAX runs it)."""
         n = len(eqn.invars) - eqn.params.get("num_consts", 0)
-        try:
-            with speculative_rule_traces():
-                if eqn.primitive is _compat.custom_jvp_call_p:  # zeros: none
-                    jaxpr, consts, _ = eqn.params["jvp_jaxpr_fun"].call_wrapped(*([False] * n))
-                else:  # nonzeros: all
-                    jaxpr, consts = eqn.params["fwd_jaxpr_thunk"].call_wrapped(*([True] * n))
-        except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
-            # The rule refuses tangents for inputs JAX may never perturb
-            # (equinox's ``nondifferentiable``), or holds tags that cannot be
-            # threaded (``RuleNotTraceable``): JAX raises its own error if it
-            # ever runs the rule that way.
-            return self._rules.set(eqn, None)
-        return self._rules.set(eqn, _jaxpr.close_traced(jaxpr, consts))
+        jvp = eqn.primitive is _compat.custom_jvp_call_p
+        thunk = eqn.params["jvp_jaxpr_fun" if jvp else "fwd_jaxpr_thunk"]
+        # Every input differentiated, as JAX's vjp of the whole program would
+        # (zeros: none; nonzeros: all); a fwd that refuses tangents for inputs
+        # JAX may never perturb (equinox's ``filter_custom_vjp`` for its
+        # ``*args``) is looked into with none perturbed instead.
+        known = _FLAGS_THAT_TRACE.get(thunk.f)
+        tries = [known] if known is not None else (
+            [(False,) * n] if jvp else [(True,) * n, (False,) * n])
+        for flags in tries:
+            try:
+                with speculative_rule_traces():
+                    jaxpr, consts, *_ = thunk.call_wrapped(*flags)
+            except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
+                # The rule refuses these tangents (equinox's
+                # ``nondifferentiable``), or holds tags that cannot be
+                # threaded (``RuleNotTraceable``): JAX raises its own error if
+                # it ever runs the rule that way.
+                continue
+            _FLAGS_THAT_TRACE[thunk.f] = flags
+            return self._rules.set(eqn, _jaxpr.close_traced(jaxpr, consts))
+        return self._rules.set(eqn, None)
 
     def iter_eqns(self, closed):
         """``_traverse.iter_eqns`` of the program, also into the JVP rules of

@@ -307,3 +307,36 @@ def test_grad_inside_of_vmap_inside_pure_vector_field_reads_state():
     g, s1 = pure({"k": jnp.float32(3.0)}, ys)
     close(g, np.full(3, np.exp(-3.0)), rtol=1e-4)
     assert float(s1["k"]) == 3.0
+
+
+# --- harvest differentiated from outside: the adjoints' custom_vjps ----------
+
+def _sowing_vf_and_last_y(t, y, args):
+    h.sow(y[0], tag="dx", name="last_y", mode="clobber")
+    return _sowing_vf(t, y, args)
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
+def test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows(adjoint):
+    # Each adjoint is a custom_vjp around the solve's while loop, which JAX
+    # cannot reverse: the reaped values, not differentiated, must not make
+    # taxpr differentiate the loop itself. Reference: the same solves
+    # without taxpr (k = 1, and k = K for the plant), differentiated by JAX.
+    f = lambda y0: _solve(_sowing_vf_and_last_y, y0, adjoint=adjoint).ys[-1]  # noqa: E731
+    plain = lambda k: lambda y0: _solve(lambda t, y, a: -k * y, y0, adjoint=adjoint).ys[-1][0]  # noqa: E731
+    y0 = jnp.array([1.0])
+    want_1, want_k = jax.value_and_grad(plain(1.0))(y0), jax.grad(plain(K))(y0)
+
+    def loss(y0):
+        out, reaps = h.call_and_reap(f, tag="dx")(y0)
+        return out[0], reaps
+
+    planted = jax.grad(lambda y0: h.plant(f, tag="dx")({"dx_k": jnp.float32(K)}, y0)[0])
+    # Twice: the second time equinox's caches hand taxpr the traces of the first.
+    for _ in range(2):
+        (value, reaps), g = jax.value_and_grad(loss, has_aux=True)(y0)
+        close(value, want_1[0], rtol=1e-6)
+        close(g, want_1[1], rtol=1e-6)
+        assert set(reaps) == {"dx_k", "last_y"} and float(reaps["dx_k"]) == 1.0
+        close(reaps["last_y"], h.reap(f, tag="dx")(y0)["last_y"], rtol=1e-6)
+        close(planted(y0), want_k, rtol=1e-6)

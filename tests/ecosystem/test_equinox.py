@@ -480,6 +480,47 @@ def test_filter_custom_vjp_reap_sow_in_body():
     close(h.plant(fn, tag="fcv")({"s": 3.0}, 0.5), 6.0)
 
 
+@eqx.filter_custom_vjp
+def _fwd_sows(w, x):
+    return jnp.sin(x) * w
+
+
+@_fwd_sows.def_fwd
+def _fwd_sows_fwd(perturbed, w, x):
+    h.sow(jnp.cos(x) * w, tag="fcv", name="r", mode="clobber")
+    return jnp.sin(x) * w, None
+
+
+@_fwd_sows.def_bwd
+def _fwd_sows_bwd(residuals, g, perturbed, w, x):
+    return g * jnp.sin(x)
+
+
+def test_filter_custom_vjp_fwd_sow_is_reaped_when_differentiated_from_outside():
+    # equinox refuses a fwd traced with its ``*args`` perturbed: the harvest
+    # still finds the fwd's sow. Eagerly the fwd runs only under
+    # differentiation, and its sow is a constant w.r.t. w.
+    x = np.float32(0.5)
+
+    def loss(w):
+        out, reaps = h.call_and_reap(_fwd_sows, tag="fcv")(w, x)
+        return out + reaps["r"], reaps
+
+    assert h.reap(_fwd_sows, tag="fcv")(np.float32(2.0), x) == {}
+    step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    for w in (np.float32(2.0), np.float32(-3.0)):  # the second call: warm caches
+        (value, reaps), g = step(w)
+        close(value, np.sin(x) * w + np.cos(x) * w)
+        close(reaps["r"], np.cos(x) * w)
+        close(g, np.sin(x))
+        inside = h.reap(lambda w: jax.vjp(lambda w: _fwd_sows(w, x), w)[0], tag="fcv")(w)
+        close(inside["r"], np.cos(x) * w)
+    ws = np.array([1.0, 2.0, 3.0], np.float32)
+    (values, reaps), gs = jax.vmap(jax.value_and_grad(loss, has_aux=True))(ws)
+    close(reaps["r"], np.cos(x) * ws)
+    close(gs, np.full(3, np.sin(x)))
+
+
 # --- eqx.filter_jit of every taxpr transformation (issue F) -------------------
 
 def _sowing(x):

@@ -335,7 +335,7 @@ class Gen:
                     nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
                     s = dataclasses.replace(s, rule=rule(sows_ok, nested))
                 if (sown is not None and isinstance(s, CustomVjp) and not inside
-                        and self.int_(0, 1) == 0):  # a fwd that sows (modestly often)
+                        and self.int_(0, 2) < 2):  # a fwd that sows (often)
                     s = dataclasses.replace(s, rule=(*s.rule, *(
                         self.rule_sow(sown.keys(), used=self.draw(st.booleans()))
                         for _ in range(self.int_(1, 2)))))
