@@ -397,54 +397,6 @@ def _check_rule_sows(program):
 
 # ---- where taxpr disagrees with the eager semantics (strict xfails) -------------------
 
-def _sowing_rule(fn, name, value=lambda x: x * 2.0):
-    """``jax.custom_jvp(fn)`` whose rule sows ``value(x)`` as ``name``
-    (clobber; its result unused), then returns ``jax.jvp(fn, ...)``."""
-    f = jax.custom_jvp(fn)
-
-    @f.defjvp
-    def rule(p, t):
-        h.sow(value(p[0]), tag=T, name=name, mode="clobber")
-        return jax.jvp(fn, p, t)
-
-    return f
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule's sow of a name "
-    "also sown outside rules is not reaped (only names sown nowhere but in rules are, "
-    "taxpr/harvest/_sites.py, _Sites.in_rules): reap gives the earlier sow's 3.0 instead of "
-    "the rule's 2.0, which reap of the jvp (the rule traced inside) gives"))
-def test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped():
-    f = _sowing_rule(jnp.sin, "c")
-
-    def program(x):
-        h.sow(x * 3.0, tag=T, name="c", mode="clobber")
-        return f(x)
-
-    one = np.float32(1.0)
-    inside = h.reap(lambda x: jax.jvp(program, (x,), (one,)), tag=T)(one)
-    assert float(inside["c"]) == 2.0  # eagerly: the rule's sow is the last
-    outside = jax.jvp(h.reap(program, tag=T), (one,), (one,))[0]
-    assert float(outside["c"]) == 2.0
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule that sows 'c' and "
-    "then calls its function, where a jitted custom_jvp's rule sows 'c' again, gives the first "
-    "sow's 3.0 instead of the last one's 2.0: the harvest dissolves the sows inside the jit in "
-    "the rule (taken for tangent-dependent, taxpr/harvest/_sites.py, prepare_rule) and applies "
-    "the rule's own sows after the function's (taxpr/_engine.py, _custom_jvp_rule)"))
-def test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered():
-    inner = _sowing_rule(jnp.sin, "c", lambda x: x * 2.0)
-    outer = _sowing_rule(jax.jit(inner), "c", lambda x: x * 3.0)
-    one = np.float32(1.0)
-    inside = h.reap(lambda x: jax.jvp(outer, (x,), (one,)), tag=T)(one)
-    assert float(inside["c"]) == 2.0  # eagerly: the outer rule's sow, then the inner's
-    outside = jax.jvp(h.reap(outer, tag=T), (one,), (one,))[0]
-    assert float(outside["c"]) == 2.0
-
-
 @pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: jax.grad inside reap (or uncurry) of a jax.checkpoint around equinox's "
     "checkpointed while_loop whose body sows is an AssertionError in JAX's partial evaluation "

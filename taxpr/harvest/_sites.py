@@ -29,6 +29,42 @@ class _ChannelKey(NamedTuple):
     stacked: bool  # whether its value comes out of a scan (one row per step)
 
 
+def _dissolve_dependent_sows(engine, jaxpr, dependent: set) -> Any:
+    """``jaxpr`` with its selected sows whose value depends on the inputs
+    ``dependent`` dissolved (plain identities). A call (``jit``) is followed
+    into its callee, whose inputs are its operands; inside other primitives
+    every sow of an equation that depends on them is dissolved
+    (conservatively)."""
+    dep = set(dependent)
+
+    def rewrite(eqn, path, env):
+        if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
+            return None
+        ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+        subs = _traverse.subjaxprs(eqn)
+        if eqn.primitive in _compat.CALL_PRIMITIVES and len(subs) == 1:
+            (sub, sj), = subs
+            callee_ins = _jaxpr.jaxpr_parts(sj).invars
+            if len(callee_ins) == len(eqn.invars):
+                eqn = _traverse.with_subjaxprs(eqn, {(sub.key, sub.index): _dissolve_dependent_sows(
+                    engine, sj, {c for c, v in zip(callee_ins, eqn.invars)
+                                 if type(v) is core.Var and v in dep})})
+                subs = []
+        dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
+        if eqn.primitive is tag_p and engine.predicate(eqn.params):
+            for o, i in zip(eqn.outvars, ins):
+                if not isinstance(o, core.DropVar):
+                    env[o] = i
+            return []
+        if subs:  # conservatively: every sow inside depends on the inputs
+            eqn = _traverse.with_subjaxprs(eqn, {
+                (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+                for sub, sj in subs})
+        return [eqn.replace(invars=ins)]
+
+    return _traverse.map_jaxpr(jaxpr, rewrite)
+
+
 class _HarvestRules(RulePolicy):
     """oryx's semantics for sows in derivative rules: the function's own
     sows are reaped from the function; sows only rules make (and planted
@@ -42,26 +78,8 @@ class _HarvestRules(RulePolicy):
     def prepare(self, engine, rule, n_primals):
         """Sows in the rule whose value depends on the tangents stay plain
         identities (not reaped or planted), so reverse mode can linearize."""
-        dep = set(_jaxpr.jaxpr_parts(rule).invars[n_primals:])
-
-        def rewrite(eqn, path, env):
-            if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
-                return None
-            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
-            ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
-            if eqn.primitive is tag_p and engine.predicate(eqn.params):
-                for o, i in zip(eqn.outvars, ins):
-                    if not isinstance(o, core.DropVar):
-                        env[o] = i
-                return []
-            subs = _traverse.subjaxprs(eqn)
-            if subs:  # conservatively: every sow inside depends on the tangents
-                eqn = _traverse.with_subjaxprs(eqn, {
-                    (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
-                    for sub, sj in subs})
-            return [eqn.replace(invars=ins)]
-
-        return _traverse.map_jaxpr(rule, rewrite)
+        return _dissolve_dependent_sows(engine, rule,
+                                        set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]))
 
     def has_selected(self, engine, eqn) -> bool:
         # Sows found nowhere but in JVP rules, and planted sows: the others
