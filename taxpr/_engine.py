@@ -208,10 +208,11 @@ class RulePolicy:
         differentiates ``eqn``."""
         return False
 
-    def prepare(self, engine: "Engine", rule: Any, n_primals: int) -> Any:
+    def prepare(self, engine: "Engine", rule: Any, n_primals: int, eqn: core.JaxprEqn) -> Any:
         """The custom JVP rule jaxpr ``rule`` (inputs: ``n_primals`` primals,
-        then tangents) as it should be threaded: its ctx outputs must not
-        depend on the tangents, or reverse mode cannot linearize it."""
+        then tangents) of the custom call ``eqn``, as it should be threaded:
+        its ctx outputs must not depend on the tangents, or reverse mode
+        cannot linearize it."""
         return rule
 
     def untraced_site(self, params: dict, path: tuple[str, ...]) -> Exception | None:
@@ -985,7 +986,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)  # definite: harvest's hooks
     if engine.hooks.rules.in_place:
-        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, user_jvp, p["symbolic_zeros"], threaded,
+        jvp_jaxpr_fun = _jvp_of_threaded_rule(engine, eqn, user_jvp, p["symbolic_zeros"], threaded,
                                               in_avals, user, n_out,
                                               level.path + ("custom_jvp[jvp rule]",),
                                               rule_context)
@@ -1007,7 +1008,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         k = len(in_avals)
         rule = None
         if thread_rule:  # tags in the user's rule: thread ctx through it too
-            rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, n_all - nc, rule_path,
+            rule = _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_all - nc, rule_path,
                                 rule_context)
 
         def f(*args):
@@ -1061,11 +1062,11 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     return ctx_out
 
 
-def _thread_rule(engine, jvp_jaxpr, jvp_consts, n_primals, path, context):
-    """A custom rule's jaxpr (a JVP rule, or a custom_vjp fwd), threaded (ctx
-    in first, out last)."""
+def _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_primals, path, context):
+    """The jaxpr of a rule of the custom call ``eqn`` (a JVP rule, or a
+    custom_vjp fwd), threaded (ctx in first, out last)."""
     closed = _jaxpr.close_traced(jvp_jaxpr, jvp_consts)
-    closed = engine.hooks.rules.prepare(engine, closed, n_primals)
+    closed = engine.hooks.rules.prepare(engine, closed, n_primals, eqn)
     rule = engine.thread_jaxpr(closed, path, 0, len(_jaxpr.jaxpr_parts(closed).outvars),
                                context)
     ch = engine.channels(rule)
@@ -1082,7 +1083,7 @@ def _inexact(aval) -> bool:
     return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 
-def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_avals,
+def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, in_avals,
                           user: slice, n_out: int, path, context):
     """The ``jvp_jaxpr_fun`` of a rewritten custom_jvp function for a layer
     whose rules run in the function's place (``RulePolicy.in_place``), as
@@ -1162,7 +1163,7 @@ def _jvp_of_threaded_rule(engine, user_jvp, user_symbolic: bool, threaded, in_av
             n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
             if any(e.primitive is tag_p and engine.predicate(e.params)
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
-                rule = _thread_rule(engine, jvp_jaxpr, jvp_consts, user.stop - user.start,
+                rule = _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, user.stop - user.start,
                                     path, context)
                 rule_fn = _jaxpr.jaxpr_as_fun(rule)
             else:  # a rule without sites runs as JAX runs it, ctx passing by
@@ -1295,10 +1296,11 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     fwd_path = level.path + ("custom_vjp[fwd]",)
     threads_fwd = engine.hooks.rules.in_place
     # Without ``RulePolicy.in_place``, a fwd holding tags the layer rewrites in
-    # rules (harvest: names sown only there) acts on ctx after the function.
+    # rules (harvest: names its function does not sow) acts on ctx after the
+    # function.
     fwd_after_function = not threads_fwd and engine._rule_selected(eqn)
-    # The ctx leaves JAX differentiates the call w.r.t. (seen by the fwd):
-    # only their cotangents are computed through the function.
+    # The ctx leaves and fed values JAX differentiates the call w.r.t. (seen
+    # by the fwd): only their cotangents are computed through the function.
     differentiated_ctx: set[int] = set()
     # With ``RulePolicy.in_place`` the user's fwd, threaded, runs in the function's
     # place: ``(*ctx, *inputs) -> (*residuals, *outputs, *ctx)``; the ctx
@@ -1314,9 +1316,10 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         speculative = _SPECULATIVE.get()
         fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
         if not speculative:
-            differentiated_ctx.update(i for i in range(n) if nonzeros[n_all + i])
+            differentiated_ctx.update(i for i in range(n_x) if nonzeros[n_all + i])
         if threads_fwd:
-            rule = _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context)
+            rule = _thread_rule(engine, eqn, fwd_jaxpr, fwd_consts, n_prims, fwd_path,
+                                level.context)
             if not speculative:
                 _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
             rule_fn = _jaxpr.jaxpr_as_fun(rule)
@@ -1325,7 +1328,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                 return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
         elif fwd_after_function:
             rule_fn = _jaxpr.jaxpr_as_fun(
-                _thread_rule(engine, fwd_jaxpr, fwd_consts, n_prims, fwd_path, level.context))
+                _thread_rule(engine, eqn, fwd_jaxpr, fwd_consts, n_prims, fwd_path,
+                             level.context))
 
             def f(*primals):
                 # The function's ctx and collected values, then the fwd's
@@ -1369,7 +1373,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             # or diffrax's checkpointing) is left to the user's bwd.
             return _compat.custom_vjp_bwd_result(
                 _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals,
-                                 rest_avals, n, nc, n_all, differentiated_ctx),
+                                 rest_avals, nc, n_all, differentiated_ctx),
                 logs)
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
@@ -1496,22 +1500,22 @@ def _of_some_inputs(fn: Callable, inputs, positions) -> Callable:
 
 
 def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals, rest_avals,
-                     n, nc, n_all, differentiated: set[int]):
+                     nc, n_all, differentiated: set[int]):
     """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx,
     *feeds]`` where what the function adds to ctx or collects is a constant
     w.r.t. its args (a fwd ran in its place, as eagerly; or no cotangent
-    flows there): the args' from the user's bwd, ctx's from the VJP of the
-    threaded function ``threaded_fn(*consts, *args, *ctx, *feeds) ->
-    (*outputs, *ctx, *collects)`` w.r.t. the ``n`` ctx leaves JAX
-    differentiates (``differentiated``), taken only where a nonzero
-    cotangent flows there."""
+    flows there): the args' from the user's bwd, those of ctx and fed values
+    from the VJP of the threaded function ``threaded_fn(*consts, *args, *ctx,
+    *feeds) -> (*outputs, *ctx, *collects)`` w.r.t. those JAX differentiates
+    (``differentiated``, positions after the args), taken only where a
+    nonzero cotangent flows there."""
     in_avals = [core.typeof(p) for p in primals]
     held = [_zeros_like_ct(a) for a in in_avals[:nc]]
     args_ct = [_instantiate(c, a) for c, a in zip(user_cts, in_avals[nc:n_all])]
     wrt = [i for i in sorted(differentiated) if _inexact(in_avals[n_all + i])]
-    ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:n_all + n]]
+    ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:]]
     if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_rest))):
-        return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
+        return [*held, *args_ct, *ctx_ct]
     positions = [n_all + i for i in wrt]
     through = _of_some_inputs(threaded_fn, primals, positions)
     _, vjp_fn = jax.vjp(through, *(primals[i] for i in positions))
@@ -1519,7 +1523,7 @@ def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals
                   *map(_instantiate, ct_rest, rest_avals)])
     for i, ct in zip(wrt, cts):
         ctx_ct[i] = ct
-    return [*held, *args_ct, *ctx_ct, *(_zeros_like_ct(a) for a in in_avals[n_all + n:])]
+    return [*held, *args_ct, *ctx_ct]
 
 
 def _is_zero_ct(ct) -> bool:

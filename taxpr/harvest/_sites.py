@@ -74,22 +74,39 @@ class _HarvestRules(RulePolicy):
     def __init__(self, sites: "_Sites", traced: "_JvpRules"):
         self.sites = sites
         self.traced = traced
+        self._body_names = _traverse.IdMemo()  # custom call eqn -> names its body sows
 
-    def prepare(self, engine, rule, n_primals):
-        """Sows in the rule whose value depends on the tangents stay plain
-        identities (not reaped or planted), so reverse mode can linearize."""
-        return _dissolve_dependent_sows(engine, rule,
+    def rewritten_in_rule(self, engine, eqn, name: Any) -> bool:
+        """Whether a sow of ``name`` in a rule of the custom call ``eqn`` is
+        rewritten there: unless the function's own body sows ``name`` (a
+        rule calling its function sows it again; it is reaped from the
+        function), or planted (not in append mode: its per-site values
+        cannot be fed into a rule)."""
+        if self.sites.planted.get(name, "append") != "append":
+            return True
+        return name not in self._body_names.get_or_compute(eqn, lambda: frozenset(
+            e.params["name"] for e, _ in _traverse.iter_eqns(eqn.params["call_jaxpr"])
+            if e.primitive is tag_p and engine.predicate(e.params)))
+
+    def prepare(self, engine, rule, n_primals, eqn):
+        """Sows in the rule whose value depends on the tangents, and those of
+        names the function itself sows (``rewritten_in_rule``), become plain
+        identities: the former so that reverse mode can linearize."""
+        rule = _dissolve_dependent_sows(engine, rule,
                                         set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]))
+        return dissolve_tags(rule, lambda p, s: engine.predicate(p)
+                             and not self.rewritten_in_rule(engine, eqn, p["name"]))
 
     def has_selected(self, engine, eqn) -> bool:
-        # Sows found nowhere but in JVP rules, and planted sows: the others
-        # (e.g. the function's own sows, when its rule calls it) are reaped
-        # from the function as usual; a planted one is planted in the rule too,
-        # so that a rule computing the function's JVP gives the planted one's.
+        # Sows of names the function does not sow, and planted sows: the
+        # function's own (sown again when its rule calls it) are reaped from
+        # the function; a planted one is planted in the rule too, so that a
+        # rule computing the function's JVP gives the planted one's.
         rule = self.traced.jaxpr(eqn)
         return rule is not None and any(
-            e.primitive is tag_p and engine.predicate(e.params) and self.sites.in_rules(
-                e.params["name"]) for e, _ in _traverse.iter_eqns(rule))
+            e.primitive is tag_p and engine.predicate(e.params)
+            and self.rewritten_in_rule(engine, eqn, e.params["name"])
+            for e, _ in _traverse.iter_eqns(rule))
 
 
 class _HarvestHooks(Hooks):
@@ -134,12 +151,6 @@ class _Sites:
         self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
 
-    def in_rules(self, name: Any) -> bool:
-        """Whether a sow of ``name`` inside a custom JVP rule is rewritten:
-        sown only in rules (reaped there), or planted (not in append mode:
-        its per-site values cannot be fed into a rule)."""
-        return name in self.rule_only or self.planted.get(name, "append") != "append"
-
     def next_occurrence(self, level: Level, kind: str, name: Any) -> int:
         n = self._occurrence.get((level, kind, name), 0)
         self._occurrence[(level, kind, name)] = n + 1
@@ -172,9 +183,6 @@ class _Sites:
                     level.env[o] = a
             return ctx
         name, mode = eqn.params["name"], eqn.params["mode"]
-        if any(label in level.path for label in _RULES) and not self.in_rules(name):
-            level.emit(eqn)  # reaped where the function itself sows it
-            return ctx
         self.rewritten.add(name)
         n = n_values(eqn.params, len(eqn.invars))
         ins = [level.atom(v) for v in eqn.invars[:n]]
@@ -343,7 +351,6 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
 # a custom_vjp's fwd.
 _RULE_OF = {_compat.custom_jvp_call_p: "custom_jvp[rule]",
             _compat.custom_vjp_call_p: "custom_vjp[fwd]"}
-_RULES = tuple(_RULE_OF.values())
 
 
 # The flags each rule's thunk (keyed by its function, one per staged call)

@@ -424,12 +424,9 @@ def _sowing_rule(fn, name, value=lambda x: x * 2.0):
     return f
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule's sow of a name "
-    "also sown outside rules is not reaped (only names sown nowhere but in rules are, "
-    "taxpr/harvest/_sites.py, _Sites.in_rules): reap gives the earlier sow's 3.0 instead of "
-    "the rule's 2.0, which reap of the jvp (the rule traced inside) gives"))
 def test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped():
+    # The function's body does not sow "c": the rule's sow is its own,
+    # reaped after the function's (which pass the earlier value on).
     f = _sowing_rule(jnp.sin, "c")
 
     def program(x):
@@ -452,6 +449,31 @@ def test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered():
     inside = h.reap(lambda x: jax.jvp(outer, (x,), (one,)), tag=T)(one)
     assert float(inside["c"]) == 2.0  # eagerly: the outer rule's sow, then the inner's
     outside = jax.jvp(h.reap(outer, tag=T), (one,), (one,))[0]
+    assert float(outside["c"]) == 2.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "taxpr bug: differentiated from outside the harvest, a custom_jvp rule that calls its "
+    "function and then sows a name the function sows too keeps the function's value (3.0) "
+    "instead of the rule's later one (2.0), which reap of the jvp (the rule traced inside) "
+    "gives: a rule's sows of names its function sows are taken for the function's own "
+    "(taxpr/harvest/_sites.py, _HarvestRules.rewritten_in_rule)"))
+def test_a_rule_sow_after_its_function_sows_the_same_name_is_reaped():
+    def fn(x):
+        return h.sow(x * 3.0, tag=T, name="c", mode="clobber") + 1.0
+
+    f = jax.custom_jvp(fn)
+
+    @f.defjvp
+    def rule(p, t):
+        out = jax.jvp(fn, p, t)
+        h.sow(p[0] * 2.0, tag=T, name="c", mode="clobber")
+        return out
+
+    one = np.float32(1.0)
+    inside = h.reap(lambda x: jax.jvp(f, (x,), (one,)), tag=T)(one)
+    assert float(inside["c"]) == 2.0  # eagerly: the rule's sow is the last
+    outside = jax.jvp(h.reap(f, tag=T), (one,), (one,))[0]
     assert float(outside["c"]) == 2.0
 
 
