@@ -67,9 +67,9 @@ def _dissolve_dependent_sows(engine, jaxpr, dependent: set) -> Any:
 
 class _HarvestRules(RulePolicy):
     """oryx's semantics for sows in derivative rules: the function's own
-    sows are reaped from the function; sows only rules make (and planted
-    ones) are rewritten in the rule, after the function's, when JAX runs it
-    (``_JvpRules`` traces the rules ahead to find them)."""
+    sows are reaped from the function; a rule's sows of other names (and
+    planted ones) are rewritten in the rule, after the function's, when JAX
+    runs it (``_JvpRules`` traces the rules ahead to find them)."""
 
     def __init__(self, sites: "_Sites", traced: "_JvpRules"):
         self.sites = sites
