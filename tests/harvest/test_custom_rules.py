@@ -452,6 +452,26 @@ def test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered():
     assert float(outside["c"]) == 2.0
 
 
+@pytest.mark.parametrize("program", ["sown_outside_rules", "in_a_jitted_rule"])
+def test_rule_sows_under_vmap_and_warm_caches(program):
+    # The two cases above, per example under vmap and under a jitted grad
+    # called twice: the rule's sow (2x) is the last, with derivative zero.
+    if program == "sown_outside_rules":
+        f = _sowing_rule(jnp.sin, "c")
+
+        def fn(x):
+            h.sow(x * 3.0, tag=T, name="c", mode="clobber")
+            return f(x)
+    else:
+        fn = _sowing_rule(jax.jit(_sowing_rule(jnp.sin, "c")), "c", lambda x: x * 3.0)
+    xs = jnp.array([1.0, 2.0, 3.0])
+    reaped = jax.vmap(lambda x: jax.jvp(h.reap(fn, tag=T), (x,), (1.0,))[0])(xs)
+    allclose(reaped["c"], 2.0 * xs)
+    step = jax.jit(jax.grad(lambda x: (lambda o, r: o + r["c"])(*h.call_and_reap(fn, tag=T)(x))))
+    for x in (1.0, 2.0):
+        allclose(step(x), np.cos(x))
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: differentiated from outside the harvest, a custom_jvp rule that calls its "
     "function and then sows a name the function sows too keeps the function's value (3.0) "
