@@ -15,7 +15,7 @@ from .primitives._tag import is_guarded, meta, tag_p, user_params
 
 
 class _TagKey(NamedTuple):
-    """The channel key of one tag's collected value."""
+    """The channel site of one tag's collected value."""
 
     order: int  # the tag's place in program order
     params: tuple  # its user params, sorted (hashable)
@@ -24,7 +24,7 @@ class _TagKey(NamedTuple):
 
 class _TransposeHooks(Hooks):
     def loop_channel(self, key, loop, path):
-        params = dict(key.params)
+        params = dict(key.site.params)
         return ValueError(
             f"taxpr.transpose: tag {params} at {format_path(path)} is inside a {loop}: "
             f"it has no single well-defined value (the loop runs a data-dependent "
@@ -55,7 +55,7 @@ class _CollectSites:
         if eqn.primitive is tag_p:
             self.count += 1
             params = tuple(sorted(user_params(eqn.params).items()))
-            level.collect(_TagKey(self.count, params, meta(eqn.params).tree), ins)
+            level.collect(level.channel(_TagKey(self.count, params, meta(eqn.params).tree)), ins)
         else:
             ins = ins[len(ins) // 2:]
         for o, a in zip(eqn.outvars, ins):
@@ -87,8 +87,8 @@ def transpose(closed_jaxpr: Any, predicate: Predicate | None = None):
     collects = engine.channels(threaded).collects
     tagged = _jaxpr.jaxpr_parts(threaded).outvars[len(outvars):]
     new = _jaxpr.dce_closed(_jaxpr.with_parts(threaded, outvars=tagged), [True] * len(tagged))
-    params = [dict(key.params) for key, _ in collects]
-    structures = [jax.tree_util.tree_unflatten(key.tree, list(avals))
+    params = [dict(key.site.params) for key, _ in collects]
+    structures = [jax.tree_util.tree_unflatten(key.site.tree, list(avals))
                   for key, avals in collects]
     return new, params, structures
 

@@ -62,11 +62,25 @@ def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> An
         return _jaxpr.trace_flat(fn, avals)
 
 
+class ChannelKey(NamedTuple):
+    """Names a channel: values collected from (or fed to) one site besides
+    ctx, carried out of (into) every jaxpr around it. ``site`` is the
+    layer's own hashable description of the site; ``occurrence`` numbers
+    the channels of one ``site`` afresh in every jaxpr they pass through
+    (``Level.channel``), so that sites in different calls (two jits, two
+    scans) never share a key there; ``stacked``: the values come out of (go
+    into) a scan, one row per step."""
+
+    site: Any
+    occurrence: int
+    stacked: bool
+
+
 class Level:
     """Equations being emitted for one jaxpr under construction."""
 
     __slots__ = ("eqns", "env", "consts", "path", "context", "collected", "feeds", "dropped",
-                 "_local")
+                 "_local", "_occurrences")
 
     def __init__(self, path: tuple[str, ...], context: Callable | None = None):
         # ``context()`` enters the tracing context of this jaxpr's body (set
@@ -85,6 +99,13 @@ class Level:
         # if nothing else uses them (``drop_unused_producers``).
         self.dropped: list = []
         self._local: dict = {}
+        self._occurrences: dict = {}  # site -> channels of it so far
+
+    def channel(self, site: Any, stacked: bool = False) -> ChannelKey:
+        """The key of a new channel of ``site`` in this jaxpr."""
+        n = self._occurrences.get(site, 0)
+        self._occurrences[site] = n + 1
+        return ChannelKey(site, n, stacked)
 
     def local(self, owner: Any) -> dict:
         """A table private to ``owner`` (a site rule) for what it keeps while
@@ -95,14 +116,14 @@ class Level:
             table = self._local[owner] = {}
         return table
 
-    def collect(self, key: Any, atoms: Sequence[Any]) -> None:
+    def collect(self, key: ChannelKey, atoms: Sequence[Any]) -> None:
         self.collected.append((key, list(atoms)))
 
     def trace(self, fn: Callable, avals: Sequence[Any]) -> Any:
         """``fn`` traced to a closed jaxpr in this jaxpr's tracing context."""
         return trace_in(self.context, fn, avals)
 
-    def feed(self, key: Any, avals: Sequence[Any]) -> list:
+    def feed(self, key: ChannelKey, avals: Sequence[Any]) -> list:
         """Inputs fed to this jaxpr under ``key`` (the same vars if asked twice)."""
         if key not in self.feeds:
             self.feeds[key] = [_jaxpr.new_var(a) for a in avals]
@@ -237,11 +258,6 @@ class Hooks:
         return NotImplementedError(
             f"taxpr: values collected or fed per iteration ({key!r}) are not supported "
             f"inside {loop} at {format_path(path)}")
-
-    def rekey(self, key: Any, level: "Level", stacked: bool) -> Any:
-        """The key of an inner channel in the enclosing ``level`` (``stacked``:
-        a scan stacks / slices it). Keys must stay distinct per site there."""
-        return key
 
     def describe_ctx(self, index: int) -> str:
         """How an error names ctx leaf ``index``."""
@@ -604,12 +620,12 @@ class Engine:
             raise self.hooks.loop_channel(key, where, level.path)
         stacked = length is not None
         stack = (lambda a: a.update(shape=(length, *a.shape))) if stacked else (lambda a: a)
-        rekey = lambda k: self.hooks.rekey(k, level, stacked)  # noqa: E731
-        ins = [a for k, avals in ch.feeds for a in level.feed(rekey(k), [stack(x) for x in avals])]
+        here = lambda k: level.channel(k.site, k.stacked or stacked)  # noqa: E731
+        ins = [a for k, avals in ch.feeds for a in level.feed(here(k), [stack(x) for x in avals])]
         outs = []
         for k, avals in ch.collects:
             vs = [_jaxpr.new_var(stack(a)) for a in avals]
-            level.collect(rekey(k), vs)
+            level.collect(here(k), vs)
             outs.extend(vs)
         return ins, outs
 
@@ -850,12 +866,12 @@ def _cond_rule(engine, eqn, level, ctx, subs):
     new = {("branches", i): _with_feeds(engine, t, c.feeds, feed_sig)
            for i, (t, c) in enumerate(zip(threaded, chans))}
     ctx_out = engine.fresh_ctx()
-    rekey = lambda k: engine.hooks.rekey(k, level, False)  # noqa: E731
-    feeds = [a for k, avals in feed_sig.items() for a in level.feed(rekey(k), avals)]
+    here = lambda k: level.channel(k.site, k.stacked)  # noqa: E731
+    feeds = [a for k, avals in feed_sig.items() for a in level.feed(here(k), avals)]
     collects = []
     for k, avals in chans[0].collects:
         vs = [_jaxpr.new_var(a) for a in avals]
-        level.collect(rekey(k), vs)
+        level.collect(here(k), vs)
         collects.extend(vs)
     _emit_rebuilt(level, eqn, new, [eqn.invars[0], *ctx, *eqn.invars[1:], *feeds],
                   [*eqn.outvars, *ctx_out, *collects])

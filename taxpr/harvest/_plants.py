@@ -271,10 +271,10 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     """The planted values for one fed occurrence: the occurrences of a name
     at the top level split the planted stack along its leading axis (one
     row per direct sow, one block per scan); its length must match."""
-    name = key.name
+    name = key.site.name
     start, total = 0, 0
     for k, kav in all_feeds:
-        if k.name != name:
+        if k.site.name != name:
             continue
         size = kav[0].shape[0] if k.stacked else 1
         if k == key:

@@ -178,7 +178,7 @@ def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
     it = iter(collected)
     for key, avals in chans.collects:
         vals = [next(it) for _ in avals]
-        appended.setdefault(key.name, []).append((key, vals))
+        appended.setdefault(key.site.name, []).append((key, vals))
     for name, items in appended.items():
         stacked = [_stack_occurrences([v[i] for _, v in items], [k for k, _ in items])
                    for i in range(len(items[0][1]))]

@@ -20,13 +20,12 @@ from ..primitives._tag import meta, n_values, tag_p
 from ._checks import _disp
 
 
-class _ChannelKey(NamedTuple):
-    """The engine's channel key of one sow's or plant's occurrence."""
+class _ChannelSite(NamedTuple):
+    """The site of a channel (``ChannelKey.site``): an append sow's reaped
+    values, or the values planted into it."""
 
     kind: str  # "reap" (collected) or "plant" (fed)
     name: str  # the sow's name
-    occurrence: int  # its place among the occurrences of ``name`` at its level
-    stacked: bool  # whether its value comes out of a scan (one row per step)
 
 
 def _dissolve_dependent_sows(engine, jaxpr, dependent: set) -> Any:
@@ -110,20 +109,15 @@ class _HarvestRules(RulePolicy):
 
 
 class _HarvestHooks(Hooks):
-    """Channel keys are ``(kind, name, occurrence, stacked)``: occurrences are
-    numbered afresh in every enclosing jaxpr, so sows in different calls
-    (two jits, two scans) never share a key."""
+    """oryx's errors for channels (append sows, their plants) where they
+    cannot go; channel sites are ``_ChannelSite``s."""
 
     def __init__(self, sites: "_Sites", traced_rules: "_JvpRules"):
         self.sites = sites
         self.rules = _HarvestRules(sites, traced_rules)
 
-    def rekey(self, key, level, stacked):
-        return key._replace(occurrence=self.sites.next_occurrence(level, key.kind, key.name),
-                            stacked=key.stacked or stacked)
-
     def loop_channel(self, key, loop, path):
-        name = key.name
+        name = key.site.name
         if loop == "while_loop":
             return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
                               f"inside of a `while_loop`.")
@@ -148,13 +142,7 @@ class _Sites:
         self.ctx_index = ctx_index  # ("reap"|"plant", name) -> ctx leaf positions
         self.rewritten: set = set()  # names of the sows rewritten so far
         self.rule_only: set = set()  # names sown only inside custom JVP rules
-        self._occurrence: dict = {}  # (level, kind, name) -> count (levels kept alive)
         self._fns: dict = {}
-
-    def next_occurrence(self, level: Level, kind: str, name: Any) -> int:
-        n = self._occurrence.get((level, kind, name), 0)
-        self._occurrence[(level, kind, name)] = n + 1
-        return n
 
     def _apply(self, level: Level, key: str, fn: Callable, atoms: list) -> list:
         avals = tuple(_aval(a) for a in atoms)
@@ -209,7 +197,7 @@ class _Sites:
                         f"under jax_remat3), where plant cannot give it the row its forward "
                         f"occurrence got; use clobber mode, or plant outside the "
                         f"differentiated function")
-                key = _ChannelKey("plant", name, self.next_occurrence(level, "plant", name), False)
+                key = level.channel(_ChannelSite("plant", name))
                 if name in self.partial:
                     # rows(...): a mask row says whether this iteration takes
                     # the fed value or keeps the computed one.
@@ -231,8 +219,7 @@ class _Sites:
                     value = self._apply(
                         level, "replicated",
                         _replicated_check(name, level.path, _checks_vma(level)), value)
-                occurrence = self.next_occurrence(level, "reap", name)
-                level.collect(_ChannelKey("reap", name, occurrence, False), value)
+                level.collect(level.channel(_ChannelSite("reap", name)), value)
             else:
                 pos = self.ctx_index[("reap", name)]
                 if mode == "cond_clobber":
