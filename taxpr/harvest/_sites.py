@@ -347,6 +347,17 @@ _RULE_OF = {_compat.custom_jvp_call_p: "custom_jvp[rule]",
 _FLAGS_THAT_TRACE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _remember_flags(fn: Any, flags: tuple | None = None) -> tuple | None:
+    """The flags remembered for ``fn`` (and, given ``flags``, remember
+    those); None for a function that cannot be referenced weakly."""
+    try:
+        if flags is not None:
+            _FLAGS_THAT_TRACE[fn] = flags
+        return _FLAGS_THAT_TRACE.get(fn)
+    except TypeError:
+        return None
+
+
 class _JvpRules:
     """The JVP rules of ``custom_jvp_call`` equations and the fwd rules of
     ``custom_vjp_call`` ones, traced once each (as JAX would when
@@ -373,7 +384,7 @@ class _JvpRules:
         # (zeros: none; nonzeros: all); a fwd that refuses tangents for inputs
         # JAX may never perturb (equinox's ``filter_custom_vjp`` for its
         # ``*args``) is looked into with none perturbed instead.
-        known = _FLAGS_THAT_TRACE.get(thunk.f)
+        known = _remember_flags(thunk.f)
         tries = [known] if known is not None else (
             [(False,) * n] if jvp else [(True,) * n, (False,) * n])
         for flags in tries:
@@ -386,7 +397,7 @@ class _JvpRules:
                 # threaded (``RuleNotTraceable``): JAX raises its own error if
                 # it ever runs the rule that way.
                 continue
-            _FLAGS_THAT_TRACE[thunk.f] = flags
+            _remember_flags(thunk.f, flags)
             return self._rules.set(eqn, _jaxpr.close_traced(jaxpr, consts))
         return self._rules.set(eqn, None)
 
