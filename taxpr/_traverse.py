@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import jax
 from jax._src import core
@@ -199,6 +199,41 @@ def _jaxprs_in(value: Any, seen: set, in_functions: bool) -> Iterator[Any]:
             yield from _jaxprs_in(contents, seen, in_functions)
     elif in_functions and isinstance(value, functools.partial):
         yield from _jaxprs_in((value.func, value.args, value.keywords), seen, in_functions)
+
+
+def every_sub(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: Any) -> Iterator[tuple[Sub, Any, Any]]:
+    """``walk``'s default: every sub-jaxpr of ``eqn``, in param order, with
+    the same ``ctx``."""
+    for sub, sj in subjaxprs(eqn):
+        yield sub, sj, ctx
+
+
+def walk(jaxpr: Any, subs: Callable[[core.JaxprEqn, tuple[str, ...], Any],
+                                    Iterable[tuple[Sub, Any, Any]]] = every_sub,
+         ctx: Any = None, path: tuple[str, ...] = ()
+         ) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...], Any]]:
+    """Every equation of ``jaxpr`` and of its nested jaxprs, in program order
+    (an equation before those of its sub-jaxprs), as ``(eqn, path, ctx)``:
+    the one walk of nested jaxprs that taxpr's walkers are clients of.
+
+    Arguments:
+        jaxpr: a ``Jaxpr`` or ``ClosedJaxpr``.
+        subs: ``subs(eqn, path, ctx)`` gives the sub-jaxprs of ``eqn`` to
+            walk, in order, each with its ctx: ``(Sub, jaxpr, ctx)``. It is
+            called once the consumer has handled ``eqn`` and is iterated
+            lazily, one sub-jaxpr walked after each item: a generator
+            prunes by skipping a sub-jaxpr, and its code after the last
+            item runs after the last one was walked (to fold results).
+        ctx: the context of ``jaxpr``'s own equations.
+        path: the path of ``jaxpr``.
+
+    Returns:
+        An iterator; stopping early stops the walk.
+    """
+    for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
+        yield eqn, path, ctx
+        for sub, sj, sub_ctx in subs(eqn, path, ctx):
+            yield from walk(sj, subs, sub_ctx, path + (sub.label,))
 
 
 def iter_eqns(jaxpr: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[core.JaxprEqn, tuple[str, ...]]]:

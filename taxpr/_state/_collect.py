@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from .. import _compat, _jaxpr
+from .. import _compat
 from .._engine import THREAD_RULES, format_path, in_custom_vjp
 from .._find import TagSite, tag_shape
 from .. import _traverse
@@ -125,20 +125,16 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     sites: list = []
     unchecked_sets: list = []
 
-    def visit(jaxpr, path: tuple[str, ...], unchecked: bool) -> None:
-        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
-            if eqn.primitive is tag_p:
-                if is_state_tag(eqn.params):
-                    sites.append((eqn, path))
-                    if unchecked and eqn.params["op"] is SET:
-                        unchecked_sets.append((eqn, path))
-                continue
-            inner = unchecked or (eqn.primitive is _compat.shard_map_p
+    def subs(eqn, path, unchecked: bool):
+        unchecked = unchecked or (eqn.primitive is _compat.shard_map_p
                                   and not _compat.shard_map_checks_vma(eqn.params))
-            for sub, sj in _traverse.subjaxprs(eqn):
-                visit(sj, path + (sub.label,), inner)
+        return _traverse.every_sub(eqn, path, unchecked)
 
-    visit(closed, (), False)
+    for eqn, path, unchecked in _traverse.walk(closed, subs, False):
+        if eqn.primitive is tag_p and is_state_tag(eqn.params):
+            sites.append((eqn, path))
+            if unchecked and eqn.params["op"] is SET:
+                unchecked_sets.append((eqn, path))
     return sites, unchecked_sets
 
 

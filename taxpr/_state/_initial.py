@@ -4,7 +4,7 @@ arguments; and the init of a state the example run never reaches."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -99,33 +99,29 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             e.params["name"] for e, _ in _traverse.iter_eqns(jaxpr)
             if e.primitive is tag_p and is_state_tag(e.params)))
 
-    def walk(jaxpr, chain: list, path: tuple[str, ...]) -> bool:
-        for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
-            p = eqn.params
-            if eqn.primitive is tag_p:
-                if not is_state_tag(p) or p["name"] in first:
-                    continue
-                if is_guarded(p) or meta(p).batched:
-                    return False
-                first[p["name"]] = ([*chain, (jaxpr, eqn, None)], path) if p["op"] is GET \
-                    else None
-                continue
-            subs = _traverse.subjaxprs(eqn)
-            if not subs:
-                continue
-            prim = eqn.primitive
-            runs_in_order = (prim in _compat.CALL_PRIMITIVES
-                             or (prim is _compat.scan_p and p["length"] >= 1))
-            for sub, sj in subs:
-                if not names_in(sj) - first.keys():
-                    continue
+    def subs(eqn, path, at: _Chain):
+        # Into the sub-jaxprs that use a state not met yet, where they run in
+        # order; one that may not run ends the walk.
+        runs_in_order = (eqn.primitive in _compat.CALL_PRIMITIVES
+                         or (eqn.primitive is _compat.scan_p and eqn.params["length"] >= 1))
+        for sub, sj in _traverse.subjaxprs(eqn):
+            if names_in(sj) - first.keys():
                 if not runs_in_order:
-                    return False
-                if not walk(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,)):
-                    return False
-        return True
+                    raise _Uncertain
+                yield sub, sj, at.into(eqn, sub, sj)
 
-    if not walk(closed, [], ()) or first.keys() != states.keys():
+    try:
+        for eqn, path, at in _traverse.walk(closed, subs, _Chain(closed, ())):
+            p = eqn.params
+            if eqn.primitive is not tag_p or not is_state_tag(p) or p["name"] in first:
+                continue
+            if is_guarded(p) or meta(p).batched:
+                return None
+            first[p["name"]] = ([*at.chain, (at.jaxpr, eqn, None)], path) if p["op"] is GET \
+                else None
+    except _Uncertain:
+        return None
+    if first.keys() != states.keys():
         return None
     result = {}
     for n, info in states.items():
@@ -151,27 +147,38 @@ def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
     path)``, ``chain`` the enclosing ``(jaxpr, eqn, sub)`` from the top level
     down, ending with ``(jaxpr, tag_eqn, None)``."""
     out: dict = {}
+    clamped = _traverse.IdMemo()  # jaxpr -> outputs of its clamps (lax.switch's index)
 
-    def visit(jaxpr, chain, path):
-        eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
-        clamped = None  # outputs of this jaxpr's clamps (lax.switch's index)
-        for eqn in eqns:
-            if eqn.primitive is tag_p:
-                p = eqn.params
-                if p.get("op") is GET and p["name"] not in out:
-                    out[p["name"]] = ([*chain, (jaxpr, eqn, None)], path)
-                continue
-            subs = _traverse.subjaxprs(eqn)
-            if eqn.primitive is _compat.cond_p and len(eqn.params["branches"]) == 2:
-                if clamped is None:
-                    clamped = {v for e in eqns if e.primitive is jax.lax.clamp_p for v in e.outvars}
-                if not _is_switch_index(eqn.invars[0], clamped):
-                    subs = subs[::-1]  # lax.cond traces the true branch (index 1) first
-            for sub, sj in subs:
-                visit(sj, [*chain, (jaxpr, eqn, sub)], path + (sub.label,))
+    def subs(eqn, path, at: _Chain):
+        found = _traverse.subjaxprs(eqn)
+        if eqn.primitive is _compat.cond_p and len(eqn.params["branches"]) == 2:
+            here = clamped.get_or_compute(at.jaxpr, lambda: {
+                v for e in _jaxpr.jaxpr_parts(at.jaxpr).eqns if e.primitive is jax.lax.clamp_p
+                for v in e.outvars})
+            if not _is_switch_index(eqn.invars[0], here):
+                found = found[::-1]  # lax.cond traces the true branch (index 1) first
+        return ((sub, sj, at.into(eqn, sub, sj)) for sub, sj in found)
 
-    visit(closed, [], ())
+    for eqn, path, at in _traverse.walk(closed, subs, _Chain(closed, ())):
+        p = eqn.params
+        if eqn.primitive is tag_p and p.get("op") is GET and p["name"] not in out:
+            out[p["name"]] = ([*at.chain, (at.jaxpr, eqn, None)], path)
     return out
+
+
+class _Chain(NamedTuple):
+    """Where a walk is: ``jaxpr``, reached through ``chain``, the enclosing
+    ``(jaxpr, eqn, sub)`` from the top level down."""
+
+    jaxpr: Any
+    chain: tuple
+
+    def into(self, eqn, sub, sj) -> "_Chain":
+        return _Chain(sj, (*self.chain, (self.jaxpr, eqn, sub)))
+
+
+class _Uncertain(Exception):
+    """A state's first access may or may not run."""
 
 
 def _is_switch_index(index: Any, clamped: set) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from .. import _compat, _jaxpr, _traverse
+from .. import _compat, _traverse
 from .._inject import guarded_place
 from ..primitives._tag import is_guarded, meta, n_values, site_key, tag_p
 from ._sow import SOW
@@ -56,48 +56,40 @@ class _SowCount(NamedTuple):
     guard: str | None
 
 
+class _Scope(NamedTuple):
+    """One jaxpr as ``_check`` walks it: the counts of its sows, and whether
+    it runs inside a scan or a while loop."""
+    counts: dict
+    in_scan: bool
+    in_while: bool
+
+
 def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> None:
     """oryx's static rules: strict sows once per scope, no strict in scan,
     only clobber modes in while (for the ``transformed`` names), and every
     cond branch sows alike (for every ``select``-ed name, as oryx checks)."""
 
-    def walk(j, in_scan: bool, in_while: bool) -> dict:
-        counts: dict = {}
-        for eqn in _jaxpr.jaxpr_parts(j).eqns:
-            if eqn.primitive is tag_p and select(eqn.params):
-                if _replays_the_forward(eqn.params, forward_sites):
-                    continue  # the forward's sow again: not reaped a second time
-                name, mode = eqn.params["name"], eqn.params["mode"]
-                if name in transformed:
-                    if in_while and mode not in ("clobber", "cond_clobber"):
-                        raise ValueError(f"Must use clobber or cond_clobber mode for "
-                                         f"'{_disp(name)}' inside of a `while_loop`.")
-                    if in_scan and mode == "strict":
-                        raise ValueError(
-                            f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
-                _count(counts, name, mode, _site_aval(eqn), meta(eqn.params).batched,
-                       guarded_place(eqn.params) if is_guarded(eqn.params) else None)
-                continue
-            subs = _traverse.subjaxprs(eqn)
-            if not subs:
-                continue
-            prim = eqn.primitive
-            inner = [walk(sj, in_scan or prim is _compat.scan_p,
-                          in_while or prim is _compat.while_p)
-                     for _, sj in subs]
-            if prim is _compat.cond_p:
-                _check_branches(inner)
-                merged = {}
-                for branch in inner:
-                    for k, v in branch.items():
-                        if k not in merged or v.n > merged[k].n:
-                            merged[k] = v
-                inner = [merged]
+    def subs(eqn, path, scope: _Scope):
+        # Each sub-jaxpr counts its own sows; then they count in this jaxpr
+        # (the most any branch of a cond sows).
+        prim = eqn.primitive
+        inner = []
+        for sub, sj in _traverse.subjaxprs(eqn):
+            inner.append({})
+            yield sub, sj, _Scope(inner[-1], scope.in_scan or prim is _compat.scan_p,
+                                  scope.in_while or prim is _compat.while_p)
+        if prim is _compat.cond_p:
+            _check_branches(inner)
+            merged = {}
             for branch in inner:
-                for name, c in branch.items():
-                    for _ in range(c.n):
-                        _count(counts, name, c.mode, c.avals, c.batched, c.guard)
-        return counts
+                for k, v in branch.items():
+                    if k not in merged or v.n > merged[k].n:
+                        merged[k] = v
+            inner = [merged]
+        for branch in inner:
+            for name, c in branch.items():
+                for _ in range(c.n):
+                    _count(scope.counts, name, c.mode, c.avals, c.batched, c.guard)
 
     def _count(counts, name, mode, avals, batched, guard):
         n = counts[name].n if name in counts else 0
@@ -127,7 +119,21 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         counts[name] = _SowCount(n + 1, mode, avals, batched, guard)
 
     forward_sites = _ForwardSites(jaxpr)
-    walk(jaxpr, False, False)
+    for eqn, _, scope in _traverse.walk(jaxpr, subs, _Scope({}, False, False)):
+        if eqn.primitive is not tag_p or not select(eqn.params):
+            continue
+        if _replays_the_forward(eqn.params, forward_sites):
+            continue  # the forward's sow again: not reaped a second time
+        name, mode = eqn.params["name"], eqn.params["mode"]
+        if name in transformed:
+            if scope.in_while and mode not in ("clobber", "cond_clobber"):
+                raise ValueError(f"Must use clobber or cond_clobber mode for "
+                                 f"'{_disp(name)}' inside of a `while_loop`.")
+            if scope.in_scan and mode == "strict":
+                raise ValueError(
+                    f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
+        _count(scope.counts, name, mode, _site_aval(eqn), meta(eqn.params).batched,
+               guarded_place(eqn.params) if is_guarded(eqn.params) else None)
 
 
 class _ForwardSites:

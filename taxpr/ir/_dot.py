@@ -51,47 +51,75 @@ class _Dot:
         self.lines.append(f"{nid} [label={_quote(label)} shape={shape}{extra}];")
         return nid
 
-    def jaxpr(self, j: Any, inputs: list[str] | None, indent: str) -> list[str]:
-        """Emit ``j``'s nodes; ``inputs`` are the outer nodes feeding its
-        invars (dashed edges). Returns the nodes producing its outputs."""
-        constvars, _, invars, eqns, outvars, _, _ = _jaxpr.jaxpr_parts(j)
-        producer: dict = {}
-        for v in constvars:
-            producer[v] = self.node(f"const {self.typed(v)}", "note")
-        for i, v in enumerate(invars):
-            producer[v] = self.node(self.typed(v), "ellipse")
-            if inputs is not None and i < len(inputs) and inputs[i] is not None:
-                self.edges.append(f"{inputs[i]} -> {producer[v]} [style=dashed];")
-        for eqn in eqns:
+    def jaxpr(self, j: Any) -> list[str]:
+        """Emit ``j``'s nodes, its nested jaxprs as clusters. Returns the
+        nodes producing its outputs."""
+        top = self._enter(j, None)
+        for eqn, _, frame in _traverse.walk(j, self._subs, top):
             outs = [self.typed(v) if not isinstance(v, core.DropVar) else "_"
                     for v in eqn.outvars]
             args = " ".join(self.name(a) for a in eqn.invars)
             label = f"{', '.join(outs)} = {eqn.primitive.name} {args}".strip()
-            nid = self.node(label, extra=' style="bold"' if eqn.effects else "")
+            frame.node = nid = self.node(label, extra=' style="bold"' if eqn.effects else "")
             for a in eqn.invars:
-                if not isinstance(a, core.Literal) and a in producer:
-                    self.edges.append(f"{producer[a]} -> {nid} [label={_quote(self.name(a))}];")
-            for sub, sj in _traverse.subjaxprs(eqn):
-                self.n += 1
-                self.lines.append(f"subgraph cluster_{self.n} {{ label={_quote(sub.label)}; "
-                                  f"style=rounded; color=gray50;")
-                feeds = [producer.get(a) if not isinstance(a, core.Literal) else None
-                         for a in eqn.invars]
-                n_in = len(_jaxpr.jaxpr_parts(sj).invars)
-                sub_outs = self.jaxpr(sj, feeds[len(feeds) - n_in:] if n_in <= len(feeds)
-                                      else None, indent + "  ")
-                self.lines.append("}")
-                for o in sub_outs:
-                    self.edges.append(f"{o} -> {nid} [style=dashed];")
+                if not isinstance(a, core.Literal) and a in frame.producer:
+                    self.edges.append(
+                        f"{frame.producer[a]} -> {nid} [label={_quote(self.name(a))}];")
             for v in eqn.outvars:
-                producer[v] = nid
+                frame.producer[v] = nid
+        return self._leave(j, top)
+
+    def _subs(self, eqn, path, frame: "_Frame"):
+        """``eqn``'s nested jaxprs, each a cluster fed by dashed edges from
+        the nodes of ``eqn``'s operands, its outputs feeding ``eqn``'s node."""
+        nid = frame.node
+        feeds = [frame.producer.get(a) if not isinstance(a, core.Literal) else None
+                 for a in eqn.invars]
+        for sub, sj in _traverse.subjaxprs(eqn):
+            self.n += 1
+            self.lines.append(f"subgraph cluster_{self.n} {{ label={_quote(sub.label)}; "
+                              f"style=rounded; color=gray50;")
+            n_in = len(_jaxpr.jaxpr_parts(sj).invars)
+            inner = self._enter(sj, feeds[len(feeds) - n_in:] if n_in <= len(feeds) else None)
+            yield sub, sj, inner
+            sub_outs = self._leave(sj, inner)
+            self.lines.append("}")
+            for o in sub_outs:
+                self.edges.append(f"{o} -> {nid} [style=dashed];")
+
+    def _enter(self, j: Any, inputs: list[str] | None) -> "_Frame":
+        """Nodes for ``j``'s constants and inputs; ``inputs`` are the outer
+        nodes feeding its invars (dashed edges)."""
+        constvars, _, invars, _, _, _, _ = _jaxpr.jaxpr_parts(j)
+        frame = _Frame()
+        for v in constvars:
+            frame.producer[v] = self.node(f"const {self.typed(v)}", "note")
+        for i, v in enumerate(invars):
+            frame.producer[v] = self.node(self.typed(v), "ellipse")
+            if inputs is not None and i < len(inputs) and inputs[i] is not None:
+                self.edges.append(f"{inputs[i]} -> {frame.producer[v]} [style=dashed];")
+        return frame
+
+    def _leave(self, j: Any, frame: "_Frame") -> list[str]:
+        """The nodes producing ``j``'s outputs."""
         out_nodes = []
-        for v in outvars:
+        for v in _jaxpr.jaxpr_parts(j).outvars:
             if isinstance(v, core.Literal):
                 out_nodes.append(self.node(self.name(v), "plaintext"))
             else:
-                out_nodes.append(producer.get(v) or self.node(self.typed(v), "ellipse"))
+                out_nodes.append(frame.producer.get(v) or self.node(self.typed(v), "ellipse"))
         return out_nodes
+
+
+class _Frame:
+    """One jaxpr being drawn: the node producing each of its variables, and
+    the node of the equation drawn last."""
+
+    __slots__ = ("producer", "node")
+
+    def __init__(self):
+        self.producer: dict = {}
+        self.node: str | None = None
 
 
 def to_dot(jaxpr: Any, name: str = "jaxpr") -> str:
@@ -112,7 +140,7 @@ def to_dot(jaxpr: Any, name: str = "jaxpr") -> str:
     d.lines.append(f"digraph {_quote(name)} {{")
     d.lines.append('rankdir=TB; node [fontname="monospace" fontsize=10]; '
                    'edge [fontname="monospace" fontsize=9];')
-    outs = d.jaxpr(jaxpr, None, "")
+    outs = d.jaxpr(jaxpr)
     sink = d.node("outputs", "doublecircle")
     for o in outs:
         d.edges.append(f"{o} -> {sink};")

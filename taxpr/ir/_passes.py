@@ -393,12 +393,9 @@ def common_subexpression_elimination(jaxpr: Any) -> Any:
 # ---- dead code elimination -----------------------------------------------------------
 
 def _eqn_count(eqns) -> int:
-    n = 0
-    for eqn in eqns:
-        n += 1
-        for _, sj in _traverse.subjaxprs(eqn):
-            n += _eqn_count(_jaxpr.jaxpr_parts(sj).eqns)
-    return n
+    """The equations ``eqns`` and those of their nested jaxprs."""
+    return len(eqns) + sum(1 for eqn in eqns for _, sj in _traverse.subjaxprs(eqn)
+                           for _ in _traverse.walk(sj))
 
 
 def _dce_level(level: Level, path, is_top, purity: _Purity | None = None,
@@ -460,15 +457,15 @@ def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> An
     callers: set = set()
     seen: set = set()
 
-    def collect(j):  # primitives that call a jaxpr (each callee walked once)
-        for e in _jaxpr.jaxpr_parts(j).eqns:
-            for _, sj in _traverse.subjaxprs(e):
-                callers.add(e.primitive)
-                if id(sj) not in seen:
-                    seen.add(id(sj))
-                    collect(sj)
+    def subs(eqn, path, ctx):  # primitives that call a jaxpr (each callee walked once)
+        for sub, sj in _traverse.subjaxprs(eqn):
+            callers.add(eqn.primitive)
+            if id(sj) not in seen:
+                seen.add(id(sj))
+                yield sub, sj, ctx
 
-    collect(jaxpr)
+    for _ in _traverse.walk(jaxpr, subs):
+        pass
     callers -= TAG_PRIMITIVES
     with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
             _compat.keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
