@@ -95,11 +95,17 @@ def dissolve_tags(jaxpr: Any, predicate: Predicate | None = None) -> Any:
     def rewrite(eqn, path, env):
         if not is_selected(eqn, predicate):
             return None
-        ins = (eqn.invars[:n_values(eqn.params, len(eqn.invars))] if eqn.primitive is tag_p
-               else eqn.invars[len(eqn.invars) // 2:])
-        for o, i in zip(eqn.outvars, ins):
-            if not isinstance(o, core.DropVar):
-                env[o] = env.get(i, i) if type(i) is core.Var else i
-        return []
+        return forward_dissolved(eqn, env)
 
     return _traverse.map_jaxpr(jaxpr, rewrite)
+
+
+def forward_dissolved(eqn: core.JaxprEqn, env: dict) -> list:
+    """Dissolve the tag ``eqn`` in a ``_traverse.map_jaxpr`` rewrite: bind
+    its outputs to the values it tags in ``env``; returns no equations."""
+    ins = (eqn.invars[:n_values(eqn.params, len(eqn.invars))] if eqn.primitive is tag_p
+           else eqn.invars[len(eqn.invars) // 2:])
+    for o, i in zip(eqn.outvars, ins):
+        if not isinstance(o, core.DropVar):
+            env[o] = env.get(i, i) if type(i) is core.Var else i
+    return []

@@ -14,7 +14,7 @@ from jax._src import core
 from .. import _compat, _jaxpr, _traverse
 from .._engine import (Engine, Hooks, Level, RulePolicy, format_path, inline,
                        speculative_rule_traces)
-from .._find import dissolve_tags
+from .._find import dissolve_tags, forward_dissolved
 from .._inject import guarded_place
 from ..primitives._tag import meta, n_values, tag_p
 from ._checks import _disp
@@ -28,38 +28,37 @@ class _ChannelSite(NamedTuple):
     name: str  # the sow's name
 
 
-def _dissolve_dependent_sows(engine, jaxpr, dependent: set) -> Any:
-    """``jaxpr`` with its selected sows whose value depends on the inputs
-    ``dependent`` dissolved (plain identities). A call (``jit``) is followed
-    into its callee, whose inputs are its operands; inside other primitives
-    every sow of an equation that depends on them is dissolved
-    (conservatively)."""
+def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], bool]) -> Any:
+    """``jaxpr`` (a derivative rule) with its selected sows dissolved (plain
+    identities) where their value depends on the inputs ``dependent`` or
+    their name is not ``kept``. A call (``jit``) is followed into its
+    callee, whose inputs are its operands; inside other primitives every
+    sow of an equation that depends on them is dissolved (conservatively)."""
     dep = set(dependent)
 
     def rewrite(eqn, path, env):
-        if path or not any(type(v) is core.Var and v in dep for v in eqn.invars):
-            return None
-        ins = [env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]
+        depends = not path and any(type(v) is core.Var and v in dep for v in eqn.invars)
+        if depends:
+            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
+        if eqn.primitive is tag_p and engine.predicate(eqn.params):
+            return forward_dissolved(eqn, env) if depends or not kept(eqn.params["name"]) else None
+        if not depends:
+            return None  # sub-jaxprs are rewritten by name only
         subs = _traverse.subjaxprs(eqn)
-        if eqn.primitive in _compat.CALL_PRIMITIVES and len(subs) == 1:
+        if eqn.primitive in _compat.CALL_PRIMITIVES and len(subs) == 1 and len(
+                _jaxpr.jaxpr_parts(subs[0][1]).invars) == len(eqn.invars):
             (sub, sj), = subs
             callee_ins = _jaxpr.jaxpr_parts(sj).invars
-            if len(callee_ins) == len(eqn.invars):
-                eqn = _traverse.with_subjaxprs(eqn, {(sub.key, sub.index): _dissolve_dependent_sows(
-                    engine, sj, {c for c, v in zip(callee_ins, eqn.invars)
-                                 if type(v) is core.Var and v in dep})})
-                subs = []
-        dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
-        if eqn.primitive is tag_p and engine.predicate(eqn.params):
-            for o, i in zip(eqn.outvars, ins):
-                if not isinstance(o, core.DropVar):
-                    env[o] = i
-            return []
-        if subs:  # conservatively: every sow inside depends on the inputs
-            eqn = _traverse.with_subjaxprs(eqn, {
-                (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
-                for sub, sj in subs})
-        return [eqn.replace(invars=ins)]
+            new = {(sub.key, sub.index): _dissolve_rule_sows(
+                engine, sj, {c for c, v in zip(callee_ins, eqn.invars)
+                             if type(v) is core.Var and v in dep}, kept)}
+        else:
+            new = {(sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+                   for sub, sj in subs}
+        if new:
+            eqn = _traverse.with_subjaxprs(eqn, new)
+        return [eqn.replace(invars=[env.get(v, v) if type(v) is core.Var else v
+                                    for v in eqn.invars])]
 
     return _traverse.map_jaxpr(jaxpr, rewrite)
 
@@ -91,10 +90,8 @@ class _HarvestRules(RulePolicy):
         """Sows in the rule whose value depends on the tangents, and those of
         names the function itself sows (``rewritten_in_rule``), become plain
         identities: the former so that reverse mode can linearize."""
-        rule = _dissolve_dependent_sows(engine, rule,
-                                        set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]))
-        return dissolve_tags(rule, lambda p, s: engine.predicate(p)
-                             and not self.rewritten_in_rule(engine, eqn, p["name"]))
+        return _dissolve_rule_sows(engine, rule, set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]),
+                                   lambda name: self.rewritten_in_rule(engine, eqn, name))
 
     def has_selected(self, engine, eqn) -> bool:
         # Sows of names the function does not sow, and planted sows: the
