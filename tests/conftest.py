@@ -27,13 +27,13 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # of CPU on 2 cores), leaves out the tests marked `slow`: these modules (the
 # differential fuzzer, the benchmark smoke run and the examples compile whole
 # programs many times: more than half of the full run), the cross product
-# of inject's predicates and programs (each program alone stays, in
-# test_matches_eager), the rendering of the built site in Chromium
+# of inject's predicates and programs (test_engine.py; each program alone
+# stays, in test_matches_eager), the rendering of the built site in Chromium
 # (test_site.py) and every `long` test. Marked here, in one place,
 # rather than in each module.
 SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
                           "test_site.py"})
-SLOW_TESTS = frozenset({("test_inject.py", "test_predicate_matches_eager"),
+SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",
                          "test_generated_code_reproduces_a_20_000_equation_fuzz_program")})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["tests/test_fuzz.py", "tests/test_examples.py", "tests/test_bench_smoke.py",
-         "tests/test_inject.py"]
+         "tests/test_inject.py", "tests/test_engine.py"]
 
 
 def _collected(*marker_args: str) -> list[str]:
@@ -23,6 +23,7 @@ def _collected(*marker_args: str) -> list[str]:
 def test_fast_subset_leaves_out_slow_and_long_tests():
     fast = _collected("-m", "not slow")
     assert fast, "the fast subset selected nothing"
-    assert all(t.startswith("tests/test_inject.py::") for t in fast), fast[:5]
+    assert all(t.startswith(("tests/test_inject.py::", "tests/test_engine.py::"))
+               for t in fast), fast[:5]
     assert not [t for t in fast if "test_predicate_matches_eager" in t]
     assert [t for t in fast if "test_matches_eager[" in t]  # each program still runs
