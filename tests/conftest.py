@@ -15,6 +15,24 @@ if "xla_allow_excess_precision" not in os.environ["XLA_FLAGS"]:
 if "xla_gpu_autotune_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_gpu_autotune_level=0"
 
+# One persistent compilation cache per test run, shared by the pytest-xdist
+# workers and the Python processes tests start: a program that several tests
+# compile (a reference and a rewritten program that lower alike; a fuzz
+# program checked in several modes) is compiled once. It starts empty in each
+# run (a result never depends on an earlier run) and is removed at the end by
+# the process that made it. A JAX_COMPILATION_CACHE_DIR of the user's is used
+# as it is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit  # noqa: E402
+    import shutil  # noqa: E402
+    import tempfile  # noqa: E402
+
+    _CACHE_DIR = tempfile.mkdtemp(prefix="taxpr-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
