@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
+from jax import lax
+from jax._src.lax import lax as _lax_internal
 from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
@@ -45,6 +47,7 @@ DEFAULT_MAX_CONSTANT_ELEMENTS = 1000
 # it is compiled once (one XLA compile beats thousands of dispatches).
 _EAGER_FOLD_MAX = 24
 # Never evaluated at rewrite time: placement / sharding and stateful RNG.
+# By name: several of these exist only in some JAX versions.
 _NEVER_FOLD = frozenset({
     "device_put", "sharding_constraint", "mesh_cast", "reshard", "rng_uniform",
     "optimization_barrier", "pcast", "pvary", "axis_index", "create_token", "after_all",
@@ -157,35 +160,38 @@ def _apply(jaxpr: Any, rewrite_level: Callable) -> Any:
 
 # ---- copy propagation --------------------------------------------------------------
 
+def _identity_dims(dims, rank: int) -> bool:
+    return tuple(dims) == tuple(range(rank))
+
+
+# Per Primitive: whether an equation of it (one input and output of the same
+# type) returns its input unchanged, given ``(params, input aval, n_inputs)``.
+_COPY_RULES: dict[core.Primitive, Callable[[dict, Any, int], bool]] = {
+    _lax_internal.copy_p: lambda p, a, n: True,
+    lax.convert_element_type_p: lambda p, a, n: p.get("sharding") is None,
+    lax.reshape_p: lambda p, a, n: p.get("dimensions") is None and n == 1,
+    lax.squeeze_p: lambda p, a, n: tuple(p.get("dimensions", ())) == (),
+    lax.broadcast_in_dim_p: lambda p, a, n: (
+        n == 1 and p.get("sharding") is None
+        and _identity_dims(p["broadcast_dimensions"], len(a.shape))),
+    lax.transpose_p: lambda p, a, n: _identity_dims(p["permutation"], len(a.shape)),
+    lax.rev_p: lambda p, a, n: tuple(p["dimensions"]) == (),
+    lax.slice_p: lambda p, a, n: (
+        all(s == 0 for s in p["start_indices"]) and tuple(p["limit_indices"]) == tuple(a.shape)
+        and (p.get("strides") is None or all(s == 1 for s in p["strides"]))),
+}
+
+
 def _is_copy(eqn: core.JaxprEqn) -> bool:
     """An equation whose single output is its first input, bit for bit and
     with the same type."""
     if len(eqn.outvars) != 1 or not eqn.invars:
         return False
-    x, out = eqn.invars[0], eqn.outvars[0]
-    if x.aval != out.aval:
+    x = eqn.invars[0]
+    if x.aval != eqn.outvars[0].aval:
         return False
-    name, p = eqn.primitive.name, eqn.params
-    if name in ("copy", "copy_p"):
-        return True
-    if name == "convert_element_type":
-        return p.get("sharding") is None
-    if name == "reshape":
-        return p.get("dimensions") is None and len(eqn.invars) == 1
-    if name == "squeeze":
-        return tuple(p.get("dimensions", ())) == ()
-    if name == "broadcast_in_dim":
-        return (len(eqn.invars) == 1 and p.get("sharding") is None
-                and tuple(p["broadcast_dimensions"]) == tuple(range(len(out.aval.shape))))
-    if name == "transpose":
-        return tuple(p["permutation"]) == tuple(range(len(out.aval.shape)))
-    if name == "rev":
-        return tuple(p["dimensions"]) == ()
-    if name == "slice":
-        return (all(s == 0 for s in p["start_indices"])
-                and tuple(p["limit_indices"]) == tuple(x.aval.shape)
-                and (p.get("strides") is None or all(s == 1 for s in p["strides"])))
-    return False
+    rule = _COPY_RULES.get(eqn.primitive)
+    return rule is not None and rule(eqn.params, x.aval, len(eqn.invars))
 
 
 def _forward_level(purity: _Purity, copies: bool = False, algebra: bool = False,
@@ -217,11 +223,11 @@ def _forward_level(purity: _Purity, copies: bool = False, algebra: bool = False,
                 if repl is not None:
                     env[eqn.outvars[0]] = repl
                     if report is not None and (isinstance(repl, core.Literal)
-                                               or eqn.primitive.name == "select_n"):
+                                               or eqn.primitive is lax.select_n_p):
                         report.reopened = True
                     continue
                 producers[eqn.outvars[0]] = eqn
-                if (eqn.primitive.name == "broadcast_in_dim" and len(eqn.invars) == 1
+                if (eqn.primitive is lax.broadcast_in_dim_p and len(eqn.invars) == 1
                         and isinstance(eqn.invars[0], core.Literal)):
                     splats[eqn.outvars[0]] = _scalar(eqn.invars[0], splats)
             if (cse and eqn.primitive.name not in _NEVER_CSE
@@ -291,56 +297,83 @@ def _is_neg_zero(v) -> bool:  # -0.0 (or integer 0)
     return v is not None and v == 0 and (type(v) is int or math.copysign(1.0, v) < 0)
 
 
-_ALGEBRA_PRIMITIVES = frozenset({"add", "sub", "mul", "div", "max", "min", "and", "or",
-                                 "integer_pow", "neg", "not", "select_n"})
+# ---- algebraic identities: one rule per Primitive --------------------------------
+#
+# A rule returns the atom equal to the single output of ``eqn`` (``_simplify``
+# then checks its type), or None. Binary rules take ``(eqn, x_value,
+# y_value, producers)``: the scalar values of the two operands where they are
+# known (literals, splats), else None; the others ``(eqn, producers)``, the
+# equations that computed each variable so far.
+
+def _add(eqn, vx, vy, producers):  # x + (-0.0) == x; x + 0.0 is not (-0.0 + 0.0 == 0.0)
+    x, y = eqn.invars
+    return x if _is_neg_zero(vy) else y if _is_neg_zero(vx) else None
+
+
+def _sub(eqn, vx, vy, producers):  # x - 0.0 == x, also for x = -0.0
+    return eqn.invars[0] if _is_pos_zero(vy) else None
+
+
+def _mul(eqn, vx, vy, producers):
+    x, y = eqn.invars
+    return x if _is_one(vy) else y if _is_one(vx) else None
+
+
+def _div(eqn, vx, vy, producers):
+    return eqn.invars[0] if _is_one(vy) else None
+
+
+def _idempotent(eqn, vx, vy, producers):  # max(x, x), min, and, or
+    x, y = eqn.invars
+    return x if x is y else None
+
+
+def _involution(eqn, producers):  # neg(neg(x)), not(not(x))
+    if len(eqn.invars) != 1 or isinstance(eqn.invars[0], core.Literal):
+        return None  # a literal: an earlier rewrite made it one (unhashable)
+    x = eqn.invars[0]
+    inner = producers.get(x)
+    return inner.invars[0] if inner is not None and inner.primitive is eqn.primitive else None
+
+
+def _integer_pow(eqn, producers):
+    return eqn.invars[0] if eqn.params.get("y") == 1 else None
+
+
+def _select_n(eqn, producers):  # select_n(p, x, x, ...) == x
+    if len(eqn.invars) < 2:
+        return None
+    cases = eqn.invars[1:]
+    if all(c is cases[0] for c in cases[1:]) and not isinstance(cases[0], core.Literal):
+        return cases[0]
+    return None
+
+
+_BINARY_RULES: dict[core.Primitive, Callable] = {
+    lax.add_p: _add, lax.sub_p: _sub, lax.mul_p: _mul, lax.div_p: _div,
+    lax.max_p: _idempotent, lax.min_p: _idempotent, lax.and_p: _idempotent,
+    lax.or_p: _idempotent,
+}
+_OTHER_RULES: dict[core.Primitive, Callable] = {
+    lax.neg_p: _involution, lax.not_p: _involution, lax.integer_pow_p: _integer_pow,
+    lax.select_n_p: _select_n,
+}
 
 
 def _simplify(eqn: core.JaxprEqn, splats: dict, producers: dict) -> Any | None:
     """The atom equal to ``eqn``'s single output, or None."""
-    name = eqn.primitive.name
-    if name not in _ALGEBRA_PRIMITIVES:
-        return None
-    out = eqn.outvars[0].aval
-    inv = eqn.invars
-
-    def same(a) -> Any | None:
-        return a if a.aval == out else None
-
-    if name in ("add", "sub", "mul", "div", "max", "min", "and", "or") and len(inv) == 2:
-        x, y = inv
-        vx = _scalar(x, splats)
-        vy = _scalar(y, splats)
-        if name in ("max", "min", "and", "or") and x is y:
-            return same(x)
-        if name == "add":  # x + (-0.0) == x; x + 0.0 is not (-0.0 + 0.0 == 0.0)
-            if _is_neg_zero(vy):
-                return same(x)
-            if _is_neg_zero(vx):
-                return same(y)
-        if name == "sub" and _is_pos_zero(vy):  # x - 0.0 == x, also for x = -0.0
-            return same(x)
-        if name == "mul":
-            if _is_one(vy):
-                return same(x)
-            if _is_one(vx):
-                return same(y)
-        if name == "div" and _is_one(vy):
-            return same(x)
-        return None
-    if name == "integer_pow" and eqn.params.get("y") == 1:
-        return same(inv[0])
-    if name in ("neg", "not") and len(inv) == 1:
-        if isinstance(inv[0], core.Literal):  # an earlier rewrite made it one (unhashable)
+    binary = _BINARY_RULES.get(eqn.primitive)
+    if binary is not None:
+        if len(eqn.invars) != 2:
             return None
-        inner = producers.get(inv[0])
-        if inner is not None and inner.primitive.name == name:
-            return same(inner.invars[0])
-        return None
-    if name == "select_n" and len(inv) >= 2:
-        cases = inv[1:]
-        if all(c is cases[0] for c in cases[1:]) and not isinstance(cases[0], core.Literal):
-            return same(cases[0])
-    return None
+        x, y = eqn.invars
+        atom = binary(eqn, _scalar(x, splats), _scalar(y, splats), producers)
+    else:
+        rule = _OTHER_RULES.get(eqn.primitive)
+        if rule is None:
+            return None
+        atom = rule(eqn, producers)
+    return atom if atom is not None and atom.aval == eqn.outvars[0].aval else None
 
 
 def algebraic_simplification(jaxpr: Any) -> Any:
@@ -501,7 +534,7 @@ def _fold_level(purity: _Purity, max_elements: int, report: _RoundReport | None 
         # where it cannot be, its equation stays and needs its inputs.
         needed: set = {v for v in level.outvars if not isinstance(v, core.Literal)}
         # Never turn an integer divisor into a literal (it may be 0: XLA traps).
-        int_divisors = {e.invars[1] for e in level.eqns if e.primitive.name in ("div", "rem")
+        int_divisors = {e.invars[1] for e in level.eqns if e.primitive in (lax.div_p, lax.rem_p)
                         and not isinstance(e.invars[1], core.Literal)
                         and e.invars[1].aval.dtype.kind in "iub"}
         if report is not None and int_divisors and not int_divisors.isdisjoint(constant):
@@ -552,7 +585,7 @@ def _foldable(eqn: core.JaxprEqn, purity: _Purity, max_elements: int) -> bool:
         return False
     if _compat.has_aval_sharding_param(eqn.params) or purity.impure(eqn):
         return False
-    if eqn.primitive.name in ("div", "rem") and not _nonzero_int_divisor(eqn):
+    if eqn.primitive in (lax.div_p, lax.rem_p) and not _nonzero_int_divisor(eqn):
         # XLA's compile-time evaluator traps (SIGFPE) on integer x / 0.
         return False
     return all(_compat.is_plain_array_aval(v.aval) and _size(v.aval) <= max_elements
