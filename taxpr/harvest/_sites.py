@@ -4,6 +4,7 @@ a planted value; with the hooks that name harvest's errors."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable, NamedTuple
 
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
-from .._engine import (Engine, Hooks, Level, RulePolicy, format_path, inline,
+from .._engine import (Engine, Hooks, Level, RulePolicy, ShardMapBody, format_path, inline,
                        speculative_rule_traces)
 from .._find import dissolve_tags, forward_dissolved
 from .._inject import guarded_place
@@ -371,9 +372,11 @@ class _JvpRules:
         ``iter_eqns`` (every input differentiated), or None."""
         return self._rules.get(eqn)
 
-    def _trace(self, eqn) -> Any:
+    def _trace(self, eqn, contexts: tuple) -> Any:
         """The rule's closed jaxpr, or None when it cannot be traced before
-        it runs (a rule with state: its error comes when JAX runs it)."""
+        it runs (a rule with state: its error comes when JAX runs it).
+        ``contexts`` are the tracing contexts of the bodies around ``eqn``
+        (``ShardMapBody``), entered as JAX enters them when it runs the rule."""
         n = len(eqn.invars) - eqn.params.get("num_consts", 0)
         jvp = eqn.primitive is _compat.custom_jvp_call_p
         thunk = eqn.params["jvp_jaxpr_fun" if jvp else "fwd_jaxpr_thunk"]
@@ -386,7 +389,9 @@ class _JvpRules:
             [(False,) * n] if jvp else [(True,) * n, (False,) * n])
         for flags in tries:
             try:
-                with speculative_rule_traces():
+                with speculative_rule_traces(), contextlib.ExitStack() as entered:
+                    for context in contexts:
+                        entered.enter_context(context())
                     jaxpr, consts, *_ = thunk.call_wrapped(*flags)
             except Exception:  # noqa: BLE001 - a look, not a run: nothing it raises escapes
                 # The rule refuses these tangents (equinox's
@@ -403,13 +408,27 @@ class _JvpRules:
         its ``custom_jvp_call``s and the fwd rules of its ``custom_vjp_call``s
         (``in_rule`` flag). Not into rules inside rules (they run only under
         a second derivative, and a rule may call its own function), nor
-        inside a custom_vjp function (its bwd replays it), nor inside
-        ``shard_map`` (whose rules trace only in the body's context)."""
-        for eqn, path in _traverse.iter_eqns(closed):
+        inside a custom_vjp function (its bwd replays it). A rule inside a
+        ``shard_map`` is traced in the body's context."""
+        for eqn, path, contexts in _traverse.walk(closed, _subs_with_body_contexts, ()):
             yield eqn, path, False
             label = _RULE_OF.get(eqn.primitive)
-            if (self.enabled and label is not None and "shard_map" not in path
+            if (self.enabled and label is not None
                     and not any(p.startswith("custom_vjp") for p in path)):
-                rule = self._trace(eqn)
+                rule = self._trace(eqn, contexts)
                 for e, p in () if rule is None else _traverse.iter_eqns(rule, (*path, label)):
                     yield e, p, True
+
+
+def _subs_with_body_contexts(eqn, path, contexts: tuple):
+    """``_traverse.walk``'s sub-jaxprs as ``_traverse.iter_eqns`` has them
+    (with those a high-level primitive holds), each with the tracing
+    contexts of the bodies around it: a shard_map's body adds its own."""
+    inner = ((*contexts, ShardMapBody(eqn.params)) if eqn.primitive is _compat.shard_map_p
+             else contexts)
+    for sub, sj in _traverse.subjaxprs(eqn):
+        yield sub, sj, inner
+    if _compat.call_hi_primitive_p is not None and eqn.primitive is _compat.call_hi_primitive_p:
+        label = _traverse.hi_name(eqn)
+        for sj in _traverse.hidden_jaxprs(eqn):
+            yield _traverse.Sub("_prim", None, label), sj, contexts

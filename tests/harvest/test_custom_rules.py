@@ -472,6 +472,56 @@ def test_rule_sows_under_vmap_and_warm_caches(program):
         allclose(step(x), np.cos(x))
 
 
+def _rule_sow_in_shard_map(kind: str, per_shard: bool = False):
+    """sin on 4 shards as a custom_jvp (rule) or custom_vjp (fwd) that sows
+    2 * psum(x) as "c" (the same on every shard), or 2x (``per_shard``)."""
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    sown = (lambda x: x * 2.0) if per_shard else (
+        lambda x: jax.lax.psum(x.sum(), "i") * 2.0)
+    if kind == "custom_jvp":
+        f = _sowing_rule(jnp.sin, "c", sown)
+    else:
+        f = jax.custom_vjp(jnp.sin)
+        f.defvjp(lambda x: (jnp.sin(x), h.sow(sown(x), tag=T, name="c", mode="clobber") * 0.0
+                            + jnp.cos(x)),
+                 lambda r, ct: (r * ct,))
+    return shard_map()(f, mesh=cpu_mesh("i"), in_specs=P("i"), out_specs=P("i"))
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_a_rule_sow_inside_shard_map_is_reaped_when_differentiated_from_outside(kind):
+    # The rule is looked into in the shard_map body's context (its psum
+    # names the body's axis): its sow is reaped as when the derivative is
+    # taken inside the harvest, where JAX runs the rule.
+    sm = _rule_sow_in_shard_map(kind)
+    xs = jnp.arange(1.0, 5.0)
+    inside = h.reap(lambda x: jax.grad(lambda x: sm(x).sum())(x), tag=T)(xs)
+    allclose(inside["c"], 20.0)
+
+    def loss(x):
+        out, reaps = h.call_and_reap(sm, tag=T)(x)
+        return out.sum(), reaps
+
+    for grad in (jax.value_and_grad(loss, has_aux=True),
+                 jax.jit(jax.value_and_grad(loss, has_aux=True))):
+        for x in (xs, xs * 2.0):  # the jitted grad twice: warm caches
+            (value, reaps), g = grad(x)
+            allclose(value, np.sin(x).sum())
+            allclose(g, np.cos(x))
+            assert set(reaps) == {"c"}
+            allclose(reaps["c"], 2.0 * x.sum())
+
+
+def test_a_per_shard_rule_sow_inside_shard_map_is_an_error_naming_it():
+    sm = _rule_sow_in_shard_map("custom_jvp", per_shard=True)
+    with pytest.raises(ValueError, match=r"sow 'c' at shard_map/custom_jvp\[rule\] reaps a value "
+                                         r"that differs across the shards"):
+        jax.grad(lambda x: h.call_and_reap(sm, tag=T)(x)[0].sum())(jnp.arange(1.0, 5.0))
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "taxpr bug: differentiated from outside the harvest, a custom_jvp rule that calls its "
     "function and then sows a name the function sows too keeps the function's value (3.0) "
