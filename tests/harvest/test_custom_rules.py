@@ -472,6 +472,36 @@ def test_rule_sows_under_vmap_and_warm_caches(program):
         allclose(step(x), np.cos(x))
 
 
+def test_a_symbolic_zeros_fwd_sows_by_what_jax_perturbs_as_when_differentiated_inside():
+    # A fwd registered with symbolic zeros sows only for the inputs JAX
+    # perturbs: differentiated from outside the harvest, the names reaped
+    # are those of the perturbed inputs, as when the grad is taken inside.
+    @jax.custom_vjp
+    def f(x, y):
+        return jnp.sin(x) * y
+
+    def fwd(x, y):
+        if x.perturbed:
+            h.sow(jnp.cos(x.value), tag=T, name="dx", mode="clobber")
+        if y.perturbed:
+            h.sow(y.value * 10.0, tag=T, name="dy", mode="clobber")
+        return f(x.value, y.value), (x.value, y.value)
+
+    f.defvjp(fwd, lambda res, ct: (jnp.cos(res[0]) * res[1] * ct, jnp.sin(res[0]) * ct),
+             symbolic_zeros=True)
+    x, y = np.float32(0.5), np.float32(2.0)
+    want = {"dx": np.cos(x), "dy": y * 10.0}
+    for argnums in [(0,), (1,), (0, 1)]:
+        inside = h.reap(lambda x, y: jax.grad(f, argnums)(x, y), tag=T)(x, y)
+        (value, reaps), g = jax.value_and_grad(
+            lambda x, y: h.call_and_reap(f, tag=T)(x, y), argnums, has_aux=True)(x, y)
+        names = {("dx", "dy")[i] for i in argnums}
+        assert set(reaps) == set(inside) == names, (argnums, reaps, inside)
+        assert_tree_allclose(reaps, {n: want[n] for n in names})
+        allclose(value, np.sin(x) * y)
+        allclose(g, [(np.cos(x) * y, np.sin(x))[i] for i in argnums])
+
+
 def _rule_sow_in_shard_map(kind: str, per_shard: bool = False):
     """sin on 4 shards as a custom_jvp (rule) or custom_vjp (fwd) that sows
     2 * psum(x) as "c" (the same on every shard), or 2x (``per_shard``)."""
