@@ -525,9 +525,9 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     every exact update (so of every dtype kind), in every kind of body (so
     every control-flow primitive's carries get them), of most dtypes; and
     custom_jvp / custom_vjp functions whose rules bump typed states and draw
-    keys themselves, and custom_jvp rules that sow, which the derivative checks
-    run differentiated from outside and inside, and custom_vjp fwds that sow,
-    differentiated inside. The tests draw the same programs again
+    keys themselves, and custom_jvp rules that sow (also names sown outside
+    rules), which the derivative checks run differentiated from outside and
+    inside, and custom_vjp fwds that sow, differentiated inside. The tests draw the same programs again
     (derandomized), checking none."""
     # run_check reads and records these in its own module.
     _CHECKED, _GENERATED = collections.Counter(), set()
@@ -563,6 +563,10 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     wanted = {*((c, "CustomJvp") for c in checks), ("check_grad_inside", "CustomVjp")}
     missing = {(c, cls) for c, cls in wanted if f"{c}: rule Sow in {cls}" not in _GENERATED}
     assert not missing, f"no rule sows differentiated in {sorted(missing)}"
+    # ... some of them of names the program also sows outside rules.
+    shared = {c for c in checks for cls in classes
+              if f"{c}: rule Sow of a name sown outside rules in {cls}" in _GENERATED}
+    assert shared == set(checks), f"rule sows of names sown outside rules only in {shared}"
 
 
 def test_the_long_profile_runs_the_requested_number_of_programs_in_all():

@@ -70,6 +70,7 @@ class Gen:
         # "custom_rules" (custom functions more often: STMT_KINDS_CUSTOM),
         # "rule_sows" (sows among custom_jvp rules' statements: add_rules).
         self.allow = allow
+        self.sown_elsewhere: set = set()  # names the program sows outside rules (add_rules)
 
     def next_uid(self) -> int:
         self.uid += 1
@@ -299,19 +300,20 @@ class Gen:
         typed = sorted(k for k, v in kinds.items() if v == "Y")
         draws = RNG in kinds
         sown = sow_names(Program(body)) if "rule_sows" in self.allow else None
+        self.sown_elsewhere = set() if sown is None else set(sown)
         if not typed and not draws and sown is None:
             return body
 
-        def rule(sows_ok: bool, nested: set) -> tuple:
-            """1 or 2 statements: state effects, or (``sows_ok``) sows, or
-            both."""
+        def rule(sows_ok: bool, taken: set) -> tuple:
+            """1 or 2 statements: state effects, or (``sows_ok``) sows of
+            names not ``taken``, or both."""
             count = self.int_(1, 2)
             kind = ("state" if not sows_ok else "sows" if not (typed or draws)
                     else self.pick(("state", "sows", "mixed", "state")))
             out = []
             for _ in range(count):
                 if kind == "sows" or (kind == "mixed" and self.draw(st.booleans())):
-                    out.append(self.rule_sow(sown.keys() | nested,
+                    out.append(self.rule_sow(taken,
                                              used=bool(kinds) or self.draw(st.booleans())))
                 else:
                     out.append(Draw("_") if draws and not (typed and self.draw(st.booleans()))
@@ -328,16 +330,19 @@ class Gen:
                     s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
                         s, (CustomVjp, Root, EqxLoop))))
                 sows_ok = sown is not None and isinstance(s, CustomJvp)
+                # The names a rule may not sow: its function's own.
+                own = (sow_names(Program(s.body)).keys() if isinstance(s, (CustomJvp, CustomVjp))
+                       else set())
                 if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
                         and (isinstance(s, CustomJvp) or uses_state(s.body))
                         and (typed or draws or sows_ok)
                         and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
                     nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
-                    s = dataclasses.replace(s, rule=rule(sows_ok, nested))
+                    s = dataclasses.replace(s, rule=rule(sows_ok, own | nested))
                 if (sown is not None and isinstance(s, CustomVjp) and not inside
                         and self.int_(0, 2) < 2):  # a fwd that sows (often)
                     s = dataclasses.replace(s, rule=(*s.rule, *(
-                        self.rule_sow(sown.keys(), used=self.draw(st.booleans()))
+                        self.rule_sow(own, used=self.draw(st.booleans()))
                         for _ in range(self.int_(1, 2)))))
                 out.append(s)
             return tuple(out)
@@ -347,12 +352,14 @@ class Gen:
     def rule_sow(self, taken, used: bool) -> Sow:
         """A sow in a custom_jvp rule or a custom_vjp fwd (clobber or
         ``sow_cond``, or of another tag) of a value of the function's
-        arguments. Its name is not in
-        ``taken``: the names the program sows outside rules (differentiated
-        from outside the harvest, taxpr does not reap a rule's sow of such a
-        name: ``test_a_rule_sow_of_a_name_also_sown_outside_rules_is_reaped``)
-        and those that rules in the function's body sow (there taxpr orders a
-        rule's own sows after those of the rules in a jit in its function:
+        arguments. Its name may be one the program sows outside rules, but
+        not in ``taken``: the names the function's own body sows
+        (differentiated from outside the harvest, a rule's sow of such a name
+        is taken for the function's:
+        ``test_a_rule_sow_after_its_function_sows_the_same_name_is_reaped``,
+        docs/limitations.md) and those that rules in the function's body sow
+        (there taxpr orders a rule's own sows after those of the rules in a
+        jit in its function:
         ``test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered``).
         Its result is ``used`` by the rule (``RULE_SCALE``), or not only
         where the program has no state: with state, differentiated from
@@ -362,7 +369,11 @@ class Gen:
         nor strict (a rule runs once per differentiated call)."""
         ctx = Ctx(ivars=("n",))  # the function's arguments
         free = [n for n in (*CLOBBER_NAMES, "q0") if n not in taken]
-        name = self.pick((*free, OTHER))
+        # Half the time (where there are some) a name the program sows
+        # elsewhere: the rule's sow then clobbers, or is clobbered by, those.
+        elsewhere = [n for n in free if n in self.sown_elsewhere]
+        name = (self.pick(elsewhere) if elsewhere and self.draw(st.booleans())
+                else self.pick((*free, OTHER)))
         uid = self.next_uid()
         tag, mode, pred = T, "clobber", None
         if name == OTHER:
