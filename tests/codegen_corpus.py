@@ -292,22 +292,23 @@ def _realistic() -> dict:
     }
 
 
-# Seeds of tests/test_ir_fuzz.py's generator: plain, vmapped, differentiated.
+# Seeds of the ir fuzzer's generator (tests/ir_fuzz/): plain, vmapped, differentiated.
 FUZZ_SEEDS = {"plain": range(8), "batched": (0, 2, 3), "differentiated": (1, 5)}
 
 
 def _fuzzed() -> dict:
-    import test_ir_fuzz as fuzz
+    from ir_fuzz.build import traced_program
+    from ir_fuzz.generator import differentiable, program, vmappable
 
     out = {}
     for mode, seeds in FUZZ_SEEDS.items():
         for seed in seeds:
-            stmts = fuzz.program(seed)
-            if mode == "batched" and not fuzz.vmappable(stmts) \
-                    or mode == "differentiated" and not fuzz.differentiable(stmts):
+            stmts = program(seed)
+            if mode == "batched" and not vmappable(stmts) \
+                    or mode == "differentiated" and not differentiable(stmts):
                 continue
-            _, args, j = fuzz.traced_program(seed, batched=mode == "batched",
-                                             differentiated=mode == "differentiated")
+            _, args, j = traced_program(seed, batched=mode == "batched",
+                                        differentiated=mode == "differentiated")
             out[f"fuzz_{mode}_{seed}"] = (j, list(args))
     return out
 

@@ -75,8 +75,8 @@ def test_while_loop_whose_predicate_vmap_batched_loops_per_example():
     # vmap keeps a per-example predicate in while_p (its cond returns
     # bool[3]), which lax.while_loop refuses ("cond_fun must return a boolean
     # scalar"): the code loops while any example's holds, and an example
-    # whose predicate is false keeps its carry (as in tests/test_ir_fuzz.py's
-    # batched programs).
+    # whose predicate is false keeps its carry (as in the batched programs of
+    # the ir fuzzer, tests/ir_fuzz/).
     def f(x, n):
         def body(c):
             i, v = c
@@ -369,20 +369,22 @@ def test_variable_names_are_distinct_and_never_reserved_at_any_size():
 
 
 def test_generated_code_reproduces_a_20_000_equation_fuzz_program():
-    import test_ir_fuzz as fuzz
+    from ir_fuzz.build import arguments, make_fn
+    from ir_fuzz.checks import _calls, regenerate
+    from ir_fuzz.generator import program
     from ir_helpers import total
 
     stmts: tuple = ()
     seed = 0
     while len(stmts) < 6200:
-        stmts += fuzz.program(seed)
+        stmts += program(seed)
         seed += 1
-    args = fuzz.arguments(0)
-    j = jax.make_jaxpr(fuzz.make_fn(stmts))(*args)
+    args = arguments(0)
+    j = jax.make_jaxpr(make_fn(stmts))(*args)
     assert total(j) >= 20_000
-    want, want_calls = fuzz._calls(j, args)
-    regen = fuzz.regenerate(j)
-    got, got_calls = fuzz._calls(regen, args)
+    want, want_calls = _calls(j, args)
+    regen = regenerate(j)
+    got, got_calls = _calls(regen, args)
     assert_bitwise(got, want)
     assert got_calls == want_calls and want_calls["io"] > 0 and want_calls["debug"] > 0
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import codegen_corpus
-import test_ir_fuzz
+import ir_fuzz.build
 from taxpr import ir
 
 from ir_helpers import assert_bitwise, run
@@ -43,7 +43,7 @@ DRIVER = textwrap.dedent('''
     import numpy as np
 
     jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py
-    import codegen_corpus, test_ir_fuzz
+    import codegen_corpus, ir_fuzz.build
 
     def plain(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -63,14 +63,14 @@ DRIVER = textwrap.dedent('''
         dtypes = json.loads((folder / (name + ".dtypes.json")).read_text())
         args = [inputs[f"arg{i}"].view(jax.numpy.dtype(d)) for i, d in enumerate(dtypes)]
         codegen_corpus.CALLS.clear()
-        test_ir_fuzz.CALLS.clear()
+        ir_fuzz.build.CALLS.clear()
         out = jax.jit(namespace["f"])(*args)
         outs = [plain(o) for o in jax.tree_util.tree_leaves(out)]
         jax.effects_barrier()
         sys.stdout.flush()
         np.savez(folder / (name + ".outputs.npz"), *[raw(o) for o in outs])
         (folder / (name + ".out_dtypes.json")).write_text(json.dumps([str(o.dtype) for o in outs]))
-        calls[name] = dict(codegen_corpus.CALLS + test_ir_fuzz.CALLS)
+        calls[name] = dict(codegen_corpus.CALLS + ir_fuzz.build.CALLS)
     (folder / "calls.json").write_text(json.dumps(calls))
 ''' % MARK)
 
@@ -89,13 +89,13 @@ def _plain(x) -> np.ndarray:
 def _in_process(j, args) -> tuple[list, str, dict]:
     """Outputs, printed text and host calls of the jaxpr evaluated here."""
     codegen_corpus.CALLS.clear()
-    test_ir_fuzz.CALLS.clear()
+    ir_fuzz.build.CALLS.clear()
     printed = StringIO()
     with redirect_stdout(printed):
         outs = run(j, *args)
         jax.effects_barrier()
     return ([_plain(o) for o in outs], printed.getvalue(),
-            dict(codegen_corpus.CALLS + test_ir_fuzz.CALLS))
+            dict(codegen_corpus.CALLS + ir_fuzz.build.CALLS))
 
 
 @pytest.fixture(scope="module")

@@ -531,12 +531,13 @@ def test_default_passes_reach_the_fixpoint_of_the_rewrite_rich_bench_program(mon
 @pytest.mark.parametrize("batched,differentiated",
                          [(False, False), (True, False), (False, True)])
 def test_default_passes_reach_the_fixpoint_of_fuzzed_programs(batched, differentiated):
-    import test_ir_fuzz as fuzz
+    from ir_fuzz.build import traced_program
+    from ir_fuzz.generator import differentiable, program, vmappable
     for seed in range(40):
-        stmts = fuzz.program(seed)
-        if batched and not fuzz.vmappable(stmts) or differentiated and not fuzz.differentiable(stmts):
+        stmts = program(seed)
+        if batched and not vmappable(stmts) or differentiated and not differentiable(stmts):
             continue
-        _, _, j = fuzz.traced_program(seed, batched, differentiated)
+        _, _, j = traced_program(seed, batched, differentiated)
         want, _ = _default_passes_to_fixpoint(j)
         assert _identity(ir.optimize_jaxpr(j)) == _identity(want), (seed, stmts)
 

@@ -19,7 +19,8 @@ from jax import lax
 import taxpr as tx
 from taxpr import harvest
 
-import test_ir_fuzz
+from ir_fuzz.checks import check_program
+from ir_fuzz.generator import differentiable, program, vmappable
 
 
 def enable_x64():
@@ -120,12 +121,12 @@ def test_reap_and_plant_of_float64_values_in_a_scan():
 @pytest.mark.parametrize("seed", [0, 4, 7, 25])
 def test_ir_passes_and_codegen_on_programs_traced_with_x64(seed):
     # The ir fuzzer's programs under x64: weak literals, while counters
-    # and scan indices are 64-bit; checked as in tests/test_ir_fuzz.py,
-    # under vmap and jvp too.
-    stmts = test_ir_fuzz.program(seed)
+    # and scan indices are 64-bit; checked as the ir fuzzer checks them
+    # (tests/ir_fuzz/), under vmap and jvp too.
+    stmts = program(seed)
     with enable_x64():
-        test_ir_fuzz.check_program(seed)
-        if test_ir_fuzz.vmappable(stmts):
-            test_ir_fuzz.check_program(seed, batched=True)
-        if test_ir_fuzz.differentiable(stmts):
-            test_ir_fuzz.check_program(seed, differentiated=True)
+        check_program(seed)
+        if vmappable(stmts):
+            check_program(seed, batched=True)
+        if differentiable(stmts):
+            check_program(seed, differentiated=True)
