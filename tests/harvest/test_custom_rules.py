@@ -502,7 +502,7 @@ def test_a_symbolic_zeros_fwd_sows_by_what_jax_perturbs_as_when_differentiated_i
         allclose(g, [(np.cos(x) * y, np.sin(x))[i] for i in argnums])
 
 
-def _rule_sow_in_shard_map(kind: str, per_shard: bool = False):
+def _rule_sow_in_shard_map(kind: str, per_shard: bool = False, check_vma: bool = True):
     """sin on 4 shards as a custom_jvp (rule) or custom_vjp (fwd) that sows
     2 * psum(x) as "c" (the same on every shard), or 2x (``per_shard``)."""
     from jax.sharding import PartitionSpec as P
@@ -518,7 +518,8 @@ def _rule_sow_in_shard_map(kind: str, per_shard: bool = False):
         f.defvjp(lambda x: (jnp.sin(x), h.sow(sown(x), tag=T, name="c", mode="clobber") * 0.0
                             + jnp.cos(x)),
                  lambda r, ct: (r * ct,))
-    return shard_map()(f, mesh=cpu_mesh("i"), in_specs=P("i"), out_specs=P("i"))
+    return shard_map()(f, mesh=cpu_mesh("i"), in_specs=P("i"), out_specs=P("i"),
+                       check_vma=check_vma)
 
 
 @pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
@@ -550,6 +551,18 @@ def test_a_per_shard_rule_sow_inside_shard_map_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"sow 'c' at shard_map/custom_jvp\[rule\] reaps a value "
                                          r"that differs across the shards"):
         jax.grad(lambda x: h.call_and_reap(sm, tag=T)(x)[0].sum())(jnp.arange(1.0, 5.0))
+
+
+def test_a_rule_sow_inside_shard_map_without_vma_checking_is_an_error_naming_it():
+    # Without vma checking taxpr cannot tell that the sown value is the same
+    # on every shard: the error reaping inside gives, from outside too.
+    sm = _rule_sow_in_shard_map("custom_jvp", check_vma=False)
+    xs = jnp.arange(1.0, 5.0)
+    for run in (lambda: h.reap(lambda x: jax.grad(lambda x: sm(x).sum())(x), tag=T)(xs),
+                lambda: jax.grad(lambda x: h.call_and_reap(sm, tag=T)(x)[0].sum())(xs)):
+        with pytest.raises(ValueError, match=r"sow 'c' at shard_map.* is reaped inside a shard_map "
+                                             r"without vma checking"):
+            run()
 
 
 @pytest.mark.xfail(strict=True, reason=(
