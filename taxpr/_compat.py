@@ -518,48 +518,6 @@ def trace_context_string(name: str, help: str) -> Any:
     return config.optional_string_state(name, None, help, include_in_trace_context=True)
 
 
-def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]],
-                              current_scopes: Callable[[], Any]) -> None:
-    """Let ``scoped(fun, fwd, bwd) -> (fwd, bwd)`` wrap the fwd and bwd
-    (each a ``lu.WrappedFun``) of every custom_vjp that JAX differentiates
-    while a function is traced (JVP and direct linearization; once).
-
-    A custom_vjp call staged into a jaxpr keeps its fwd (and a custom_jvp call
-    its rule) as a thunk that traces it once, on first use, whatever the trace
-    context then (``pe._memoize``). A jaxpr holding the call can be
-    differentiated again in another scope (equinox's checkpointed loop
-    linearizes its body speculatively in the forward pass, then again in its
-    bwd): the thunks remember one trace per ``current_scopes()`` value, as
-    JAX's trace caches do per trace context."""
-    memoize = pe._memoize
-    if not getattr(memoize, "_taxpr_wrapped", False):
-        def memoize_per_scope(fn):
-            per_scope: dict[Any, Callable] = {}
-
-            def memoized(*args):
-                scope = current_scopes()
-                thunk = per_scope.get(scope)
-                if thunk is None:
-                    thunk = per_scope[scope] = memoize(fn)
-                return thunk(*args)
-            return memoized
-
-        memoize_per_scope._taxpr_wrapped = True
-        pe._memoize = memoize_per_scope
-    for cls in (_ad.JVPTrace, getattr(_ad, "LinearizeTrace", None)):
-        process = getattr(cls, "process_custom_vjp_call", None)
-        if process is None or getattr(process, "_taxpr_wrapped", False):
-            continue
-
-        def process_scoped(self, primitive, fun, fwd, bwd, tracers, /, *, _process=process,
-                           **params):
-            fwd, bwd = scoped(fun, fwd, bwd)
-            return _process(self, primitive, fun, fwd, bwd, tracers, **params)
-
-        process_scoped._taxpr_wrapped = True
-        cls.process_custom_vjp_call = process_scoped
-
-
 def wrapped_fun_in(fun: Any, context: Callable[[], Any]) -> Any:
     """``fun`` (a ``lu.WrappedFun``) that runs inside ``with context():``."""
     from jax._src import linear_util as lu

@@ -17,6 +17,8 @@ lowers to the same StableHLO with and without taxpr
 | partial-eval rules of ``while`` and ``scan``; ``loops._scan_known_hoisting`` | the same rule in a staging scope (``_in_staging_scope``) | inside them, kept tags with known inputs are staged: eager runs them once per step | the rules themselves, unchanged |
 | ``ad.linearize_from_jvp`` | the same function in a scope that evaluates known kept tags | a custom_jvp rule under ``grad`` must keep its primal outputs known | the function itself, unchanged |
 | ``JaxprTrace.process_custom_jvp_call`` / ``process_custom_vjp_call`` | ``_unhoisted_custom_call`` | while a loop is split, a custom function holding kept tags stays in the loop | the methods themselves, unchanged |
+| ``pe._memoize`` (the thunk that traces a staged custom rule once) | one memoized thunk per taxpr scope (``install_custom_vjp_scopes``) | a staged custom_vjp fwd / custom_jvp rule differentiated again in another scope (equinox's checkpointed loop: speculatively, then in its bwd) is traced again there, as JAX's trace caches do per trace context | ``_memoize`` itself, unchanged |
+| ``JVPTrace`` / ``LinearizeTrace.process_custom_vjp_call`` | the same method with the fwd and bwd run in a new scope (``primitives._tag._scoped_fwd_bwd``) | inside a taxpr transformation, tags in a fwd are the forward pass's and those in a bwd's recomputation replay it (not applied twice) | the method itself, unchanged; outside taxpr's transformations the fwd and bwd are not wrapped |
 
 Every wrapper is marked ``_taxpr_wrapped``, so installing twice (a reload)
 wraps once.
@@ -158,6 +160,48 @@ def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> Non
             setattr(pe.JaxprTrace, name, _unhoisted_custom_call(process, holds_kept_tags))
 
 
+def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]],
+                              current_scopes: Callable[[], Any]) -> None:
+    """Let ``scoped(fun, fwd, bwd) -> (fwd, bwd)`` wrap the fwd and bwd
+    (each a ``lu.WrappedFun``) of every custom_vjp that JAX differentiates
+    while a function is traced (JVP and direct linearization; once).
+
+    A custom_vjp call staged into a jaxpr keeps its fwd (and a custom_jvp call
+    its rule) as a thunk that traces it once, on first use, whatever the trace
+    context then (``pe._memoize``). A jaxpr holding the call can be
+    differentiated again in another scope (equinox's checkpointed loop
+    linearizes its body speculatively in the forward pass, then again in its
+    bwd): the thunks remember one trace per ``current_scopes()`` value, as
+    JAX's trace caches do per trace context."""
+    memoize = pe._memoize
+    if not getattr(memoize, "_taxpr_wrapped", False):
+        def memoize_per_scope(fn):
+            per_scope: dict[Any, Callable] = {}
+
+            def memoized(*args):
+                scope = current_scopes()
+                thunk = per_scope.get(scope)
+                if thunk is None:
+                    thunk = per_scope[scope] = memoize(fn)
+                return thunk(*args)
+            return memoized
+
+        memoize_per_scope._taxpr_wrapped = True
+        pe._memoize = memoize_per_scope
+    for cls in (_ad.JVPTrace, getattr(_ad, "LinearizeTrace", None)):
+        process = getattr(cls, "process_custom_vjp_call", None)
+        if process is None or getattr(process, "_taxpr_wrapped", False):
+            continue
+
+        def process_scoped(self, primitive, fun, fwd, bwd, tracers, /, *, _process=process,
+                           **params):
+            fwd, bwd = scoped(fun, fwd, bwd)
+            return _process(self, primitive, fun, fwd, bwd, tracers, **params)
+
+        process_scoped._taxpr_wrapped = True
+        cls.process_custom_vjp_call = process_scoped
+
+
 def install() -> None:
     """Make every replacement of the table above (once)."""
     from . import _guards
@@ -168,3 +212,4 @@ def install() -> None:
     wrap_partial_eval_rule(_compat.cond_p, _tag._cond_partial_eval)
     wrap_partial_eval_rule(_compat.remat_p, _tag._remat_partial_eval)
     install_known_kept_tag_scopes(_tag.holds_kept_tags)
+    install_custom_vjp_scopes(_tag._scoped_fwd_bwd, _tag.current_scope_key)

@@ -431,7 +431,9 @@ def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
     return _compat.wrapped_fun_in(fwd, in_fwd), _compat.wrapped_fun_in(bwd, in_bwd)
 
 
-_compat.install_custom_vjp_scopes(_scoped_fwd_bwd, lambda: _SCOPES.value)
+def current_scope_key() -> Any:
+    """The custom_vjp scopes now (what a staged rule's trace depends on)."""
+    return _SCOPES.value
 
 
 tag_p = _TagPrimitive("tag")
