@@ -137,7 +137,7 @@ class Level:
     def const_var(self, value: Any) -> core.Var:
         hit = self.consts.get(id(value))
         if hit is None:
-            hit = (_jaxpr.new_var(_compat.abstractify(value)), value)
+            hit = (_jaxpr.new_var(_jaxpr.abstractify(value)), value)
             self.consts[id(value)] = hit
         return hit[0]
 
@@ -710,7 +710,7 @@ def _call_rule(key: str, sharded: bool):
         updates = {}
         if sharded:
             p = eqn.params
-            unspec = _compat.unspecified_sharding()
+            unspec = _jaxpr.unspecified_sharding()
             nf, nk = len(feeds), len(collects)
             updates = dict(
                 in_shardings=(unspec,) * n + tuple(p["in_shardings"]) + (unspec,) * nf,
@@ -949,6 +949,19 @@ def _open_call_rule(key: str, extra_in_params: Callable | None = None,
 register_thread_rule(_compat.remat_p, _open_call_rule("jaxpr"))
 
 
+def shard_map_body_context(params: dict) -> contextlib.ExitStack:
+    """The tracing context of a shard_map body (manual axes, abstract mesh,
+    vma checking), so code traced for the body gets the body's types."""
+    from jax._src import config, shard_map as sm
+    from jax._src.mesh import use_abstract_mesh
+    mesh, axes = params["mesh"], params.get("newly_manual_axes", frozenset())
+    stack = contextlib.ExitStack()
+    stack.enter_context(sm._extend_axis_env(mesh, axes))
+    stack.enter_context(use_abstract_mesh(sm._as_manual_mesh(mesh, axes)))
+    stack.enter_context(config._check_vma(params.get("check_vma", True)))
+    return stack
+
+
 class ShardMapBody:
     """Tracing context of one shard_map's body (see ``Level.context``)."""
 
@@ -956,10 +969,10 @@ class ShardMapBody:
         self.params = params
         # Without vma checking, values carry no varying axes: site rules
         # cannot see whether a value is the same on every shard.
-        self.checks_vma = _compat.shard_map_checks_vma(params)
+        self.checks_vma = _jaxpr.shard_map_checks_vma(params)
 
     def __call__(self):
-        return _compat.shard_map_body_context(self.params)
+        return shard_map_body_context(self.params)
 
 
 def _shard_map_specs(eqn, n_hoisted: int, n_ctx: int, n_feeds: int, n_collects: int) -> dict:
@@ -1011,7 +1024,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         # included) it differentiates, as it decides whether to run a rule.
         _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars, *feeds],
                       [*eqn.outvars, *ctx_out, *collects], num_consts=0, symbolic_zeros=True,
-                      jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
+                      jvp_jaxpr_fun=_jaxpr.wrap_fun(jvp_jaxpr_fun, user_jvp))
         return ctx_out
 
     def jvp_jaxpr_fun(*zeros):
@@ -1074,7 +1087,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     ctx_out = engine.fresh_ctx()
     _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars, *feeds],
                   [*eqn.outvars, *ctx_out, *collects], num_consts=0,
-                  jvp_jaxpr_fun=_compat.wrap_fun(jvp_jaxpr_fun, user_jvp))
+                  jvp_jaxpr_fun=_jaxpr.wrap_fun(jvp_jaxpr_fun, user_jvp))
     return ctx_out
 
 
@@ -1402,8 +1415,8 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     ctx_out = engine.fresh_ctx()
     _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*eqn.invars, *ctx, *feeds],
                   [*eqn.outvars, *ctx_out, *collects], num_consts=0, out_trees=out_trees,
-                  fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
-                  bwd=_compat.wrap_fun(bwd, user_bwd), symbolic_zeros=True)
+                  fwd_jaxpr_thunk=_jaxpr.wrap_fun(fwd_jaxpr_thunk, user_fwd),
+                  bwd=_jaxpr.wrap_fun(bwd, user_bwd), symbolic_zeros=True)
     written = engine.writes(threaded)
     return [_ctx_through(level, after, before)
             if i not in written and _inexact(engine.ctx_avals[i]) and type(before) is core.Var

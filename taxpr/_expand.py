@@ -80,7 +80,7 @@ def _jit_call(eqn: core.JaxprEqn, body: Any, name: str) -> core.JaxprEqn:
     and outputs)."""
     n_in, n_out = len(eqn.invars), len(eqn.outvars)
     jit = _jit_template()
-    unspec = _compat.unspecified_sharding()
+    unspec = _jaxpr.unspecified_sharding()
     new_params = dict(jit.params, jaxpr=body, name=name,
                       in_shardings=(unspec,) * n_in, out_shardings=(unspec,) * n_out,
                       in_layouts=(None,) * n_in, out_layouts=(None,) * n_out,

@@ -22,17 +22,35 @@ the guard as the context.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax._src import core
+from jax._src.interpreters import batching
 
 from . import _compat, _jaxpr, _per_example, _traverse
 from ._engine import Engine, Level, inline
 from .primitives._tag import is_guarded, meta, tag_p, with_meta
 
 _BOOL = core.ShapedArray((), jnp.bool_)
+
+
+def batch_closed_jaxpr(closed: Any, axis_data: Any, in_axes: Sequence[Any],
+                       out_axes: Sequence[Any]) -> Any:
+    """``closed`` batched by ``axis_data`` (in/out batch axes, None unbatched)."""
+    return batching.batch_jaxpr_axes(closed, axis_data, list(in_axes), list(out_axes))[0]
+
+
+def batched_outputs(closed: Any, axis_data: Any, in_batched: Sequence[bool],
+                    instantiate: Any) -> list[bool]:
+    """Which outputs of ``closed`` are batched given which inputs are."""
+    return list(batching.batch_jaxpr(closed, axis_data, list(in_batched), instantiate)[1])
+
+
+def batch_at_front(x: Any, dim: Any, axis_data: Any) -> Any:
+    """``x`` with its batch axis first (broadcast when unbatched)."""
+    return batching.bdim_at_front(x, dim, axis_data.size)
 
 
 def has_tags(jaxpr: Any) -> bool:
@@ -92,8 +110,8 @@ def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
     if dims[0] is None or params.get("branches_platforms") \
             or not any(has_tags(b) for b in branches):
         return original(axis_data, args, dims, branches=branches, **params)
-    index = _compat.batch_at_front(args[0], dims[0], axis_data)
-    ops = [x if d is None else _compat.batch_at_front(x, d, axis_data)
+    index = batch_at_front(args[0], dims[0], axis_data)
+    ops = [x if d is None else batch_at_front(x, d, axis_data)
            for x, d in zip(args[1:], dims[1:])]
     op_axes = [None if d is None else 0 for d in dims[1:]]
     index_aval = core.ShapedArray((), index.dtype)
@@ -107,8 +125,7 @@ def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
             return guarded(jnp.equal(index, i), *ops)
 
         per_example = _jaxpr.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
-        batched = _compat.batch_closed_jaxpr(per_example, axis_data, [0, *op_axes],
-                                             [0] * n_out)
+        batched = batch_closed_jaxpr(per_example, axis_data, [0, *op_axes], [0] * n_out)
         # As JAX's rule: an example's inputs to an untaken branch do not
         # get derivatives (no NaN gradients from the untaken branch).
         taken = jnp.equal(index, i)
@@ -137,20 +154,18 @@ def _while_batching_rule(original, axis_data, args, dims, *, cond_nconsts, cond_
     batched = [d is not None for d in dims]
     cconst_bat, bconst_bat, carry_bat = batched[:cc], batched[cc:cc + bc], batched[cc + bc:]
     for _ in range(1 + len(carry_bat)):  # the fixpoint JAX's rule computes
-        out_bat = _compat.batched_outputs(body_jaxpr, axis_data, bconst_bat + carry_bat,
-                                          carry_bat)
+        out_bat = batched_outputs(body_jaxpr, axis_data, bconst_bat + carry_bat, carry_bat)
         if out_bat == carry_bat:
             break
         carry_bat = [a or b for a, b in zip(carry_bat, out_bat)]
-    (pred_bat,) = _compat.batched_outputs(cond_jaxpr, axis_data, cconst_bat + carry_bat, False)
+    (pred_bat,) = batched_outputs(cond_jaxpr, axis_data, cconst_bat + carry_bat, False)
     if not pred_bat:
         # A predicate reduced over the batch (equinox's loops, and so
         # diffrax's and optimistix's solves, run while any example runs):
         # the loop is per example all the same, with each example's own
         # predicate the reduction's operand.
         own = _own_predicate(cond_jaxpr)
-        if own is None or not _compat.batched_outputs(own, axis_data, cconst_bat + carry_bat,
-                                                      False)[0]:
+        if own is None or not batched_outputs(own, axis_data, cconst_bat + carry_bat, False)[0]:
             return original(axis_data, args, dims, **params)
         return _while_guarded_by_own_predicate(original, axis_data, args, dims, own, **params)
     return _masked_while(axis_data, args, dims, **params)
@@ -231,15 +246,15 @@ def _masked_while(axis_data, args, dims, *, cond_nconsts, cond_jaxpr, body_ncons
                   _BOOL, *carry_avals]
     per_example = _jaxpr.trace_flat(step, step_avals, "while_body_masked")
     n = len(init)
-    step_batched = _compat.batch_closed_jaxpr(
+    step_batched = batch_closed_jaxpr(
         per_example, axis_data, [*cdims, *bdims, 0, *[0] * n], [0] * (n + 1))
-    init = [_compat.batch_at_front(x, d, axis_data) for x, d in zip(init, idims)]
-    cond_batched = _compat.batch_closed_jaxpr(cond_jaxpr, axis_data, [*cdims, *[0] * n], [0])
+    init = [batch_at_front(x, d, axis_data) for x, d in zip(init, idims)]
+    cond_batched = batch_closed_jaxpr(cond_jaxpr, axis_data, [*cdims, *[0] * n], [0])
     (p0,) = _jaxpr.jaxpr_as_fun(cond_batched)(*cconsts, *init)
     loop_avals = _jaxpr.in_avals(step_batched)[cc + bc:]
     any_running = _jaxpr.trace_flat(lambda p, *c: [jnp.any(p)], loop_avals, "any_running")
-    _, while_p = _compat.control_flow_primitives()
-    outs = while_p.bind(*cconsts, *bconsts, p0, *init, cond_nconsts=0, cond_jaxpr=any_running,
-                        body_nconsts=cc + bc, body_jaxpr=step_batched)
+    outs = _compat.while_p.bind(*cconsts, *bconsts, p0, *init, cond_nconsts=0,
+                                cond_jaxpr=any_running, body_nconsts=cc + bc,
+                                body_jaxpr=step_batched)
     return outs[1:], [0] * n
 

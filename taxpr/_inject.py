@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 from jax._src import core
 
-from . import _compat, _jaxpr, _traverse
+from . import _jaxpr, _traverse
 from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag,
                       format_path, inline, trace_in)
 from ._find import Predicate
@@ -99,15 +99,15 @@ class _InjectSites:
                 tok_leaves, found["token"] = jax.tree_util.tree_flatten(new_token)
                 ctx_leaves, found["ctx"] = jax.tree_util.tree_flatten(new_ctx)
                 if len(tok_leaves) == ntok:
-                    tok_leaves = [_compat.cast_weak_type(x, a)
+                    tok_leaves = [_jaxpr.cast_weak_type(x, a)
                                   for x, a in zip(tok_leaves, token_avals)]
                     if context is not None:
                         # Inside shard_map a token replaced by (replicated)
                         # ctx must keep the token's varying axes.
-                        tok_leaves = [_compat.match_varying(x, _compat.varying_axes(a))
+                        tok_leaves = [_jaxpr.match_varying(x, _jaxpr.varying_axes(a))
                                       for x, a in zip(tok_leaves, token_avals)]
                 if len(ctx_leaves) == nctx:
-                    ctx_leaves = [_compat.cast_weak_type(x, a)
+                    ctx_leaves = [_jaxpr.cast_weak_type(x, a)
                                   for x, a in zip(ctx_leaves, self.ctx_avals)]
                 return [*tok_leaves, *ctx_leaves]
             avals = [*self.ctx_avals, *token_avals]
@@ -163,11 +163,11 @@ class _InjectSites:
                         f"taxpr.inject: the injector for {where} returned {kind} leaf {i} "
                         f"of type {_aval_str(g)}, expected {_aval_str(w)}{hint}")
         for i, g in enumerate(out_avals[ntok:]):
-            if _compat.varying_axes(g):
+            if _jaxpr.varying_axes(g):
                 raise InjectError(
                     f"taxpr.inject: the injector for {where} makes ctx leaf {i} differ "
                     f"across the shards of a shard_map (it varies over mesh axes "
-                    f"{sorted(_compat.varying_axes(g))}); ctx enters shard_map replicated "
+                    f"{sorted(_jaxpr.varying_axes(g))}); ctx enters shard_map replicated "
                     f"and must stay the same on every shard")
 
     # -- the site rule --
@@ -471,7 +471,7 @@ def inject_with(closed_jaxpr: Any, injector: Injector, ctx: Any,
     if not policy.expanded:
         closed_jaxpr = expand_for(closed_jaxpr, predicate)
     leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
-    ctx_avals = [_compat.abstractify(x) for x in leaves]
+    ctx_avals = [_jaxpr.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, policy.guard_merge, policy.direct)
     sites.check_per_shard = policy.check_per_shard
     engine = Engine(sites, predicate, ctx_avals, policy.hooks)
@@ -497,8 +497,8 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
     def pure(ctx, *args, **kwargs):
         ctx_leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
         arg_leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs))
-        ctx_avals = tuple(_compat.abstractify(x) for x in ctx_leaves)
-        arg_avals = tuple(_compat.abstractify(x) for x in arg_leaves)
+        ctx_avals = tuple(_jaxpr.abstractify(x) for x in ctx_leaves)
+        arg_avals = tuple(_jaxpr.abstractify(x) for x in arg_leaves)
         key = (ctx_tree, ctx_avals, arg_tree, arg_avals)
         hit = cache.get(key)
         if hit is None:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import partial_eval as pe
 
-from . import _compat
+from . import _compat, _jaxpr
 
 def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
     """Replace ``prim``'s batching rule by ``wrapper(original, axis_data,
@@ -122,7 +122,7 @@ def _unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Call
         *subfuns, tracers = subfuns_and_tracers
         tracers = [self.to_jaxpr_tracer(t) for t in tracers]
         if _HOISTING.get() and tracers and all(t.is_known() for t in tracers):
-            called = _compat.called_jaxpr(fun)
+            called = _jaxpr.called_jaxpr(fun)
             # unseen: assume it holds tags (the call then stays in the loop)
             if called is None or holds_kept_tags(called.effects):
                 tracers = [self.instantiate_const(t) for t in tracers]
@@ -206,9 +206,8 @@ def install() -> None:
     """Make every replacement of the table above (once)."""
     from . import _guards
     from .primitives import _tag
-    cond_p, while_p = _compat.control_flow_primitives()
-    wrap_batching_rule(cond_p, _guards._cond_batching_rule)
-    wrap_batching_rule(while_p, _guards._while_batching_rule)
+    wrap_batching_rule(_compat.cond_p, _guards._cond_batching_rule)
+    wrap_batching_rule(_compat.while_p, _guards._while_batching_rule)
     wrap_partial_eval_rule(_compat.cond_p, _tag._cond_partial_eval)
     wrap_partial_eval_rule(_compat.remat_p, _tag._remat_partial_eval)
     install_known_kept_tag_scopes(_tag.holds_kept_tags)

@@ -6,14 +6,18 @@ debug_info): ``jaxpr_parts`` reads them from an open or closed jaxpr, and
 ``make_closed`` / ``make_jaxpr_like`` / ``with_parts`` build one back.
 Tracing (``trace_flat``), evaluating (``jaxpr_as_fun``), dead-code
 elimination (``dce_closed``, ``dce_level``, ``used_invars``) and checking
-(``check_jaxpr``) are here too. What differs between JAX versions is
-detected in ``_compat``.
+(``check_jaxpr``) are here too, and the building blocks of values and avals
+(``abstractify``, ``cast_weak_type``, the varying manual axes of
+``varying_axes`` / ``match_varying``) and of the functions custom-derivative
+params hold (``wrap_fun``, ``called_jaxpr``). What differs between JAX
+versions is detected in ``_compat``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
+import jax
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
@@ -251,3 +255,68 @@ def check_jaxpr(j: Any) -> None:
     if not MERGED_JAXPR and isinstance(j, core.ClosedJaxpr):
         j = j.jaxpr
     core.check_jaxpr(j)
+
+
+# ---- values and their avals ----------------------------------------------------
+
+def abstractify(x: Any) -> core.AbstractValue:
+    """The ShapedArray of a value (weak type kept) or of a ShapeDtypeStruct."""
+    if isinstance(x, core.AbstractValue):
+        return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return core.ShapedArray(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))
+    return core.shaped_abstractify(x)
+
+
+def cast_weak_type(x: Any, aval: core.AbstractValue) -> Any:
+    """``x`` with ``aval``'s weak type (same dtype), so types stay exact."""
+    xa = core.typeof(x) if isinstance(x, core.Tracer) else core.shaped_abstractify(x)
+    if (getattr(xa, "weak_type", False) == getattr(aval, "weak_type", False)
+            or xa.dtype != aval.dtype or xa.shape != aval.shape):
+        return x  # equal already, or a real mismatch the caller reports
+    from jax._src.lax import lax as lax_internal
+    return lax_internal._convert_element_type(x, aval.dtype, weak_type=aval.weak_type)
+
+
+def varying_axes(aval: Any) -> frozenset:
+    """The manual mesh axes over which a value inside shard_map varies."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(getattr(mat, "varying", ()) or ())
+
+
+def match_varying(x: Any, axes: frozenset) -> Any:
+    """Mark ``x`` (inside shard_map) as varying over ``axes`` it lacks."""
+    missing = tuple(sorted(axes - varying_axes(core.typeof(x))))
+    if not missing:
+        return x
+    return jax.lax.pcast(x, missing, to="varying")
+
+
+def unspecified_sharding() -> Any:
+    """JAX's marker of a ``jit`` input or output sharding left unspecified."""
+    from jax._src.sharding_impls import UNSPECIFIED
+    return UNSPECIFIED
+
+
+# ---- functions in custom-derivative params -------------------------------------
+
+def wrap_fun(fn: Callable, like: Any) -> Any:
+    """An ``lu.WrappedFun`` of ``fn`` with the debug info of ``like``."""
+    from jax._src import linear_util as lu
+    return lu.wrap_init(fn, debug_info=like.debug_info)
+
+
+def called_jaxpr(fun: Any) -> Any:
+    """The jaxpr a custom-derivative call evaluates when the call comes from
+    an equation (``lu.wrap_init(core.jaxpr_as_fun(jaxpr))``, a partial
+    application); None where that jaxpr cannot be seen."""
+    for arg in getattr(getattr(fun, "f", None), "args", ()):
+        if isinstance(arg, JAXPR_TYPES):
+            return arg
+    return None
+
+
+def shard_map_checks_vma(params: dict) -> bool:
+    """Whether a shard_map eqn checks varying manual axes (``check_vma``);
+    without it (e.g. ``jax.pmap``) types do not say what varies per shard."""
+    return bool(params.get("check_vma", True))

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from typing import Any, Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax._src import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
+from jax.sharding import get_abstract_mesh
 
 from . import _compat, _jaxpr
 from ._inject import trace_program
@@ -45,11 +48,21 @@ from ._state import (
 DEFAULT_STREAM = "rng"
 
 
+def manual_mesh_axes() -> tuple:
+    """The mesh axes that are manual where code is being traced (inside a
+    ``shard_map`` / ``pmap`` body), in the mesh's order; ``()`` elsewhere."""
+    mesh = get_abstract_mesh()
+    manual = frozenset(getattr(mesh, "manual_axes", ()) or ())
+    if not manual:
+        return ()
+    return tuple(a for a in mesh.axis_names if a in manual)
+
+
 class _KeyPrimitive(Primitive):
     """``key_p``: binding it inside a shard_map body folds in the manual axes."""
 
     def bind(self, key, *, stream: str, folded: tuple = ()):  # type: ignore[override]
-        new_axes = tuple(a for a in _compat.manual_mesh_axes() if a not in folded)
+        new_axes = tuple(a for a in manual_mesh_axes() if a not in folded)
         for axis in new_axes:
             key = _fold_in(key, jax.lax.axis_index(axis))
         return super().bind(key, stream=stream, folded=tuple(folded) + new_axes)
@@ -78,12 +91,44 @@ def _fold_in(keys: jax.Array, index: Any) -> jax.Array:
     return jax.vmap(_fold_in, in_axes=(0, None))(keys, index)
 
 
+def axis_has_name(axis_data: Any) -> bool:
+    """Whether a vmap axis has a name (``vmap(..., axis_name=...)``)."""
+    return axis_data.name is not core.no_axis_name
+
+
+def is_jacfwd_axis(axis_data: Any) -> bool:
+    """Whether the vmap axis ``axis_data`` is the one ``jax.jacfwd`` (and so
+    ``jax.hessian``) maps over its tangent basis, or ``jax.jacrev`` over its
+    cotangent basis (a checkpoint recomputes the primal there): the primal
+    computation is the same for every element of that axis, so one key for
+    all of them is right. Decided from the Python stack (the frame of JAX's
+    batching that made the vmap's trace for this very ``axis_data``, called
+    from ``jacfwd``'s / ``jacrev``'s inner function); when the stack does
+    not show it, the answer is False (the caller then raises its error
+    rather than share a key silently)."""
+    frame = sys._getframe(1)
+    seen_axis = False  # passed the frame that made the vmap's BatchTrace
+    while frame is not None:
+        if not seen_axis:
+            seen_axis = (frame.f_code.co_name == "_batch_inner"
+                         and frame.f_locals.get("axis_data") is axis_data)
+        elif frame.f_code.co_name == "vmap_f":
+            caller = frame.f_back
+            while caller is not None and caller.f_globals.get("__name__") == \
+                    "jax._src.traceback_util":  # vmap_f's api_boundary wrapper
+                caller = caller.f_back
+            return (caller is not None and caller.f_code.co_name == "jacfun"
+                    and caller.f_globals.get("__name__") == "jax._src.api")
+        frame = frame.f_back
+    return False
+
+
 def _key_batcher(axis_data, args, dims, *, stream: str, folded: tuple):
     (key,), (dim,) = args, dims
     if dim is not None:  # a batch of keys (e.g. a vmap over a batch of states)
         return key_p.bind(key, stream=stream, folded=folded), dim
-    if not _compat.axis_has_name(axis_data):
-        if _compat.is_jacfwd_axis(axis_data):
+    if not axis_has_name(axis_data):
+        if is_jacfwd_axis(axis_data):
             return key_p.bind(key, stream=stream, folded=folded), None
         raise StateError(
             f"taxpr: next_key({stream!r}) runs under jax.vmap without an axis name, so every "

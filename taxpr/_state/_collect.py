@@ -8,7 +8,7 @@ import dataclasses
 import functools
 from typing import Any
 
-from .. import _compat
+from .. import _compat, _jaxpr
 from .._engine import THREAD_RULES, format_path, in_custom_vjp
 from .._find import TagSite, tag_shape
 from .. import _traverse
@@ -127,7 +127,7 @@ def _walk_program(closed: Any) -> tuple[list, list]:
 
     def subs(eqn, path, unchecked: bool):
         unchecked = unchecked or (eqn.primitive is _compat.shard_map_p
-                                  and not _compat.shard_map_checks_vma(eqn.params))
+                                  and not _jaxpr.shard_map_checks_vma(eqn.params))
         return _traverse.every_sub(eqn, path, unchecked)
 
     for eqn, path, unchecked in _traverse.walk(closed, subs, False):
@@ -199,7 +199,7 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
                 out = user_jvp.call_wrapped(*zeros)
                 _reject_state_in_rule(out[0], at)
                 return out
-            return [eqn.replace(params=dict(p, jvp_jaxpr_fun=_compat.wrap_fun(
+            return [eqn.replace(params=dict(p, jvp_jaxpr_fun=_jaxpr.wrap_fun(
                 jvp_jaxpr_fun, user_jvp)))]
         user_fwd, user_bwd = p["fwd_jaxpr_thunk"], p["bwd"]
         fwd_at, bwd_at = path + ("custom_vjp[fwd]",), path + ("custom_vjp[bwd]",)
@@ -215,8 +215,8 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
                 return bwd_call(*args)
         bwd_call = user_bwd.call_wrapped
         return [eqn.replace(params=dict(
-            p, fwd_jaxpr_thunk=_compat.wrap_fun(fwd_jaxpr_thunk, user_fwd),
-            bwd=_compat.wrap_fun(bwd, user_bwd)))]
+            p, fwd_jaxpr_thunk=_jaxpr.wrap_fun(fwd_jaxpr_thunk, user_fwd),
+            bwd=_jaxpr.wrap_fun(bwd, user_bwd)))]
 
     return _traverse.map_jaxpr(closed, rewrite)
 

@@ -134,7 +134,7 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             value = unreached_init(chain, path, n, args)
         except StateError:
             return None
-        value = _compat.cast_weak_type(value, aval)
+        value = _jaxpr.cast_weak_type(value, aval)
         # A fresh array, as the example run gives: the init may be the
         # user's own array (or a const of the program), and state0 may be
         # donated.

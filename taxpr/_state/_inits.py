@@ -12,7 +12,6 @@ from typing import Any, Callable
 import jax
 from jax._src import core
 
-from .. import _compat
 from ..primitives._tag import keeping_tags
 
 
@@ -99,6 +98,25 @@ def _recall(per_trace: dict, key: Any) -> Any | None:
     return None if ref is None else ref()
 
 
+def enclosing_traces() -> list:
+    """The trace JAX binds into now and the traces enclosing it (following
+    ``parent_trace``), innermost first; empty when evaluating eagerly."""
+    chain = []
+    trace = core.trace_ctx.trace
+    while trace is not None and not isinstance(trace, core.EvalTrace):
+        chain.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    return chain
+
+
+def outermost_trace() -> Any | None:
+    """The outermost trace enclosing the one JAX binds into now (e.g. the
+    ``make_jaxpr`` trace around a scan body's trace, a vmap's or jvp's
+    trace), following ``parent_trace``; None when evaluating eagerly."""
+    traces = enclosing_traces()
+    return traces[-1] if traces else None
+
+
 def call_init(name: str, init: Callable) -> Any:
     """``init()`` (evaluated at trace time), called once per state and
     trace (the outermost one: a program's scan bodies, branches and jitted
@@ -122,7 +140,7 @@ def call_init(name: str, init: Callable) -> Any:
     and the state pass drops what it computed."""
     if keeping_tags() and INITS_FOR_TYPES_ONLY.get():
         return _staged_init(name, init)
-    trace = _compat.outermost_trace() if keeping_tags() else None
+    trace = outermost_trace() if keeping_tags() else None
     key = None if trace is None else _init_key(init)
     if key is None:
         with jax.ensure_compile_time_eval():
@@ -139,7 +157,7 @@ def call_init(name: str, init: Callable) -> Any:
 def _staged_init(name: str, init: Callable) -> Any:
     """``init()`` traced into the current trace, once per state and trace;
     a value staged in an enclosing trace serves the traces nested in it."""
-    traces = _compat.enclosing_traces()
+    traces = enclosing_traces()
     key = _init_key(init)
     if not traces or key is None:
         return init()

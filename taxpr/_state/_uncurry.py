@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _compat, _jaxpr
+from .. import _jaxpr
 from .._expand import expand_for
 from .._inject import check_no_hidden_tags, trace_program
 from ..primitives._tag import keep_tags, recording_tags
@@ -87,7 +87,7 @@ def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
     def lookup(args: tuple, kwargs: dict) -> tuple[Any, list]:
         dyn, static = eqx.partition((args, kwargs), eqx.is_array)
         leaves, tree = jax.tree_util.tree_flatten(dyn)
-        avals = tuple(_compat.abstractify(x) for x in leaves)
+        avals = tuple(_jaxpr.abstractify(x) for x in leaves)
         static_leaves, static_tree = jax.tree_util.tree_flatten(static)
         key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
         hit = cache.get(key)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core
 
-from .. import _compat
+from .. import _jaxpr
 from .._engine import format_path
 from ._checks import _disp
 
@@ -204,7 +204,7 @@ def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool,
     if fit == "same":
         return value, None
     if fit == "convert":
-        return _compat.cast_weak_type(jax.lax.convert_element_type(value, aval.dtype), aval), None
+        return _jaxpr.cast_weak_type(jax.lax.convert_element_type(value, aval.dtype), aval), None
     if fit == "retype" and allow_retype:
         vd, v_weak = jax.dtypes.result_type(value, return_weak_type_flag=True)
         return None, core.ShapedArray(aval.shape, vd, weak_type=v_weak)

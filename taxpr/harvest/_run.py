@@ -12,7 +12,7 @@ import numpy as np
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
-from .. import _compat, _jaxpr
+from .. import _jaxpr
 from .._engine import Engine, format_path
 from .._find import dissolve_tags
 from .._inject import trace_program
@@ -30,7 +30,7 @@ def _flat_trace(fn: Callable, args, kwargs, retype: dict, select: "_Filter"):
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     token = _RETYPE.set({**_RETYPE.get(), **retype})
     try:
-        closed, out_tree = trace_program(fn, tree, [_compat.abstractify(x) for x in leaves],
+        closed, out_tree = trace_program(fn, tree, [_jaxpr.abstractify(x) for x in leaves],
                                          consumes=select)
     finally:
         _RETYPE.reset(token)
@@ -153,7 +153,7 @@ def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
     for name, value in ctx_plants.items():
         ctx_index[("plant", name)] = list(range(len(ctx_leaves), len(ctx_leaves) + len(value)))
         ctx_leaves.extend(value)
-    ctx_avals = [_compat.abstractify(x) for x in ctx_leaves]
+    ctx_avals = [_jaxpr.abstractify(x) for x in ctx_leaves]
     site_rule = _Sites(reaped, planted, ctx_index, partial, perturb)
     site_rule.rule_only = rule_only
     engine = Engine(site_rule, transformed, ctx_avals, _HarvestHooks(site_rule, rules))

@@ -303,7 +303,7 @@ def _casts(got, want) -> Callable:
     """Give planted values the sow's exact type (weak type; inside shard_map
     the sow's varying axes: a replicated plant is the same on every shard)."""
     def fn(*xs):
-        return [_compat.match_varying(_compat.cast_weak_type(x, w), _compat.varying_axes(w))
+        return [_jaxpr.match_varying(_jaxpr.cast_weak_type(x, w), _jaxpr.varying_axes(w))
                 for x, w in zip(xs, want)]
     return fn
 
@@ -322,7 +322,7 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
                 f"value would be reaped); use shard_map with check_vma=True, or reap outside "
                 f"the shard_map / pmap")
         for x in xs:
-            if _compat.varying_axes(core.typeof(x)):
+            if _jaxpr.varying_axes(core.typeof(x)):
                 raise ValueError(
                     f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} reaps a value "
                     f"that differs across the shards of a shard_map; sow a value that is the "

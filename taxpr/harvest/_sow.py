@@ -9,7 +9,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from .. import _compat
+from .. import _jaxpr
 from ..primitives._tag import tag, tag_p
 
 
@@ -121,7 +121,7 @@ def _tag_sow(value, pred, tag_, name, mode):
     if retype is not None:  # a plant re-traces this sow with the planted value's type
         leaves, tree = jax.tree_util.tree_flatten(value)
         value = jax.tree_util.tree_unflatten(tree, [
-            x if t is None else _compat.cast_weak_type(jax.lax.convert_element_type(x, t.dtype), t)
+            x if t is None else _jaxpr.cast_weak_type(jax.lax.convert_element_type(x, t.dtype), t)
             for x, t in zip(leaves, retype)])
     if pred is None:
         return tag(value, op=SOW, tag=tag_, name=full, mode=mode)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from jax._src import core
+from jax._src.sharding_impls import UnspecifiedValue
 
 from .. import _compat, _jaxpr, _traverse
 
@@ -106,6 +107,21 @@ def eqns_to_closed_jaxpr(eqns: Sequence[core.JaxprEqn], invars: Sequence[core.Va
                                _effects(eqns), _jaxpr.debug_info("eqns_to_closed_jaxpr"))
 
 
+def jit_inlining_loses_nothing(params: dict) -> bool:
+    """Whether a jit equation's params ask for nothing but the call itself:
+    no shardings, layouts, donation or compiler options that inlining its
+    body would drop."""
+    def unspecified(xs):
+        return all(isinstance(s, UnspecifiedValue) or s is None for s in xs)
+
+    return (unspecified(params.get("in_shardings", ()))
+            and unspecified(params.get("out_shardings", ()))
+            and all(x is None for x in params.get("in_layouts", ()))
+            and all(x is None for x in params.get("out_layouts", ()))
+            and not any(params.get("donated_invars", ()))
+            and not params.get("compiler_options_kvs"))
+
+
 def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = None) -> Any:
     """Replace jit calls by their bodies, at any depth (also inside scan,
     while, cond, checkpoint, ... and inside other jits).
@@ -125,7 +141,7 @@ def inline_jit(jaxpr: Any, predicate: Callable[[core.JaxprEqn], bool] | None = N
     memo = _traverse.IdMemo()  # jit body -> its inlined body
 
     def rewrite(eqn, path, env):
-        if not _compat.is_jit(eqn) or not _compat.jit_inlining_loses_nothing(eqn.params):
+        if eqn.primitive is not _compat.jit_p or not jit_inlining_loses_nothing(eqn.params):
             return None
         if predicate is not None and not predicate(eqn):
             return None

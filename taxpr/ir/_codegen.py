@@ -65,6 +65,7 @@ from jax.sharding import PartitionSpec
 
 from .. import _compat, _jaxpr, _traverse
 from ..primitives import _tag
+from ._build import jit_inlining_loses_nothing
 
 __all__ = ["PythonCode", "fn_to_python_code", "jaxpr_to_python_code"]
 
@@ -786,7 +787,7 @@ def _cond_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
 
 def _jit_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     p = eqn.params
-    if not _compat.jit_inlining_loses_nothing(p):
+    if not jit_inlining_loses_nothing(p):
         return None  # shardings, donation, ...: bind with the params as they are
     fn = g.function(p["jaxpr"], str(p.get("name", "jit")), "tuple",
                     py_name=str(p.get("name", "jit")))
@@ -815,7 +816,7 @@ def _shard_map_rule(g: _Gen, eqn: core.JaxprEqn, args: list[str]) -> str | None:
     opts = [f"mesh={g.param(p['mesh'], 'mesh')}",
             f"in_specs={g.param(tuple(p['in_specs']), 'in_specs')}",
             f"out_specs={g.param(tuple(p['out_specs']), 'out_specs')}",
-            f"check_vma={_compat.shard_map_checks_vma(p)!r}"]
+            f"check_vma={_jaxpr.shard_map_checks_vma(p)!r}"]
     if axes is not None:
         opts.append(f"axis_names={g.param(frozenset(axes), 'axis_names')}")
     return f"jax.shard_map({fn}, {', '.join(opts)})({', '.join(args)})"

@@ -31,6 +31,7 @@ import numpy as np
 from jax import lax
 from jax._src.lax import lax as _lax_internal
 from jax._src import core
+from jax._src.interpreters import partial_eval as pe
 
 from .. import _compat, _jaxpr, _traverse
 from .._traverse import Level
@@ -483,6 +484,58 @@ def dead_code_elimination(jaxpr: Any) -> Any:
     return _dead_code_elimination(jaxpr)
 
 
+@contextlib.contextmanager
+def _dce_rules_replaced(prims: Sequence[core.Primitive],
+                        make_rule: Callable[[Callable | None], Callable]) -> Iterator[None]:
+    """``pe.dce_rules[p] = make_rule(previous rule or None)`` for each of
+    ``prims`` while in the block (the previous rules restored on exit)."""
+    saved = {p: pe.dce_rules.get(p) for p in prims}
+    for p, old in saved.items():
+        pe.dce_rules[p] = make_rule(old)
+    try:
+        yield
+    finally:
+        for p, rule in saved.items():
+            if rule is None:
+                pe.dce_rules.pop(p, None)
+            else:
+                pe.dce_rules[p] = rule
+
+
+def _keep_in_dce(prims: Sequence[core.Primitive]) -> contextlib.AbstractContextManager[None]:
+    """A context in which ``pe.dce_jaxpr`` keeps every equation of ``prims``
+    (their previous DCE rules are restored on exit)."""
+    keep_all = _compat.dce_rule_arity_adapter(
+        lambda used_outputs, eqn: ([True] * len(eqn.invars), eqn))
+    return _dce_rules_replaced(prims, lambda old: keep_all)
+
+
+@contextlib.contextmanager
+def _keep_unused_in_dce(prims: Sequence[core.Primitive],
+                       keep: Callable[[core.JaxprEqn], bool]) -> Iterator[None]:
+    """A context in which ``pe.dce_jaxpr`` keeps, whole, an equation of
+    ``prims`` whose outputs are all unused when ``keep(eqn)`` (e.g. a cond
+    holding tags, which JAX's rule would drop since tags have no effect)."""
+    def make_rule(old):
+        base = old or pe._default_dce_rule
+
+        def rule(*args):
+            used_outs, eqn = args[0], args[-1]
+            if not any(used_outs) and keep(eqn):
+                return [True] * len(eqn.invars), eqn
+            return base(*args)
+        return rule
+
+    # JAX caches DCE results per jaxpr: results made with other rules (e.g.
+    # while jitting) must not be reused here, nor ours later.
+    _compat.clear_dce_caches()
+    try:
+        with _dce_rules_replaced(prims, make_rule):
+            yield
+    finally:
+        _compat.clear_dce_caches()
+
+
 def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> Any:
     # An unused call of a jaxpr holding a tag (a cond with tags in its
     # branches, ...) is kept whole: JAX's rules would drop it, tags and all.
@@ -500,8 +553,8 @@ def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> An
     for _ in _traverse.walk(jaxpr, subs):
         pass
     callers -= TAG_PRIMITIVES
-    with _compat.keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
-            _compat.keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
+    with _keep_in_dce(sorted(TAG_PRIMITIVES, key=lambda p: p.name)), \
+            _keep_unused_in_dce(sorted(callers, key=lambda p: p.name), purity.impure):
         if report is None:
             return _apply(jaxpr, _dce_level)
         return _apply(jaxpr, lambda level, path, is_top: _dce_level(
@@ -510,13 +563,48 @@ def _dead_code_elimination(jaxpr: Any, report: _RoundReport | None = None) -> An
 
 # ---- constant folding -------------------------------------------------------------------
 
+# Whether a dtype is extended (PRNG keys), per dtype: asked for every
+# folding candidate.
+_EXTENDED_DTYPE: dict[Any, bool] = {}
+
+
+def _is_plain_array_aval(aval: Any) -> bool:
+    """A ShapedArray of a numeric/bool dtype that a Literal or a const can
+    stand for: no extended dtype (PRNG keys), no ref, no mesh sharding and
+    no varying manual axes (inside shard_map)."""
+    if type(aval) is not core.ShapedArray:
+        return False
+    extended = _EXTENDED_DTYPE.get(aval.dtype)
+    if extended is None:
+        extended = _EXTENDED_DTYPE[aval.dtype] = bool(
+            jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended))
+    if extended:
+        return False
+    if _jaxpr.varying_axes(aval):
+        return False
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None and not getattr(mesh, "empty", True):
+        return False
+    return True
+
+
+def _has_aval_sharding_param(params: dict) -> bool:
+    """Whether an equation's params pin a sharding/device (never folded)."""
+    for key in ("sharding", "devices", "out_sharding"):
+        v = params.get(key)
+        if v is not None and not (isinstance(v, (tuple, list)) and all(x is None for x in v)):
+            return True
+    return False
+
+
 def _fold_level(purity: _Purity, max_elements: int, report: _RoundReport | None = None):
     def rewrite(level: Level, path, is_top) -> Level | None:
         can_add_consts = is_top and level.consts is not None
         known: dict = {}  # constvar -> value (consts small enough to fold)
         if level.consts is not None:
             for v, c in zip(level.constvars, level.consts):
-                if (not isinstance(c, core.Tracer) and _compat.is_plain_array_aval(v.aval)
+                if (not isinstance(c, core.Tracer) and _is_plain_array_aval(v.aval)
                         and _size(v.aval) <= max_elements):
                     known[v] = c
         constant = set(known)
@@ -583,12 +671,12 @@ def _materializable(v, can_add_consts: bool) -> bool:
 def _foldable(eqn: core.JaxprEqn, purity: _Purity, max_elements: int) -> bool:
     if eqn.primitive.name in _NEVER_FOLD or _is_collective(eqn):
         return False
-    if _compat.has_aval_sharding_param(eqn.params) or purity.impure(eqn):
+    if _has_aval_sharding_param(eqn.params) or purity.impure(eqn):
         return False
     if eqn.primitive in (lax.div_p, lax.rem_p) and not _nonzero_int_divisor(eqn):
         # XLA's compile-time evaluator traps (SIGFPE) on integer x / 0.
         return False
-    return all(_compat.is_plain_array_aval(v.aval) and _size(v.aval) <= max_elements
+    return all(_is_plain_array_aval(v.aval) and _size(v.aval) <= max_elements
                for v in eqn.outvars)
 
 

@@ -32,13 +32,13 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
-from jax._src import core, effects
+from jax._src import config, core, effects
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as pe
 
-from .. import _compat, _jax_overrides, _traverse
+from .. import _compat, _jax_overrides, _jaxpr, _traverse
 
 # Users cannot pass param names with this prefix: taxpr's own record on a
 # tag is the one param ``META``, a ``TagMeta``.
@@ -265,7 +265,16 @@ class VjpScopes(NamedTuple):
     replay: int | None = None
 
 
-_SCOPES = _compat.trace_context_string(
+def trace_context_string(name: str, help: str) -> Any:
+    """A thread-local optional string that is part of JAX's trace context
+    (see ``_compat.trace_context_flag``): ``state.value`` (None by default)
+    and ``with state(value): ...``."""
+    if name in getattr(config, "config_states", {}):
+        return config.config_states[name]  # module reloaded: reuse the registered state
+    return config.optional_string_state(name, None, help, include_in_trace_context=True)
+
+
+_SCOPES = trace_context_string(
     "taxpr_vjp_scopes", "taxpr: the custom_vjp fwd/bwd scopes tags are bound in")
 _SCOPE_IDS = itertools.count(1)
 
@@ -326,7 +335,7 @@ def _function_sites(fun: Any) -> frozenset:
     closures hold (a library's custom_vjp of a body traced before, such as
     equinox's checkpointed loop, whose fwd binds the tags nested in that
     body's scans and checkpoints whole, unmarked)."""
-    jaxpr = _compat.called_jaxpr(fun)
+    jaxpr = _jaxpr.called_jaxpr(fun)
     jaxprs = [jaxpr] if jaxpr is not None else _held_jaxprs(fun)
     if not jaxprs:
         return frozenset()
@@ -661,7 +670,7 @@ def _tag_pp_rule(eqn, context, settings):
 
 
 for _p in (tag_p, tag_tangent_p, tag_cotangent_p):
-    _compat.pp_eqn_rules()[_p] = _tag_pp_rule
+    core.pp_eqn_rules[_p] = _tag_pp_rule
 
 
 # ---- user API -------------------------------------------------------------------
@@ -762,7 +771,7 @@ def tag(value: Any, **params: Any) -> Any:
         # primitive of constants at once: the tag would vanish from the
         # program (a state read would be the init, a write lost). A tag is
         # staged like an effect.
-        with _compat.no_eager_constant_folding():
+        with config.eager_constant_folding(False):
             out = tag_p.bind(*leaves, **params)
     else:
         out = tag_p.bind(*leaves, **params)
