@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from . import _jax_overrides as _jax_overrides
 from . import harvest as harvest
 from . import ir as ir
+from . import select as select
 
 from ._dataflow import (
     fix_inputs as fix_inputs,
@@ -13,6 +14,7 @@ from ._dataflow import (
     strip_outputs as strip_outputs,
     transpose as transpose,
 )
+from ._capture import LoopRows as LoopRows, Site as Site, capture as capture, patch as patch, sites as sites
 from ._engine import (
     InjectError as InjectError,
     ThreadRule as ThreadRule,
@@ -55,7 +57,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "InjectError", "Injected", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
+    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "seed", "ThreadRule",

@@ -79,8 +79,9 @@ def test_api_reference_covers_every_public_name():
     api = (DOCS / "api.md").read_text()
     documented = set(re.findall(r"^::: (taxpr(?:\.\w+)+)\s*$", api, re.MULTILINE))
     aliases = {f"taxpr.{old}" for old in taxpr._COMPATIBILITY_NAMES}
-    public = {f"taxpr.{n}" for n in taxpr.__all__ if n != "harvest"}
+    public = {f"taxpr.{n}" for n in taxpr.__all__ if n not in ("harvest", "select")}
     public |= {f"taxpr.harvest.{n}" for n in harvest.__all__}
+    public |= {f"taxpr.select.{n}" for n in taxpr.select.__all__}
     assert public - aliases - documented == set(), "add these to docs/api.md"
     assert documented - public == set(), "docs/api.md names non-public objects"
     assert documented & aliases == set(), "document the recommended name, not the alias"

@@ -19,6 +19,9 @@ LIBRARIES = {
     "test_optax.py": "optax",
     "test_flax_linen.py": "flax.linen",
     "test_flax_nnx.py": "flax.nnx",
+    "test_capture_flax.py": "flax.linen",
+    "test_capture_equinox.py": "equinox",
+    "test_capture_diffrax.py": "diffrax",
     "test_jax_primitives.py": "jax",
 }
 

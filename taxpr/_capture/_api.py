@@ -1,0 +1,226 @@
+"""``sites`` / ``capture`` / ``patch``: intermediates of code you did not write."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import numpy as np
+from jax._src import core
+
+from .. import _jaxpr
+from .._inject import inject, trace_program
+from ..harvest import _transforms as _harvest
+from ..harvest._plants import PlantRows
+from . import _rewrite, _sites
+from ._select import SelectorLike, select
+from ._sites import Site
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, core.Tracer))
+
+
+class _Traced:
+    """``fn`` traced at the arrays among its arguments (other leaves are
+    static, as ``equinox.filter_jit`` treats them)."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        self.dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
+        self.leaves = [leaves[i] for i in self.dynamic]
+        static = list(leaves)
+        dyn_tree = jax.tree_util.tree_structure(list(self.leaves))
+        positions = self.dynamic
+
+        def rebuild(dyn):
+            full = list(static)
+            for i, x in zip(positions, dyn):
+                full[i] = x
+            return jax.tree_util.tree_unflatten(tree, full)
+
+        self.closed, self.out_tree = trace_program(
+            fn, dyn_tree, [_jaxpr.abstractify(x) for x in self.leaves],
+            name=getattr(fn, "__name__", "fn"), rebuild=rebuild)
+        self.sites = _sites.list_sites(self.closed)
+
+    def run(self, rewritten: Any) -> Callable:
+        """``rewritten`` (this program with sows inserted) as a function of
+        the dynamic leaves returning the flat outputs."""
+        fun = _jaxpr.jaxpr_as_fun(rewritten)
+        return lambda *leaves: list(fun(*leaves))
+
+    def unflatten(self, outs) -> Any:
+        return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+
+
+def sites(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Site, ...]:
+    """Every value of ``fn(*args, **kwargs)`` that ``capture`` and ``patch``
+    can select, in program order.
+
+    Arguments:
+        fn: any JAX function (a flax ``apply``, an equinox module, a solver).
+        *args, **kwargs: example arguments (arrays or ``jax.ShapeDtypeStruct``
+            are traced; other leaves are static).
+
+    Returns:
+        A tuple of ``taxpr.Site``: each has a unique ``name``, its ``scope``,
+        ``primitive``, ``shape``, ``dtype``, ``source``, the ``loops``
+        around it and the scopes it ``leaves``.
+    """
+    args, kwargs = jax.tree_util.tree_map(
+        lambda x: jax.numpy.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
+        else x, (args, kwargs))
+    return _Traced(fn, args, kwargs).sites
+
+
+def _check_sow_mode(site: Site, what: str) -> None:
+    if _rewrite.sow_mode(site) == "append" and site.scan_in_cond:
+        raise NotImplementedError(
+            f"taxpr.{what}: site {site.name!r} is inside a scan inside a branch of a "
+            f"cond/switch (at {'/'.join(site.path)}): its rows exist only where the branch "
+            f"runs, which capture cannot stack yet. Select a value outside that cond")
+
+
+class LoopRows(NamedTuple):
+    """A value captured inside a ``while_loop`` with ``loop_rows=n``: the
+    value each time it was computed, in order, in ``rows[:count]`` (rows
+    past ``count`` are zeros; computations past ``n`` are counted, not
+    kept)."""
+
+    rows: Any
+    count: Any
+
+
+def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None) -> Callable:
+    """``fn`` that also returns the values of the selected sites.
+
+    Arguments:
+        fn: any JAX function.
+        *selectors: globs over site names (``"MLP/*/add"``), predicates over
+            ``taxpr.Site``, or ``taxpr.select`` helpers. Each must match at
+            least one site.
+        loop_rows: for values computed inside a ``while_loop`` (whose number
+            of iterations is known only when it runs): keep up to this many
+            of them, in order, as a ``LoopRows``. Default: the last one.
+
+    Returns:
+        ``wrapped(*args, **kwargs) -> (out, {site.name: value})``. A value
+        computed inside a ``scan`` is stacked, one row per iteration; inside
+        a ``while_loop`` it is the last iteration's (zeros if none ran), or
+        a ``LoopRows`` with ``loop_rows``; in a ``cond`` branch, the value
+        where the branch ran (zeros where it did not). Under ``vmap`` values
+        are batched. ``wrapped`` composes with ``jit``, ``grad`` and ``vmap``.
+
+    Raises:
+        ValueError: a selector matches no site (the message lists the
+            nearest names).
+    """
+    if not selectors:
+        raise TypeError("taxpr.capture: give at least one selector")
+    if loop_rows is not None and (not isinstance(loop_rows, int) or loop_rows < 1):
+        raise ValueError(f"taxpr.capture: loop_rows must be a positive int, not {loop_rows!r}")
+
+    @functools.wraps(fn, updated=())
+    def wrapped(*args, **kwargs):
+        traced = _Traced(fn, args, kwargs)
+        chosen: dict[str, Site] = {}
+        for sel in selectors:
+            for site in select(traced.sites, sel, "capture"):
+                _check_sow_mode(site, "capture")
+                chosen.setdefault(site.name, site)
+        plan: dict[int, list] = {}
+        buffers: dict[str, tuple] = {}  # site name -> (rows, count), for loop_rows
+        for site in chosen.values():
+            if loop_rows is not None and any(loop.kind == "while_loop" for loop in site.loops):
+                insertion = _rewrite.rows_insertion(site)
+                buffers[site.name] = (np.zeros((loop_rows, *site.shape), site.dtype),
+                                      np.zeros((), np.int32))
+            else:
+                insertion = _rewrite.capture_insertion(site)
+            plan.setdefault(site.ordinal, []).append(insertion)
+        rewritten = _rewrite.insert(traced.closed, plan)
+        run = traced.run(rewritten)
+        if buffers:
+            run = _with_row_buffers(rewritten, buffers)
+        outs, reaped = _harvest.call_and_reap(run, tag=_rewrite.CAPTURE_TAG)(*traced.leaves)
+        n_out = traced.out_tree.num_leaves
+        values = {}
+        if buffers:
+            tree = jax.tree_util.tree_structure(buffers)
+            after = jax.tree_util.tree_unflatten(tree, outs[n_out:])
+            values = {name: LoopRows(*after[name]) for name in buffers}
+        values.update({name: reaped[name] for name in chosen if name not in buffers})
+        return traced.unflatten(outs[:n_out]), {name: values[name] for name in chosen}
+
+    return wrapped
+
+
+def _with_row_buffers(rewritten: Any, buffers: dict) -> Callable:
+    """``rewritten`` with each rows tag writing its value to the next row of
+    its buffer (threaded by ``inject`` through every loop and branch), as a
+    function of the dynamic leaves returning the outputs, then the buffers."""
+
+    def write(ctx, value, params):
+        name = params[_rewrite.ROWS_PARAM]
+        rows, count = ctx[name]
+        # past the last row, the write is dropped and only counted
+        return value, {**ctx, name: (rows.at[count].set(value, mode="drop"), count + 1)}
+
+    injected = inject(rewritten, write, buffers,
+                      predicate=lambda params, shape: _rewrite.ROWS_PARAM in params)
+    fun = _jaxpr.jaxpr_as_fun(injected)
+    initial = jax.tree_util.tree_leaves(buffers)
+    return lambda *leaves: list(fun(*initial, *leaves))
+
+
+def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
+    """``fn`` with the values of selected sites replaced.
+
+    Arguments:
+        fn: any JAX function.
+        patches: ``{selector: replacement}``. A replacement is an array (the
+            value; inside a ``scan`` the stack of every iteration's, or
+            ``taxpr.harvest.rows({i: value})`` for selected iterations) or a
+            function ``value -> value`` applied where the value is computed
+            (per iteration inside loops, per example under ``vmap``). The
+            arrays a function closes over may be tracers of an enclosing
+            ``grad`` / ``vmap``: the patch is differentiable in them.
+
+    Returns:
+        ``wrapped(*args, **kwargs) -> out``.
+
+    Raises:
+        ValueError: a selector matches no site, or a replacement's shape or
+            dtype differs from the site's (the messages name the site).
+    """
+    items = list(patches.items())
+
+    @functools.wraps(fn, updated=())
+    def wrapped(*args, **kwargs):
+        traced = _Traced(fn, args, kwargs)
+        plan: dict[int, list] = {}
+        planted: dict[str, Any] = {}
+        taken: dict[str, Any] = {}
+        for sel, replacement in items:
+            for site in select(traced.sites, sel, "patch"):
+                _check_sow_mode(site, "patch")
+                if site.name in taken:
+                    raise ValueError(
+                        f"taxpr.patch: site {site.name!r} is selected by both "
+                        f"{taken[site.name]!r} and {sel!r}")
+                taken[site.name] = sel
+                if callable(replacement) and not isinstance(replacement, PlantRows):
+                    insertion, consts = _rewrite.patch_insertion(site, replacement)
+                    planted.update(consts)
+                else:
+                    insertion = _rewrite.capture_insertion(site)
+                    planted[site.name] = replacement
+                plan.setdefault(site.ordinal, []).append(insertion)
+        rewritten = _rewrite.insert(traced.closed, plan)
+        outs = _harvest.plant(traced.run(rewritten), tag=_rewrite.CAPTURE_TAG)(
+            planted, *traced.leaves)
+        return traced.unflatten(outs)
+
+    return wrapped

@@ -1,0 +1,218 @@
+"""Insert harvest sows at selected sites of a traced program.
+
+Each selected equation output gets a ``sow`` of the capture tag right
+after the equation (its uses read the sow's output), in the mode that
+gives eager semantics where it sits:
+
+* outside loops: ``clobber`` (``cond_clobber`` in a ``cond`` branch: the
+  value where the branch ran, zeros where it did not);
+* inside a ``scan``: ``append``, one row per iteration (nested scans stack
+  outer first);
+* inside a ``while_loop``: the last iteration's value (``clobber`` /
+  ``cond_clobber``; zeros if the loop ran no iteration).
+
+A sow in one branch of a ``cond`` gets a placeholder sow of zeros in its
+other branches (``sow_cond(..., False)`` / an ``append`` of zeros), so
+that every branch sows the same names, as harvest requires. A patch by a
+function inlines the function after the site; the arrays it closes over
+are planted into sows of their own (so a closed-over tracer of an outer
+``grad`` or ``vmap`` flows in as JAX would have it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax._src import core
+
+from .. import _compat, _jaxpr, _traverse
+from ..harvest._sow import sow, sow_cond
+from ..primitives._tag import keep_tags, tag, tag_p
+from ._sites import Site
+
+
+class _CaptureTag:
+    """The harvest tag of the sows capture and patch insert (never a user's)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "taxpr.capture"
+
+
+CAPTURE_TAG = _CaptureTag()
+
+
+def sow_mode(site: Site) -> str:
+    """The mode that gives ``site``'s value eager semantics (module docstring)."""
+    if site.loops and all(loop.kind == "scan" for loop in site.loops):
+        return "append"
+    return "cond_clobber" if site.in_cond else "clobber"
+
+
+def const_mode(site: Site) -> str:
+    """The mode of a sow that carries one planted value to ``site``."""
+    return "cond_clobber" if site.in_cond else "clobber"
+
+
+@dataclasses.dataclass(frozen=True)
+class Insertion:
+    """What to insert after one equation output: ``build(var) -> fragment``,
+    a function of the output's value traced into the program."""
+
+    output: int
+    build: Callable[[Any], Any]
+
+
+def _sow_as(value: Any, name: str, mode: str) -> Any:
+    if mode == "cond_clobber":
+        return sow_cond(value, True, tag=CAPTURE_TAG, name=name)
+    return sow(value, tag=CAPTURE_TAG, name=name, mode=mode)
+
+
+# The tag param that marks a value recorded row by row inside a while loop
+# (``rows_insertion``), rewritten by ``inject`` into a write to a buffer.
+ROWS_PARAM = "taxpr_capture_rows"
+
+
+def rows_insertion(site: Site) -> Insertion:
+    """A tag that ``inject`` rewrites into a write of the value to the next
+    row of the site's buffer (``_api``'s ``loop_rows``)."""
+    return Insertion(site.output, lambda v: tag(v, **{ROWS_PARAM: site.name}))
+
+
+def capture_insertion(site: Site) -> Insertion:
+    mode = sow_mode(site)
+    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode))
+
+
+def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, dict]:
+    """The insertion applying ``fn`` at ``site`` and the values to plant
+    (the arrays ``fn`` closes over, each into a sow of its own)."""
+    aval = site.aval
+    with keep_tags():
+        traced = _jaxpr.trace_flat(lambda v: [fn(v)], [aval], name="patch")
+    out_aval = _jaxpr.jaxpr_parts(traced).outvars[0].aval
+    if (tuple(out_aval.shape), out_aval.dtype) != (tuple(site.shape), site.dtype):
+        raise ValueError(
+            f"taxpr.patch: the function patching site {site.name!r} returns "
+            f"{out_aval.str_short()}; the site holds {aval.str_short()} (a patch must keep "
+            f"the value's shape and dtype)")
+    jaxpr, consts = _jaxpr.open_with_constvars(traced)
+    names = [f"{site.name}|const{i}" for i in range(len(consts))]
+    mode = const_mode(site)
+
+    def build(v):
+        cs = [_sow_as(jax.lax.full(np.shape(c), 0, c.dtype), n, mode)
+              for c, n in zip(consts, names)]
+        return core.eval_jaxpr(jaxpr, cs, v)[0]
+
+    return Insertion(site.output, build), dict(zip(names, consts))
+
+
+def _fragment(build: Callable[..., Any], in_atoms: Sequence[Any]) -> tuple[list, Any]:
+    """The equations of ``build`` traced at the types of ``in_atoms``, reading
+    them; and the atom of its result."""
+    avals = [a.aval for a in in_atoms]
+    with keep_tags():
+        closed = _jaxpr.trace_flat(lambda *a: [build(*a)], avals, name="capture")
+    parts = _jaxpr.jaxpr_parts(closed)
+    env: dict = dict(zip(parts.invars, in_atoms))
+    for cv, c in zip(parts.constvars, parts.consts):
+        if np.ndim(c) != 0 or isinstance(c, core.Tracer):
+            raise AssertionError(f"taxpr: an inserted sow captured a constant {c!r}")
+        env[cv] = _jaxpr.literal(c, cv.aval)
+    eqns = [e.replace(invars=[env.get(v, v) if type(v) is core.Var else v for v in e.invars])
+            for e in parts.eqns]
+    out = parts.outvars[0]
+    return eqns, env.get(out, out) if type(out) is core.Var else out
+
+
+def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
+    """``closed`` with ``plan[ordinal]``'s fragments after the equation at
+    that place of ``_traverse.walk``'s order (``Site.ordinal``)."""
+    counter = itertools.count()
+
+    def rewrite(eqn, path, env):
+        ordinal = next(counter)
+        if eqn.primitive is _compat.cond_p:
+            return _rewrite_cond(eqn, path, env, rewrite)
+        todo = plan.get(ordinal)
+        if todo is None:
+            return None
+        eqn = eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])
+        out = [eqn]
+        for item in todo:
+            v = eqn.outvars[item.output]
+            frag, new = _fragment(item.build, [v])
+            out.extend(frag)
+            env[v] = new
+        return out
+
+    return _traverse.map_jaxpr(closed, rewrite)
+
+
+def _sows_in(jaxpr: Any) -> dict[str, tuple[str, Any]]:
+    """The capture sows in ``jaxpr`` (any depth, outside nested loops'
+    own branches too): name -> (mode, value aval)."""
+    found: dict = {}
+    for eqn, _ in _traverse.iter_eqns(jaxpr):
+        if eqn.primitive is tag_p and eqn.params.get("tag") is CAPTURE_TAG:
+            found.setdefault(eqn.params["name"], (eqn.params["mode"], eqn.invars[0].aval))
+    return found
+
+
+def _rewrite_cond(eqn, path, env, rewrite):
+    """A cond whose branches are rewritten first (in the walk's order);
+    then each branch gets placeholder sows for the names others sow."""
+    new = {}
+    branches = []
+    for sub, sj in _traverse.subjaxprs(eqn):
+        nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
+        branches.append((sub, nj))
+        if nj is not sj:
+            new[(sub.key, sub.index)] = nj
+    # Harvest compares the sows of branches in order: a name sown in branch
+    # j gets placeholders before the own sows of the branches after j, and
+    # after those of the branches before j.
+    sown = [_sows_in(nj) for _, nj in branches]
+    first: dict = {}  # name -> (branch that sows it first, mode, aval)
+    for j, have in enumerate(sown):
+        for name, how in have.items():
+            first.setdefault(name, (j, how))
+    if first:
+        for j, ((sub, nj), have) in enumerate(zip(branches, sown)):
+            before = {n: how for n, (k, how) in first.items() if k < j and n not in have}
+            after = {n: how for n, (k, how) in first.items() if k > j and n not in have}
+            if before or after:
+                new[(sub.key, sub.index)] = _with_placeholders(nj, before, after)
+    # Always a replacement: map_jaxpr must not walk the branches again.
+    if new:
+        eqn = _traverse.with_subjaxprs(eqn, new)
+    return [eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])]
+
+
+def _with_placeholders(branch: Any, before: dict, after: dict) -> Any:
+    """``branch`` with a sow of zeros, not taken, for each name of
+    ``before`` (first) and of ``after`` (last)."""
+    parts = _jaxpr.jaxpr_parts(branch)
+    eqns = _placeholders(before) + list(parts.eqns) + _placeholders(after)
+    effects = _traverse.recompute_effects(parts.effects, parts.eqns, eqns)
+    return _jaxpr.make_jaxpr_like(branch, parts.constvars, parts.consts or [], parts.invars,
+                                  eqns, parts.outvars, effects, parts.debug_info)
+
+
+def _placeholders(names: dict) -> list:
+    eqns: list = []
+    for name, (mode, aval) in names.items():
+        def build(name=name, mode=mode, aval=aval):
+            zeros = jax.lax.full(aval.shape, 0, aval.dtype)
+            if mode == "cond_clobber":
+                return sow_cond(zeros, False, tag=CAPTURE_TAG, name=name)
+            return sow(zeros, tag=CAPTURE_TAG, name=name, mode=mode)
+        eqns.extend(_fragment(build, [])[0])
+    return eqns

@@ -1,0 +1,234 @@
+"""taxpr.capture / taxpr.patch on plain JAX (scan, cond, while, checkpoint,
+jit, custom_jvp) against the program run eagerly by hand, under jit, grad
+and vmap."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import taxpr as tx
+from taxpr import harvest as h
+
+from capture_programs import assert_close, layers, layers_reference
+
+X_POS = jnp.array([0.3, -0.2])
+X_NEG = jnp.array([-0.9, -0.4])
+NAMES = ["pre/mul", "layer/mul", "layer/exp", "layer/neg", "loop/cos", "top/tanh", "top/mul"]
+
+
+@pytest.mark.parametrize("x", [X_POS, X_NEG], ids=["pos", "neg"])
+def test_capture_matches_the_eager_run_in_every_control_flow_primitive(x):
+    out, acts = tx.capture(layers, *NAMES)(x)
+    ref_out, ref = layers_reference(x)
+    assert_close(out, ref_out)
+    assert set(acts) == set(NAMES)
+    for name in NAMES:
+        assert_close(acts[name], ref[name], err_msg=name)
+    # a scan stacks one row per iteration
+    assert acts["layer/mul"].shape == (3, 2)
+
+
+def test_capture_under_jit_called_twice_with_different_values():
+    f = jax.jit(tx.capture(layers, *NAMES))
+    for x in (X_POS, X_NEG):
+        out, acts = f(x)
+        ref_out, ref = layers_reference(x)
+        assert_close(out, ref_out)
+        for name in NAMES:
+            assert_close(acts[name], ref[name], err_msg=name)
+
+
+def test_capture_under_vmap_batches_each_value():
+    xs = jnp.stack([X_POS, X_NEG])
+    out, acts = jax.vmap(tx.capture(layers, *NAMES))(xs)
+    for i, x in enumerate(xs):
+        ref_out, ref = layers_reference(x)
+        assert_close(out[i], ref_out)
+        for name in NAMES:
+            assert_close(acts[name][i], ref[name], err_msg=name)
+
+
+def test_gradient_of_a_captured_value_is_the_hand_written_one():
+    def via_capture(x):
+        return jnp.sum(tx.capture(layers, "layer/exp")(x)[1]["layer/exp"])
+
+    def by_hand(x):
+        return jnp.sum(layers_reference(x)[1]["layer/exp"])
+
+    for x in (X_POS, X_NEG):
+        assert_close(jax.grad(via_capture)(x), jax.grad(by_hand)(x))
+        assert_close(jax.jit(jax.grad(via_capture))(x), jax.grad(by_hand)(x))
+
+
+def test_capture_inside_checkpoint_jit_and_custom_jvp():
+    @jax.custom_jvp
+    def soft(v):
+        with jax.named_scope("soft"):
+            return jnp.log1p(jnp.exp(v))
+
+    @soft.defjvp
+    def _(p, t):
+        (v,), (dv,) = p, t
+        return soft(v), jax.nn.sigmoid(v) * dv
+
+    @jax.jit
+    def inner(v):
+        with jax.named_scope("inner"):
+            return jnp.sin(v) * 3.0
+
+    def f(x):
+        return jnp.sum(jax.checkpoint(lambda x: soft(inner(x)))(x))
+
+    names = [s.name for s in tx.sites(f, X_POS)]
+    assert "inner/sin" in names and "soft/log1p" in names
+    out, acts = tx.capture(f, "inner/sin", "soft/log1p")(X_POS)
+    assert_close(acts["inner/sin"], jnp.sin(X_POS))
+    assert_close(acts["soft/log1p"], jnp.log1p(jnp.exp(jnp.sin(X_POS) * 3.0)))
+    g = jax.grad(lambda x: tx.capture(f, "soft/log1p")(x)[0])(X_POS)
+    assert_close(g, jax.nn.sigmoid(jnp.sin(X_POS) * 3.0) * 3.0 * jnp.cos(X_POS))
+
+
+def test_a_while_loop_that_runs_no_iteration_captures_zeros():
+    def f(x, n):
+        with jax.named_scope("loop"):
+            return jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.cos(c[1])),
+                                      (0, x))[1]
+    _, acts = tx.capture(f, "loop/cos")(X_POS, 0)
+    assert_close(acts["loop/cos"], jnp.zeros(2))
+    _, acts = tx.capture(f, "loop/cos")(X_POS, 3)
+    assert_close(acts["loop/cos"], jnp.cos(jnp.cos(jnp.cos(X_POS))))
+
+
+@pytest.mark.parametrize("x", [X_POS, X_NEG], ids=["pos", "neg"])
+def test_patch_by_function_applies_where_the_value_is_computed(x):
+    patches = {"layer/mul": lambda v: v * 0.5 + 0.1, "loop/cos": lambda v: v - 0.2,
+               "top/tanh": jnp.abs, "top/mul": jnp.abs}
+    out = tx.patch(layers, patches)(x)
+    ref_out, _ = layers_reference(x, patches)
+    assert_close(out, ref_out)
+    assert_close(jax.jit(tx.patch(layers, patches))(x), ref_out)
+
+
+def test_patch_by_value_replaces_every_row_or_selected_rows():
+    new = jnp.array([[0.1, 0.2], [0.3, -0.4], [0.5, 0.6]])
+    rows = iter(new)
+    out = tx.patch(layers, {"layer/mul": new})(X_POS)
+    assert_close(out, layers_reference(X_POS, {"layer/mul": lambda v: next(rows)})[0])
+    calls = iter(range(3))
+    one = lambda v: jnp.full_like(v, 0.7) if next(calls) == 1 else v  # noqa: E731
+    out = tx.patch(layers, {"layer/mul": h.rows({1: jnp.full((2,), 0.7)})})(X_POS)
+    assert_close(out, layers_reference(X_POS, {"layer/mul": one})[0])
+
+
+def test_patch_is_differentiable_in_a_patched_value_and_a_closed_over_perturbation():
+    # ``layers`` holds a while loop: JAX differentiates it in forward mode only
+    v0, d0 = jnp.array([0.4, 0.9]), jnp.array([0.05, -0.1])
+    for name in ("pre/mul", "loop/cos"):
+        def patched_value(v):
+            return tx.patch(layers, {name: v})(X_POS)
+
+        def by_hand_value(v):
+            return layers_reference(X_POS, {name: lambda _: v})[0]
+
+        assert_close(jax.jacfwd(patched_value)(v0), jax.jacfwd(by_hand_value)(v0))
+
+    def patched_delta(d):
+        return tx.patch(layers, {"layer/mul": lambda v: v + d})(X_POS)
+
+    def by_hand_delta(d):
+        return layers_reference(X_POS, {"layer/mul": lambda v: v + d})[0]
+
+    assert_close(jax.jacfwd(patched_delta)(d0), jax.jacfwd(by_hand_delta)(d0))
+
+
+def scanned(x):
+    def body(c, w):
+        with jax.named_scope("layer"):
+            return jnp.tanh(c * w), None
+    return jnp.sum(jax.lax.scan(body, x, jnp.asarray([0.5, 2.0, -1.0]))[0] ** 2)
+
+
+def scanned_by_hand(x, f=lambda i, v: v):
+    for i, w in enumerate([0.5, 2.0, -1.0]):
+        x = f(i, jnp.tanh(x * w))
+    return jnp.sum(x ** 2)
+
+
+def test_reverse_mode_gradient_of_patches_inside_a_scan():
+    d0, rows = jnp.array([0.05, -0.1]), jnp.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+
+    def by_delta(d):
+        return tx.patch(scanned, {"layer/tanh": lambda v: v + d})(X_POS)
+
+    expected = jax.grad(lambda d: scanned_by_hand(X_POS, lambda i, v: v + d))(d0)
+    assert_close(jax.grad(by_delta)(d0), expected)
+    assert_close(jax.jit(jax.grad(by_delta))(d0), expected)
+
+    def by_stack(stack):
+        return tx.patch(scanned, {"layer/tanh": stack})(X_POS)
+
+    expected = jax.grad(lambda s: scanned_by_hand(X_POS, lambda i, v: s[i]))(rows)
+    assert_close(jax.grad(by_stack)(rows), expected)
+
+    def by_row(r):
+        return tx.patch(scanned, {"layer/tanh": h.rows({1: r})})(X_POS)
+
+    expected = jax.grad(lambda r: scanned_by_hand(X_POS, lambda i, v: r if i == 1 else v))(d0)
+    assert_close(jax.grad(by_row)(d0), expected)
+
+
+def test_patch_under_vmap_with_a_batched_perturbation():
+    ds = jnp.array([[0.0, 0.0], [0.3, -0.3]])
+    outs = jax.vmap(lambda d: tx.patch(layers, {"layer/mul": lambda v: v + d})(X_POS))(ds)
+    for i, d in enumerate(ds):
+        assert_close(outs[i], layers_reference(X_POS, {"layer/mul": lambda v: v + d})[0])
+
+
+def test_a_patch_of_the_wrong_shape_is_an_error_naming_the_site():
+    with pytest.raises(ValueError, match="loop/cos"):
+        tx.patch(layers, {"loop/cos": jnp.zeros(3)})(X_POS)
+    with pytest.raises(ValueError, match="'pre/mul'.*keep the value's shape"):
+        tx.patch(layers, {"pre/mul": lambda v: v[:1]})(X_POS)
+
+
+def test_a_site_selected_by_two_patches_is_an_error():
+    with pytest.raises(ValueError, match="'pre/mul' is selected by both"):
+        tx.patch(layers, {"pre/mul": jnp.zeros(2), tx.select.scope("pre"): jnp.ones(2)})(X_POS)
+
+
+def test_a_selector_matching_nothing_lists_the_nearest_names():
+    with pytest.raises(ValueError, match=r"'layer/expp' matches none.*'layer/exp'"):
+        tx.capture(layers, "layer/expp")(X_POS)
+    with pytest.raises(ValueError, match=r"primitive\('cholesky',\) matches none"):
+        tx.patch(layers, {tx.select.primitive("cholesky"): jnp.zeros(2)})(X_POS)
+
+
+def test_a_scan_inside_a_cond_branch_is_a_clear_error():
+    def f(x):
+        def scanned(x):
+            return jax.lax.scan(lambda c, _: (jnp.sin(c), None), x, None, length=2)[0]
+        return jax.lax.cond(x.sum() > 0, scanned, lambda x: x, x)
+    with pytest.raises(NotImplementedError, match="'sin' is inside a scan inside a branch"):
+        tx.capture(f, "sin")(X_POS)
+
+
+def test_capture_leaves_the_users_own_sows_and_harvests_alone():
+    def f(x):
+        y = h.sow(jnp.sin(x), tag="mine", name="s")
+        with jax.named_scope("after"):
+            return jnp.sum(y * 2.0)
+    reaped_f = h.call_and_reap(tx.capture(f, "after/mul"), tag="mine")
+    (out, acts), mine = reaped_f(X_POS)
+    assert_close(mine["s"], jnp.sin(X_POS))
+    assert_close(acts["after/mul"], jnp.sin(X_POS) * 2.0)
+    assert_close(out, jnp.sum(jnp.sin(X_POS) * 2.0))
+
+
+def test_static_arguments_are_not_traced():
+    def f(x, how):
+        return getattr(jnp, how)(x)
+    assert [s.name for s in tx.sites(f, X_POS, "tanh")] == ["tanh"]
+    _, acts = tx.capture(f, "cos")(X_POS, "cos")
+    assert_close(acts["cos"], jnp.cos(X_POS))
