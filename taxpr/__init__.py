@@ -14,7 +14,14 @@ from ._dataflow import (
     strip_outputs as strip_outputs,
     transpose as transpose,
 )
-from ._capture import LoopRows as LoopRows, Site as Site, capture as capture, patch as patch, sites as sites
+from ._capture import (
+    LoopRows as LoopRows,
+    Site as Site,
+    capture as capture,
+    patch as patch,
+    perturb as perturb,
+    sites as sites,
+)
 from ._engine import (
     InjectError as InjectError,
     ThreadRule as ThreadRule,
@@ -57,7 +64,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
+    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "seed", "ThreadRule",

@@ -15,7 +15,7 @@ Modules, each importing only those above it:
 * ``_api``: ``sites``, ``capture``, ``patch``.
 """
 
-from ._api import LoopRows as LoopRows, capture as capture, patch as patch, sites as sites
+from ._api import LoopRows as LoopRows, capture as capture, patch as patch, perturb as perturb, sites as sites
 from ._sites import Loop as Loop, Site as Site
 
-__all__ = ["LoopRows", "Loop", "Site", "capture", "patch", "sites"]
+__all__ = ["LoopRows", "Loop", "Site", "capture", "patch", "perturb", "sites"]

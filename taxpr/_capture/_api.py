@@ -224,3 +224,51 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
         return traced.unflatten(outs)
 
     return wrapped
+
+
+def perturb(fn: Callable, *selectors: SelectorLike) -> Callable:
+    """``fn`` with perturbations added to the selected values: the gradient
+    of the output with respect to intermediates, in one backward pass.
+
+    Arguments:
+        fn: any JAX function.
+        *selectors: as for ``capture``; each must match at least one site.
+
+    Returns:
+        ``wrapped(perturbations, *args, **kwargs) -> out``: ``perturbations``
+        maps site names to arrays of the captured values' shapes (inside a
+        ``scan``, the stack: row ``i`` is added to iteration ``i``'s value;
+        a name left out is not perturbed). The gradient with respect to
+        zero perturbations is d out / d value, per row::
+
+            acts = tx.capture(loss, "layer/*")(x)[1]
+            zeros = {name: jnp.zeros_like(v) for name, v in acts.items()}
+            d_acts, d_x = jax.grad(tx.perturb(loss, "layer/*"), argnums=(0, 1))(zeros, x)
+
+    Raises:
+        ValueError: a selector matches no site, or a perturbation's shape or
+            dtype differs from its value's (the messages name the site).
+    """
+    if not selectors:
+        raise TypeError("taxpr.perturb: give at least one selector")
+
+    def wrapped(perturbations, *args, **kwargs):
+        traced = _Traced(fn, args, kwargs)
+        plan: dict[int, list] = {}
+        chosen: set = set()
+        for sel in selectors:
+            for site in select(traced.sites, sel, "perturb"):
+                _check_sow_mode(site, "perturb")
+                if site.name not in chosen:
+                    chosen.add(site.name)
+                    plan.setdefault(site.ordinal, []).append(_rewrite.capture_insertion(site))
+        unknown = set(perturbations) - chosen
+        if unknown:
+            raise ValueError(f"taxpr.perturb: perturbations of {sorted(unknown)}, which the "
+                             f"selectors do not select (they select {sorted(chosen)})")
+        rewritten = _rewrite.insert(traced.closed, plan)
+        outs = _harvest.perturb(traced.run(rewritten), tag=_rewrite.CAPTURE_TAG)(
+            dict(perturbations), *traced.leaves)
+        return traced.unflatten(outs)
+
+    return functools.wraps(fn, updated=())(wrapped)

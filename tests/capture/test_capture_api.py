@@ -232,3 +232,25 @@ def test_static_arguments_are_not_traced():
     assert [s.name for s in tx.sites(f, X_POS, "tanh")] == ["tanh"]
     _, acts = tx.capture(f, "cos")(X_POS, "cos")
     assert_close(acts["cos"], jnp.cos(X_POS))
+
+
+def test_perturb_gives_the_gradient_with_respect_to_every_layers_value_in_one_pass():
+    acts = tx.capture(scanned, "layer/tanh")(X_POS)[1]
+    zeros = {name: jnp.zeros_like(v) for name, v in acts.items()}
+    d_acts, d_x = jax.grad(tx.perturb(scanned, "layer/tanh"), argnums=(0, 1))(zeros, X_POS)
+
+    def by_hand(rows, x):
+        return scanned_by_hand(x, lambda i, v: v + rows[i])
+
+    want_rows, want_x = jax.grad(by_hand, argnums=(0, 1))(jnp.zeros((3, 2)), X_POS)
+    assert_close(d_acts["layer/tanh"], want_rows)
+    assert_close(d_x, want_x)
+    # a nonzero perturbation is added to the value, row by row
+    rows = jnp.array([[0.1, 0.0], [0.0, 0.2], [-0.1, 0.1]])
+    assert_close(tx.perturb(scanned, "layer/tanh")({"layer/tanh": rows}, X_POS),
+                 by_hand(rows, X_POS))
+
+
+def test_perturb_of_a_name_not_selected_is_an_error():
+    with pytest.raises(ValueError, match=r"perturbations of \['layer/nope'\]"):
+        tx.perturb(scanned, "layer/tanh")({"layer/nope": jnp.zeros(2)}, X_POS)

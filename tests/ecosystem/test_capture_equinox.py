@@ -100,6 +100,9 @@ def test_attention_probabilities_and_a_head_ablated():
     ablate = lambda p: p.at[1].set(0.0)  # noqa: E731
     close(tx.patch(self_attention, {PROBS: ablate})(SEQ),
           attention_by_hand(ATTENTION, SEQ, ablate)[0])
+    g = jax.grad(lambda x: jnp.sum(tx.capture(self_attention, PROBS)(x)[1][PROBS][0] ** 2))(SEQ)
+    g_ref = jax.grad(lambda x: jnp.sum(attention_by_hand(ATTENTION, x)[1][0] ** 2))(SEQ)
+    close(g, g_ref)
     batch = jnp.stack([SEQ, SEQ * 0.5])
     _, acts = jax.jit(jax.vmap(tx.capture(self_attention, PROBS)))(batch)
     close(acts[PROBS][1], attention_by_hand(ATTENTION, batch[1])[1])

@@ -152,6 +152,60 @@ def test_attribution_patching_gradient_of_the_loss_with_respect_to_a_patched_hea
     close(jax.grad(loss)(probs[2]), jax.grad(loss_by_hand)(probs[2]))
 
 
+def test_gradient_of_the_loss_with_respect_to_each_layers_attention_in_one_pass():
+    def loss(params, tok):
+        return jnp.sum(apply(params, tok)[:, 3])
+
+    probs = tx.capture(apply, PROBS)(PARAMS, TOK)[1][PROBS]
+    d = jax.grad(tx.perturb(loss, PROBS))({PROBS: jnp.zeros_like(probs)}, PARAMS, TOK)[PROBS]
+
+    def loss_by_hand(delta):
+        def attention_fn(i):
+            def fn(q, k, v, **kw):
+                w = nn.dot_product_attention_weights(q, k) + delta[i]
+                return jnp.einsum("...hqk,...khd->...qhd", w, v)
+            return fn
+        return jnp.sum(by_hand(PARAMS, TOK, attention_fn)[0][:, 3])
+
+    close(d, jax.grad(loss_by_hand)(jnp.zeros_like(probs)))
+
+
+class LinenMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(6, name="fc1")(x))
+        return nn.Dense(2, name="fc2")(x)
+
+
+def test_a_linen_mlp_under_jit_grad_and_vmap():
+    mlp = LinenMLP()
+    x = jax.random.normal(jax.random.key(4), (4, 3))
+    params = mlp.init(jax.random.key(5), x)
+
+    def mlp_apply(params, x):
+        return mlp.apply(params, x)
+
+    def hidden_by_hand(params, x):
+        p = params["params"]["fc1"]
+        return x @ p["kernel"] + p["bias"]
+
+    (site,) = [s for s in tx.sites(mlp_apply, params, x) if "LinenMLP/fc1" in s.leaves]
+    assert site.name == "LinenMLP/fc1/add"
+    _, acts = jax.jit(tx.capture(mlp_apply, tx.select.leaving("LinenMLP/fc1")))(params, x)
+    close(acts[site.name], hidden_by_hand(params, x))
+    g = jax.grad(lambda p: jnp.sum(tx.capture(mlp_apply, site.name)(p, x)[1][site.name] ** 2))(
+        params)
+    g_ref = jax.grad(lambda p: jnp.sum(hidden_by_hand(p, x) ** 2))(params)
+    close(g["params"]["fc1"]["kernel"], g_ref["params"]["fc1"]["kernel"])
+    xs = jnp.stack([x, 2 * x])
+    _, acts = jax.vmap(tx.capture(mlp_apply, site.name), in_axes=(None, 0))(params, xs)
+    close(acts[site.name][1], hidden_by_hand(params, 2 * x))
+    # patched: the hidden layer's pre-activation halved
+    out = tx.patch(mlp_apply, {site.name: lambda v: v * 0.5})(params, x)
+    p = params["params"]
+    close(out, nn.relu(hidden_by_hand(params, x) * 0.5) @ p["fc2"]["kernel"] + p["fc2"]["bias"])
+
+
 class NnxMLP(nnx.Module):
     def __init__(self, rngs):
         self.fc1 = nnx.Linear(3, 4, rngs=rngs)
@@ -184,3 +238,5 @@ def test_an_nnx_model_with_named_scopes():
     xs = jnp.stack([x, -x])
     _, acts = jax.vmap(tx.capture(f, name), in_axes=(None, 0))(state, xs)
     close(acts[name][1], nnx.relu(model.fc1(-x)))
+    _, acts = jax.jit(tx.capture(f, name))(state, x)
+    close(acts[name], hidden)
