@@ -254,3 +254,43 @@ def test_perturb_gives_the_gradient_with_respect_to_every_layers_value_in_one_pa
 def test_perturb_of_a_name_not_selected_is_an_error():
     with pytest.raises(ValueError, match=r"perturbations of \['layer/nope'\]"):
         tx.perturb(scanned, "layer/tanh")({"layer/nope": jnp.zeros(2)}, X_POS)
+
+
+def test_a_jitted_function_called_twice_has_a_site_per_call():
+    @jax.jit
+    def g(v):
+        with jax.named_scope("g"):
+            return jnp.sin(v) * 2.0
+
+    def f(a, b):
+        return g(a) + g(b)
+
+    a, b = jnp.float32(1.0), jnp.float32(2.0)
+    assert [s.name for s in tx.sites(f, a, b)] == ["g/sin", "g/mul", "g/sin:1", "g/mul:1", "add"]
+    _, acts = tx.capture(f, "g/mul", "g/sin:1", "add")(a, b)
+    assert_close(acts["g/mul"], 2 * jnp.sin(a))
+    assert_close(acts["g/sin:1"], jnp.sin(b))
+    assert_close(acts["add"], 2 * jnp.sin(a) + 2 * jnp.sin(b))  # the program's output
+    assert_close(tx.patch(f, {"g/mul:1": lambda v: v * 0})(a, b), 2 * jnp.sin(a))
+
+
+def test_inside_shard_map_a_value_the_same_on_every_shard_or_a_clear_error():
+    from jax.sharding import PartitionSpec as P
+    from helpers import cpu_mesh, shard_map
+
+    mesh = cpu_mesh("i", 4)
+
+    def f(x):
+        def body(x):
+            with jax.named_scope("body"):
+                total = jax.lax.psum(jnp.sum(x * 2.0), "i")
+                return x * total
+        return shard_map()(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+
+    x = jnp.arange(8.0)
+    (psum,) = [s.name for s in tx.sites(f, x) if s.primitive.startswith("psum")]
+    out, acts = tx.capture(f, psum)(x)
+    assert_close(acts[psum], 2 * x.sum())
+    assert_close(out, x * 2 * x.sum())
+    with pytest.raises(ValueError, match="'body/mul' .*differs across the shards"):
+        tx.capture(f, "body/mul")(x)
