@@ -88,7 +88,7 @@ class Level:
         self.context = context
         self.eqns: list = []
         self.env: dict = {}
-        self.consts: dict[int, tuple[core.Var, Any]] = {}  # id(value) -> (var, value)
+        self.consts = _traverse.IdMemo()  # const value -> its var
         self.path = path
         # Channels besides ctx: values collected per site (scan stacks them
         # into ys) and values fed to sites (scan slices them from xs).
@@ -135,11 +135,7 @@ class Level:
         return v
 
     def const_var(self, value: Any) -> core.Var:
-        hit = self.consts.get(id(value))
-        if hit is None:
-            hit = (_jaxpr.new_var(_jaxpr.abstractify(value)), value)
-            self.consts[id(value)] = hit
-        return hit[0]
+        return self.consts.get_or_compute(value, lambda: _jaxpr.new_var(_jaxpr.abstractify(value)))
 
     def emit(self, eqn: core.JaxprEqn) -> None:
         env = self.env
@@ -156,8 +152,8 @@ class Level:
         _emit_rebuilt(self, eqn, new_subs, invars, outvars, **params)
 
     def hoisted(self) -> tuple[list, list]:
-        pairs = list(self.consts.values())
-        return [v for v, _ in pairs], [c for _, c in pairs]
+        pairs = self.consts.items()
+        return [v for _, v in pairs], [c for c, _ in pairs]
 
 
 def inline(level: Level, closed: Any, in_atoms: Sequence[Any]) -> list:
@@ -386,7 +382,8 @@ class Engine:
         self.predicate = predicate
         self.ctx_avals = list(ctx_avals)
         self._selected = _traverse.IdMemo()  # (jaxpr, maybe_rules) -> has_selected
-        self._threaded: dict[tuple, tuple[Any, Any]] = {}
+        # (jaxpr, ctx positions, context) -> (threaded jaxpr, context kept alive)
+        self._threaded = _traverse.IdMemo()
         # The ctx leaves that a site inside each threaded jaxpr changes
         # (``writes``), collected while threading: one set per jaxpr being
         # threaded, innermost last.
@@ -532,12 +529,12 @@ class Engine:
                      context: Callable | None = None):
         """``jaxpr`` with ctx inputs at ``in_pos`` and ctx outputs at
         ``out_pos``, as a closed jaxpr (consts the engine added included)."""
-        key = (id(jaxpr), in_pos, out_pos, id(context))
-        hit = self._threaded.get(key)
+        key = (in_pos, out_pos, id(context))
+        hit = self._threaded.get(jaxpr, *key)
         if hit is not None:
             if self._writing:
-                self._writing[-1].update(self.writes(hit[1]))
-            return hit[1]
+                self._writing[-1].update(self.writes(hit[0]))
+            return hit[0]
         constvars, consts, invars, eqns, outvars, effects, dbg = _jaxpr.jaxpr_parts(jaxpr)
         if consts is None:
             raise NotImplementedError(
@@ -570,7 +567,7 @@ class Engine:
             self._channels.set(result, Channels(
                 tuple((k, tuple(_aval(a) for a in atoms)) for k, atoms in level.collected),
                 tuple((k, tuple(v.aval for v in vs)) for k, vs in level.feeds.items())))
-        self._threaded[key] = (jaxpr, result, context)
+        self._threaded.set(jaxpr, (result, context), *key)
         self._written.set(result, written)
         if self._replay_reads_left and not self._writing:
             self._replay_reads_left = False

@@ -52,6 +52,18 @@ class IdMemo:
             hit = self._table[key] = (obj, compute())
         return hit[1]
 
+    def pop(self, obj: Any, *extra: Any) -> Any:
+        """Remove ``obj``'s entry; its value, or None if it had none."""
+        hit = self._table.pop((id(obj), *extra), None)
+        return None if hit is None else hit[1]
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """``(object, value)`` of every entry, in insertion order."""
+        return list(self._table.values())
+
+    def __len__(self) -> int:
+        return len(self._table)
+
 
 def _scan_label(eqn, key, index):
     rev = ",reverse" if eqn.params.get("reverse") else ""

@@ -352,6 +352,17 @@ def _examples() -> dict:
     out["example_activation_patching_plant"] = _traced(
         h.plant(m.model, tag="acts"), {"act": h.rows({1: jnp.ones(m.WIDTH)})}, params, x)
 
+    m = example("attention_heads")
+    params, tokens = m.init(jax.random.key(0)), m.batch(jax.random.key(1), 4)
+    probs = [s.name for s in tx.sites(m.transformer, params, tokens[0])
+             if s.scope == "attn" and s.primitive == "div"][-1]
+    out["example_attention_heads_capture"] = _traced(
+        jax.vmap(tx.capture(m.transformer, probs), in_axes=(None, 0)), params, tokens)
+    uniform = jnp.full((m.SEQ, m.SEQ), 1.0 / m.SEQ)
+    out["example_attention_heads_patch"] = _traced(
+        lambda p, t: m.loss_fn(p, t, tx.patch(m.transformer, {probs: lambda w: w.at[0].set(
+            uniform)})), params, tokens)
+
     m = example("constraint_tracking")
     state, dt = (np.float32(2.0), np.float32(0.0)), np.float32(0.05)
     jaxpr = jax.make_jaxpr(m.simulate)(state, dt)

@@ -120,14 +120,14 @@ class PythonCode(str):
 # ---- where primitives and classes live ----------------------------------------------------
 
 _PUBLIC_MODULES = (("lax", lax), ("jax", jax))
-_locations: dict[int, tuple[Any, str]] = {}
+_locations = _traverse.IdMemo()  # primitive or class -> its dotted location
 _scanned_modules: set[str] = set()
 
 
 def _index_module(prefix: str, module: Any) -> None:
     for attr, value in list(vars(module).items()):
-        if isinstance(value, (core.Primitive, type)) and id(value) not in _locations:
-            _locations[id(value)] = (value, f"{prefix}.{attr}")
+        if isinstance(value, (core.Primitive, type)) and _locations.get(value) is None:
+            _locations.set(value, f"{prefix}.{attr}")
 
 
 def _location(obj: Any) -> str | None:
@@ -136,9 +136,9 @@ def _location(obj: Any) -> str | None:
     if not _locations:
         for prefix, module in _PUBLIC_MODULES:
             _index_module(prefix, module)
-    hit = _locations.get(id(obj))
-    if hit is not None and hit[0] is obj:
-        return hit[1]
+    hit = _locations.get(obj)
+    if hit is not None:
+        return hit
     for name, module in list(sys.modules.items()):
         if name in _scanned_modules or module is None or name == "__main__":
             continue
@@ -147,11 +147,10 @@ def _location(obj: Any) -> str | None:
             _index_module(name, module)
         except Exception:  # a module whose attributes cannot be read
             continue
-    hit = _locations.get(id(obj))
-    return hit[1] if hit is not None and hit[0] is obj else None
+    return _locations.get(obj)
 
 
-_named: dict[int, tuple[Any, str, str]] = {}
+_named = _traverse.IdMemo()  # module-level object -> (module, attribute)
 _named_scanned: set[str] = set()
 
 
@@ -175,20 +174,18 @@ def _named_object(obj: Any) -> tuple[str, str] | None:
             if type(value).__module__ == "builtins" and type(value) is not object \
                     or isinstance(value, (type(sys), type, core.Primitive)) or callable(value):
                 continue
-            key, old = id(value), _named.get(id(value))
+            old = _named.get(value)
             # The most public name: fewest private parts.
-            if old is None or old[0] is not value or \
-                    _private_parts(name, attr) < _private_parts(old[1], old[2]):
-                _named[key] = (value, name, attr)
-    hit = _named.get(id(obj))
-    return (hit[1], hit[2]) if hit is not None and hit[0] is obj else None
+            if old is None or _private_parts(name, attr) < _private_parts(*old):
+                _named.set(value, (name, attr))
+    return _named.get(obj)
 
 
 def _named_instance(cls: type) -> tuple[str, str] | None:
     """``(module, name)`` of the one module-level object of class ``cls``
     (a class made for a single marker object), or None."""
     _named_object(object())  # (index the modules imported since)
-    hits = [(m, a) for v, m, a in _named.values() if type(v) is cls]
+    hits = [where for v, where in _named.items() if type(v) is cls]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -267,11 +264,12 @@ class _Gen:
         self.consts: list[str] = []
         self.functions: list[str] = []
         self.objects: dict = {}
-        self.object_keys: dict[int, str] = {}
+        self.object_keys = _traverse.IdMemo()  # object -> its OBJECTS key
         self.object_notes: dict[str, str] = {}  # key -> what the object is
         self.late: list[str] = []  # module-level lines after the functions they call
         self.n_fn = 0
-        self.fn_memo: dict = {}
+        self.fn_memo: dict = {}  # helper name -> its function's name
+        self.jaxpr_fns = _traverse.IdMemo()  # jaxpr (and how it returns) -> function name
         self.namespace: dict = {"jax": jax, "np": np, "lax": lax, "jnp": jax.numpy}
         self.repr_memo: dict = {}
 
@@ -315,12 +313,12 @@ class _Gen:
 
     def obj(self, value: Any, hint: str) -> str:
         """An ``OBJECTS`` entry holding ``value`` (one per object)."""
-        hit = self.object_keys.get(id(value))
-        if hit is not None and self.objects[hit] is value:
+        hit = self.object_keys.get(value)
+        if hit is not None:
             return f"OBJECTS[{hit!r}]"
         key = f"{_identifier(hint)}_{len(self.objects)}"
         self.objects[key] = value
-        self.object_keys[id(value)] = key
+        self.object_keys.set(value, key)
         self.object_notes[key] = _describe(value)
         return f"OBJECTS[{key!r}]"
 
@@ -466,7 +464,7 @@ class _Gen:
         if src is None or "OBJECTS[" in src or not _eval_roundtrips(src, value, self.namespace):
             # Whole, rather than in parts (drop the parts' entries).
             for k in set(self.objects) - set(before):
-                self.object_keys.pop(id(self.objects.pop(k)), None)
+                self.object_keys.pop(self.objects.pop(k))
             where = _named_object(value)
             if where is not None:  # a module-level object (a sentinel, a tag)
                 return self.import_object(*where)
@@ -595,9 +593,9 @@ class _Gen:
         """A module-level jaxpr rebuilt from the function computing ``j``:
         ``jax.make_jaxpr(fn)(<its input types>)`` (an ``OBJECTS`` entry when
         an input type has no source form)."""
-        hit = self.fn_memo.get(("jaxpr", id(j)))
-        if hit is not None and hit[0] is j:
-            return hit[1]
+        hit = self.jaxpr_fns.get(j, "jaxpr")
+        if hit is not None:
+            return hit
         parts = _jaxpr.jaxpr_parts(j)
         open_ = not _jaxpr.is_closed(j) and not _compat.MERGED_JAXPR
         specs = [self.spec_src(v.aval) for v in parts.invars]
@@ -607,7 +605,7 @@ class _Gen:
         name = self.fn_name(hint)
         self.late.append(f"{name} = jax.make_jaxpr({fn})({', '.join(specs)})"
                          + (".jaxpr" if open_ else ""))
-        self.fn_memo[("jaxpr", id(j))] = (j, name)
+        self.jaxpr_fns.set(j, name, "jaxpr")
         return name
 
     def spec_src(self, aval: Any) -> str | None:
@@ -631,12 +629,11 @@ class _Gen:
         (inputs: its invars; closed-over consts are module constants).
         ``returns``: "tuple", "value" (one output), "top" (one output as
         itself, else a tuple) or "scan" ((carry, ys))."""
-        key = (id(j), returns, n_carry)
-        hit = self.fn_memo.get(key)
-        if hit is not None and hit[0] is j:
-            return hit[1]
+        hit = self.jaxpr_fns.get(j, returns, n_carry)
+        if hit is not None:
+            return hit
         name = self.fn_name(hint)
-        self.fn_memo[key] = (j, name)
+        self.jaxpr_fns.set(j, name, returns, n_carry)
         src = self._function_src(j, name, returns, n_carry)
         if py_name is not None and py_name != name:  # the name jax.jit records
             src += f"\n\n\n{name}.__name__ = {py_name!r}"
