@@ -15,10 +15,10 @@ Figures (both jitted, the same inputs):
 * HLO instructions of the compiled captured program / of the hand-sown one
   (target <= 1.0: capture adds nothing);
 * run time, captured / by hand (median of interleaved calls, target <= 1.02);
-* ``tx.sites`` listing a traced program of about 10,000 equations /
-  ``jax.make_jaxpr`` of it (target <= 0.5): the listing's own cost, given
-  the trace (``_capture._sites.list_sites``); the whole ``tx.sites`` call
-  (trace + listing) / ``jax.make_jaxpr`` is reported with no target.
+* sites listing: ``tx.sites(closed)`` of a traced program of about 10,000
+  equations / ``jax.make_jaxpr`` of it (target <= 0.5); ``tx.sites(fn, x)``,
+  which traces ``fn`` as taxpr's transformations do and lists it (trace +
+  listing), / ``jax.make_jaxpr`` is reported with no target.
 
 Run: ``python bench/bench_capture.py [--quick]``.
 """
@@ -33,8 +33,6 @@ import jax.numpy as jnp
 
 import taxpr as tx
 from taxpr import harvest as h
-from taxpr._capture._sites import list_sites
-from taxpr.primitives import keep_tags
 
 from _common import timed  # noqa: E402
 
@@ -102,9 +100,7 @@ def bench_sites(reps: int, n_eqns: int) -> dict:
         f = big_program(n_eqns)  # fresh: no trace cache hits
         t, closed = timed(lambda: jax.make_jaxpr(f)(x))
         times["make_jaxpr"].append(t)
-        with keep_tags():
-            closed = jax.make_jaxpr(f)(x)
-        t, listed = timed(lambda: list_sites(closed))
+        t, listed = timed(lambda: tx.sites(closed))
         times["listing"].append(t)
         t, _ = timed(lambda: tx.sites(big_program(n_eqns), x))
         times["sites"].append(t)

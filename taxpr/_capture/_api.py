@@ -60,7 +60,9 @@ def sites(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Site, ...]:
     can select, in program order.
 
     Arguments:
-        fn: any JAX function (a flax ``apply``, an equinox module, a solver).
+        fn: any JAX function (a flax ``apply``, an equinox module, a solver),
+            or a traced program (a closed jaxpr, e.g. from ``jax.make_jaxpr``),
+            then given no arguments.
         *args, **kwargs: example arguments (arrays or ``jax.ShapeDtypeStruct``
             are traced; other leaves are static).
 
@@ -69,6 +71,10 @@ def sites(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Site, ...]:
         ``primitive``, ``shape``, ``dtype``, ``source``, the ``loops``
         around it and the scopes it ``leaves``.
     """
+    if _jaxpr.is_jaxpr(fn):
+        if args or kwargs:
+            raise TypeError("taxpr.sites: a traced program takes no arguments")
+        return _sites.list_sites(fn)
     args, kwargs = jax.tree_util.tree_map(
         lambda x: jax.numpy.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
         else x, (args, kwargs))

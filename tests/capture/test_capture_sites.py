@@ -7,6 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import taxpr as tx
 
@@ -94,6 +95,13 @@ def test_equations_with_several_outputs_have_a_site_each():
     def f(x):
         return jax.lax.sort((x, -x), num_keys=1)
     assert [s.name for s in tx.sites(f, X) if s.primitive == "sort"] == ["sort#0", "sort#1"]
+
+
+def test_sites_of_a_traced_program_are_those_of_its_function():
+    closed = jax.make_jaxpr(layers)(X)
+    assert [s.name for s in tx.sites(closed)] == [s.name for s in tx.sites(layers, X)]
+    with pytest.raises(TypeError, match="takes no arguments"):
+        tx.sites(closed, X)
 
 
 def test_sites_of_a_program_with_no_equation_is_empty():
