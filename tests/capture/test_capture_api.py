@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import taxpr as tx
@@ -294,3 +295,41 @@ def test_inside_shard_map_a_value_the_same_on_every_shard_or_a_clear_error():
     assert_close(out, x * 2 * x.sum())
     with pytest.raises(ValueError, match="'body/mul' .*differs across the shards"):
         tx.capture(f, "body/mul")(x)
+
+
+def test_switch_with_sites_in_several_branches():
+    def f(i, x):
+        branches = [lambda x: jnp.sin(x) * 2.0, lambda x: x, lambda x: jnp.cos(x) + 1.0]
+        with jax.named_scope("sw"):
+            return jax.lax.switch(i, branches, x)
+
+    names = [s.name for s in tx.sites(f, 0, X_POS) if s.in_cond]
+    assert names == ["sw/sin", "sw/mul", "sw/cos", "sw/add"]
+    for i in range(3):
+        out, acts = tx.capture(f, *names)(i, X_POS)
+        want = {"sw/sin": jnp.sin(X_POS), "sw/mul": 2 * jnp.sin(X_POS),
+                "sw/cos": jnp.cos(X_POS), "sw/add": jnp.cos(X_POS) + 1.0}
+        for name in names:
+            taken = (i == 0) if name in ("sw/sin", "sw/mul") else (i == 2)
+            assert_close(acts[name], want[name] if taken else jnp.zeros(2))
+        patched = tx.patch(f, {"sw/mul": lambda v: -v, "sw/add": jnp.ones(2)})(i, X_POS)
+        assert_close(patched, [-2 * jnp.sin(X_POS), X_POS, jnp.ones(2)][i])
+    # a batched index (vmap): each example's own branch
+    idx = jnp.array([0, 1, 2])
+    _, acts = jax.vmap(tx.capture(f, "sw/mul", "sw/add"), in_axes=(0, None))(idx, X_POS)
+    assert_close(acts["sw/mul"], jnp.stack([2 * jnp.sin(X_POS), jnp.zeros(2), jnp.zeros(2)]))
+    assert_close(acts["sw/add"], jnp.stack([jnp.zeros(2), jnp.zeros(2), jnp.cos(X_POS) + 1]))
+
+
+def test_an_output_of_a_multi_output_equation_and_an_integer_value():
+    def f(x):
+        values, order = jax.lax.sort((x, jnp.arange(x.shape[0])), num_keys=1)
+        return values * 2.0, order
+
+    x = jnp.array([3.0, 1.0, 2.0])
+    _, acts = tx.capture(f, "sort#0", "sort#1")(x)
+    assert_close(acts["sort#0"], jnp.sort(x))
+    np.testing.assert_array_equal(acts["sort#1"], jnp.argsort(x))
+    values, order = tx.patch(f, {"sort#1": lambda o: o[::-1], "sort#0": jnp.zeros(3)})(x)
+    assert_close(values, jnp.zeros(3))
+    np.testing.assert_array_equal(order, jnp.argsort(x)[::-1])
