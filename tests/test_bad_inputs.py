@@ -97,12 +97,17 @@ CASES = {
         _shard_map_ctx(), tx.InjectError, r"op='store'.*shard_map.*differ across the shards"),
     "state set with wrong shape": (
         _state(_set_twice_shapes, 1.0), tx.StateError, r"'s'.*scan\[length=2\]"),
-    "state init a tuple of arrays": (
-        _state(lambda x: tx.get_state("t", (jnp.zeros(2), jnp.ones(2)))[0] + x, 1.0),
-        TypeError, r"state 't': get_state's init is a tuple holding 2 leaves.*one array"),
-    "state set to a dict of arrays": (
-        _state(lambda x: tx.set_state("d", {"mean": x, "var": x * x})["mean"], 1.0),
-        TypeError, r"state 'd': set_state's value is a dict holding 2 leaves"),
+    "pytree state set with another structure": (
+        _state(lambda x: tx.set_state("t", tx.get_state("t", (x, x)) + (x,))[0], jnp.ones(())),
+        tx.StateError, r"state 't': set_state\('t'\).*leaf t\[2\] is new"),
+    "pytree state set to one array": (
+        _state(lambda x: tx.set_state("d", tx.get_state("d", {"mean": x, "var": x})["mean"]),
+               jnp.ones(())),
+        tx.StateError, r"state 'd': set_state\('d'\).*one array.*get_state\('d'\).*pytree"),
+    "pytree state passed with another structure": (
+        lambda: tx.uncurry(lambda x: tx.get_state("p", {"a": x})["a"], 1.0)[0](
+            {"p": {"b": jnp.ones(())}}, 1.0),
+        tx.StateError, r"state 'p' must have structure.*no leaf p\['a'\]"),
     "state set with wrong dtype": (
         _state(lambda x: tx.set_state("n", tx.get_state("n", jnp.zeros((), jnp.int32)) + 0.5),
                1.0), tx.StateError, r"'n'.*int32.*float32|'n'.*float32.*int32"),

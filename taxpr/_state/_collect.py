@@ -8,18 +8,25 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
+
 from .. import _compat, _jaxpr
 from .._engine import THREAD_RULES, format_path, in_custom_vjp
 from .._find import TagSite, tag_shape
 from .. import _traverse
 from .._inject import guarded_place
 from ..primitives._tag import guarding_tags, is_guarded, meta, tag_p, user_params
-from ._ops import GET, SET, StateError, StateOp, is_state_tag
+from ._ops import GET, SET, LeafName, StateError, StateOp, is_state_tag
 
 
 @dataclasses.dataclass(frozen=True)
 class StateInfo:
     """A state found by ``make_jaxpr``.
+
+    A pytree-valued state has one ``StateInfo`` per array: ``name`` is
+    then the state's name and the leaf's key path (``"stats['mean']"``;
+    ``name.state`` and ``name.path`` are the parts) and ``tree`` the
+    state's structure.
 
     Attributes:
         name: the state's name.
@@ -27,6 +34,8 @@ class StateInfo:
         dtype: its dtype.
         read: whether the program reads it (``get_state``).
         written: whether the program writes it (``set_state``).
+        tree: for one array of a pytree-valued state, the state's
+            ``PyTreeDef``; None for a state that is one array.
     """
 
     name: str
@@ -34,6 +43,7 @@ class StateInfo:
     dtype: Any
     read: bool
     written: bool
+    tree: Any = None
 
 
 def _describe_site(site) -> str:
@@ -73,6 +83,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             f"a state holds one value (only one shard's would be kept); use shard_map "
             f"with check_vma=True (a value that differs per shard is then a clear error), "
             f"or set the state outside the shard_map / pmap")
+    _check_trees(sites)
     states: dict[str, StateInfo] = {}
     first: dict[str, tuple] = {}
     for eqn, path in sites:
@@ -80,7 +91,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         name, op, aval = p["name"], p["op"], tag_shape(eqn)
         if name not in states:
             states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
-                                     op is GET, op is SET)
+                                     op is GET, op is SET, p.get("state_tree"))
             first[name] = (eqn, path)
             continue
         info = states[name]
@@ -110,6 +121,40 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             states[name] = dataclasses.replace(info, read=info.read or op is GET,
                                                written=info.written or op is SET)
     return dict(sorted(states.items()))
+
+
+def _tree_paths(tree: Any) -> list[str]:
+    example = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(example)[0]]
+
+
+def _check_trees(sites: list) -> None:
+    """Every access of a pytree-valued state has one structure, and no
+    access treats it as one array (the error names the leaf that differs)."""
+    first: dict[str, tuple] = {}  # state -> (its tree or None, eqn, path) at first access
+    for eqn, path in sites:
+        p = eqn.params
+        name = p["name"]
+        state = name.state if isinstance(name, LeafName) else name
+        tree = p.get("state_tree")
+        hit = first.setdefault(state, (tree, eqn, path))
+        if (hit[0] is None) == (tree is None) and (tree is None or hit[0] == tree):
+            continue
+        where = _describe_site(_site(eqn, path)).replace(repr(name), repr(state))
+        there = _describe_site(_site(hit[1], hit[2])).replace(
+            repr(hit[1].params["name"]), repr(state))
+        if hit[0] is None or tree is None:
+            one, many = (there, where) if hit[0] is None else (where, there)
+            raise StateError(
+                f"taxpr: state {state!r}: {one} gives it one array, but {many} gives it a "
+                f"pytree of arrays; a state keeps one structure")
+        a, b = _tree_paths(hit[0]), _tree_paths(tree)
+        extra, lacks = [x for x in b if x not in a], [x for x in a if x not in b]
+        leaf = (f"leaf {state}{extra[0]} is new" if extra else
+                f"leaf {state}{lacks[0]} is missing" if lacks else "the containers differ")
+        raise StateError(
+            f"taxpr: state {state!r}: {where} has structure {tree}, but {there} gave it "
+            f"structure {hit[0]}: {leaf}; a state keeps one structure")
 
 
 def _site(eqn, path: tuple[str, ...]) -> TagSite:

@@ -77,41 +77,66 @@ def is_state_tag(params: dict, shape: Any = None) -> bool:
     return isinstance(params.get("op"), StateOp)
 
 
-def get_state(name: str, init: Any) -> jax.Array:
+class LeafName(str):
+    """The name of one array of a pytree-valued state: the state's name and
+    the leaf's key path (``"stats['mean']"``, ``"t[0]"``), a string so that
+    every message naming a state names the leaf; ``state`` and ``path``
+    are its parts."""
+
+    state: str
+    path: str
+
+    def __new__(cls, state: str, path: str) -> "LeafName":
+        obj = super().__new__(cls, f"{state}{path}")
+        obj.state, obj.path = state, path
+        return obj
+
+    def __reduce__(self):
+        return (LeafName, (self.state, self.path))
+
+
+def _leaves(name: str, value: Any, what: str) -> tuple[list, Any]:
+    """``value`` as a state's arrays: ``([(name, array)], None)`` for one
+    array, or ``([(LeafName, array), ...], treedef)`` for a pytree of arrays
+    (a tuple, dict, NamedTuple, registered dataclass, optax state). Nested
+    lists or tuples of Python scalars are one array literal, as for
+    ``jnp.asarray``."""
+    if isinstance(value, jax.Array):
+        return [(name, value)], None
+    if isinstance(value, (list, tuple)) and _scalars_only(value):
+        return [(name, jnp.asarray(value))], None
+    with_paths, tree = jax.tree_util.tree_flatten_with_path(value)
+    if tree.num_nodes == 1 and tree.num_leaves == 1:  # a leaf: one array
+        return [(name, jnp.asarray(value))], None
+    if not with_paths:
+        raise TypeError(f"taxpr: state {name!r}: {what} holds no array ({value!r})")
+    return [(LeafName(name, jax.tree_util.keystr(path)), jnp.asarray(leaf))
+            for path, leaf in with_paths], tree
+
+
+def get_state(name: str, init: Any) -> Any:
     """The current value of state ``name``.
 
     Arguments:
         name: the state's name.
-        init: an array-like, or a zero-argument callable returning one; it
-            fixes the state's shape and dtype and is its value at first use.
+        init: an array-like or a pytree of them (a tuple, a dict, a
+            NamedTuple, an optax state, typed PRNG keys as leaves), or a
+            zero-argument callable returning one; it fixes the state's
+            structure, shapes and dtypes and is its value at first use.
 
     Returns:
-        The state's current value (``init`` when called outside ``uncurry``).
+        The state's current value, with ``init``'s structure (``init`` when
+        called outside ``uncurry``).
     """
     if callable(init):
         init = call_init(name, init)
     # The init stays in the jaxpr as the tag's operand: a state the example
-    # run never reaches gets it from there (``initial_states``). (asarray
-    # returns arrays and tracers as they are: skip its checks for them.)
-    return tag(_one_array(name, init, "get_state's init"), op=GET, name=name)
-
-
-def _one_array(name: str, value: Any, what: str) -> Any:
-    """``value`` as the one array a state holds. A pytree of several arrays
-    (a tuple of arrays, a dict, a NamedTuple) is an error naming the state:
-    ``jnp.asarray`` would silently stack it into one array. Nested lists or
-    tuples of Python scalars are an array literal, as for ``jnp.asarray``."""
-    if isinstance(value, jax.Array):
-        return value
-    leaves, tree = jax.tree_util.tree_flatten(value)
-    if tree.num_nodes > 1 and not (
-            isinstance(value, (list, tuple)) and _scalars_only(value)):
-        raise TypeError(
-            f"taxpr: state {name!r}: {what} is a {type(value).__name__} holding "
-            f"{len(leaves)} leaves, but a state holds one array (it would be stacked into "
-            f"one). Keep each array in its own state (e.g. {name + '_0'!r}, "
-            f"{name + '_1'!r}), or stack them explicitly with jnp.stack")
-    return jnp.asarray(value)
+    # run never reaches gets it from there (``initial_states``).
+    leaves, tree = _leaves(name, init, "get_state's init")
+    if tree is None:
+        return tag(leaves[0][1], op=GET, name=name)
+    return jax.tree_util.tree_unflatten(
+        tree, [tag(v, op=GET, name=n, state_tree=tree) for n, v in leaves])
 
 
 def _scalars_only(value: Any) -> bool:
@@ -126,9 +151,14 @@ def set_state(name: str, value: Any) -> Any:
     Arguments:
         name: the state's name. Setting a state never read creates it (with
             initial value zeros).
-        value: the new value; it must have the state's shape and dtype.
+        value: the new value; it must have the state's structure (the
+            pytree its ``get_state`` init has), shapes and dtypes.
 
     Returns:
         ``value``.
     """
-    return tag(_one_array(name, value, "set_state's value"), op=SET, name=name)
+    leaves, tree = _leaves(name, value, "set_state's value")
+    if tree is None:
+        return tag(leaves[0][1], op=SET, name=name)
+    return jax.tree_util.tree_unflatten(
+        tree, [tag(v, op=SET, name=n, state_tree=tree) for n, v in leaves])

@@ -18,7 +18,7 @@ from ..primitives._tag import keep_tags, recording_tags
 from ._collect import collect_states
 from ._initial import initial_states
 from ._inits import INITS_FOR_TYPES_ONLY
-from ._ops import StateError, is_state_tag
+from ._ops import LeafName, StateError, is_state_tag
 from ._rewrite import keep_written_outputs, pure_jaxpr
 
 
@@ -49,29 +49,87 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
     """
     traced = per_signature(lambda static, avals, tree: _Traced(fn, static, avals, tree))
     t0, leaves0 = traced(example_args, example_kwargs)
-    state0 = initial_states(t0.closed, t0.states, leaves0)
+    state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
         names = list(t.states)
-        missing = [n for n in names if n not in state]
-        if missing:
-            raise StateError(f"taxpr: uncurry's pure function takes states {names}; "
-                             f"missing {missing} (got {sorted(state)})")
+        flat = flat_states(state, t.states)
         for n in names:
-            info, v = t.states[n], state[n]
+            info, v = t.states[n], flat[n]
             if tuple(np.shape(v)) != info.shape or jnp.result_type(v) != info.dtype:
                 raise StateError(
                     f"taxpr: state {n!r} must be {info.dtype.name}{list(info.shape)}, got "
                     f"{jnp.result_type(v).name}{list(np.shape(v))}")
-        outs = _jaxpr.jaxpr_as_fun(t.pure)(*(state[n] for n in names), *leaves)
+        outs = _jaxpr.jaxpr_as_fun(t.pure)(*(flat[n] for n in names), *leaves)
         n_out = t.out_tree.num_leaves
         # Entries this call path does not use pass through unchanged, as
         # they would in a dict (e.g. the state of a whole training run).
         return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
-                {**state, **dict(zip(names, outs[n_out:]))})
+                {**state, **nest_states(dict(zip(names, outs[n_out:])), t.states)})
 
     return pure, state0
+
+
+def _state_of(name: str) -> str:
+    return name.state if isinstance(name, LeafName) else name
+
+
+def _tree_paths(tree: Any) -> list[str]:
+    example = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(example)[0]]
+
+
+def nest_states(flat: dict, states: dict) -> dict:
+    """``{name: array}`` per array (``states``' keys) as the user's state
+    dict: each pytree-valued state rebuilt from its arrays."""
+    leaves_of = {str(n): n for n in states if isinstance(n, LeafName)}
+    out: dict = {}
+    grouped: dict = {}
+    for key, value in flat.items():
+        leaf = leaves_of.get(str(key)) if not isinstance(key, LeafName) else key
+        if leaf is None:
+            out[key] = value
+        else:
+            grouped.setdefault(leaf.state, {})[leaf.path] = value
+    for state, by_path in grouped.items():
+        tree = next(info.tree for n, info in states.items()
+                    if isinstance(n, LeafName) and n.state == state)
+        out[state] = jax.tree_util.tree_unflatten(tree, [by_path[p] for p in _tree_paths(tree)])
+    return out
+
+
+def flat_states(state: dict, states: dict) -> dict:
+    """The user's state dict as ``{name: array}`` per array of ``states``
+    (a pytree-valued state's arrays by key path), checked for missing
+    states and structures (the error names the state and the leaf)."""
+    wanted = list(dict.fromkeys(_state_of(n) for n in states))
+    missing = [n for n in wanted if n not in state]
+    if missing:
+        raise StateError(f"taxpr: uncurry's pure function takes states {wanted}; "
+                         f"missing {missing} (got {sorted(state)})")
+    flat: dict = {}
+    by_state: dict = {}
+    for n, info in states.items():
+        if not isinstance(n, LeafName):
+            flat[n] = state[n]
+            continue
+        leaves = by_state.get(n.state)
+        if leaves is None:
+            with_paths, got = jax.tree_util.tree_flatten_with_path(state[n.state])
+            if got != info.tree:
+                have = [jax.tree_util.keystr(p) for p, _ in with_paths]
+                want = _tree_paths(info.tree)
+                lacks = [p for p in want if p not in have]
+                extra = [p for p in have if p not in want]
+                leaf = (f"the value given has no leaf {n.state}{lacks[0]}" if lacks else
+                        f"the value given has a leaf {n.state}{extra[0]} the state has not"
+                        if extra else "the containers differ")
+                raise StateError(f"taxpr: state {n.state!r} must have structure {info.tree}, "
+                                 f"got {got}: {leaf}")
+            leaves = by_state[n.state] = {jax.tree_util.keystr(p): v for p, v in with_paths}
+        flat[n] = leaves[n.path]
+    return flat
 
 
 def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:

@@ -9,6 +9,7 @@ say nothing.
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -135,3 +136,120 @@ def test_uncurry_and_seed_run_without_warnings_eagerly_and_under_disable_jit():
                 out, state1 = pure(state0, 3.0)
                 assert float(out) == 6.0 and float(state1["n"]) == 3.0
                 tx.seed(lambda: jax.random.normal(tx.next_key()), jax.random.key(1))()
+
+
+# ---- pytree-valued states ------------------------------------------------------------
+
+class Stats(NamedTuple):
+    mean: jax.Array
+    count: jax.Array
+
+
+def _stats0():
+    return Stats(jnp.zeros(2), jnp.zeros((), jnp.int32))
+
+
+def running_stats(xs):
+    """A NamedTuple state updated in a scan, a dict state in a cond, a tuple
+    state in a while loop, read again in a checkpoint."""
+    def step(c, x):
+        st = tx.get_state("stats", _stats0)
+        n = st.count + 1
+        tx.set_state("stats", Stats(st.mean + (x - st.mean) / n, n))
+        ext = tx.get_state("ext", lambda: {"lo": jnp.full(2, jnp.inf), "hi": jnp.full(2, -jnp.inf)})
+        ext = jax.lax.cond(jnp.sum(x) > 0,
+                           lambda e: {"lo": e["lo"], "hi": jnp.maximum(e["hi"], x)},
+                           lambda e: {"lo": jnp.minimum(e["lo"], x), "hi": e["hi"]}, ext)
+        tx.set_state("ext", ext)
+        return c, None
+
+    jax.lax.scan(step, None, xs)
+
+    def halve(c):
+        a, b = tx.get_state("pair", (jnp.ones(2), jnp.zeros((), jnp.int32)))
+        tx.set_state("pair", (a / 2, b + 1))
+        return c + 1
+
+    jax.lax.while_loop(lambda c: c < 3, halve, 0)
+    return jax.checkpoint(lambda: tx.get_state("stats", _stats0).mean * 2.0)()
+
+
+def running_stats_by_hand(xs, state):
+    """``running_stats`` with a Python dict and Python control flow."""
+    state = dict(state)
+    for x in xs:
+        st = state["stats"]
+        n = st.count + 1
+        state["stats"] = Stats(st.mean + (x - st.mean) / n, n)
+        e = state["ext"]
+        state["ext"] = ({"lo": e["lo"], "hi": jnp.maximum(e["hi"], x)} if jnp.sum(x) > 0
+                        else {"lo": jnp.minimum(e["lo"], x), "hi": e["hi"]})
+    for _ in range(3):
+        a, b = state["pair"]
+        state["pair"] = (a / 2, b + 1)
+    return state["stats"].mean * 2.0, state
+
+
+XS = jnp.array([[1.0, 2.0], [-3.0, 0.5], [2.0, 2.0], [-1.0, -1.0]])
+
+
+def _check_tree_close(a, b):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    jax.tree_util.tree_map(assert_close, a, b)
+
+
+def test_pytree_states_keep_their_structure_through_scan_cond_while_and_checkpoint():
+    pure, state0 = tx.uncurry(running_stats, XS)
+    assert isinstance(state0["stats"], Stats) and set(state0["ext"]) == {"lo", "hi"}
+    assert isinstance(state0["pair"], tuple) and state0["pair"][1].dtype == jnp.int32
+    state = state0
+    for f in (pure, jax.jit(pure)):
+        out, new = f(state, XS)
+        want_out, want = running_stats_by_hand(XS, state)
+        assert_close(out, want_out)
+        _check_tree_close(new, want)
+        state = new  # the second call continues from the first's states
+
+
+def test_pytree_states_under_vmap_over_a_batch_of_states_and_grad():
+    pure, state0 = tx.uncurry(running_stats, XS)
+    batch = jax.tree_util.tree_map(lambda a: jnp.stack([a, a + 1]), state0)
+    outs, news = jax.vmap(pure, in_axes=(0, None))(batch, XS)
+    for i in range(2):
+        one = jax.tree_util.tree_map(lambda a: a[i], batch)
+        want_out, want = running_stats_by_hand(XS, one)
+        assert_close(outs[i], want_out)
+        _check_tree_close(jax.tree_util.tree_map(lambda a: a[i], news), want)
+    # the derivative with respect to a leaf of a pytree state (forward mode:
+    # the states pass through a while loop)
+    g = jax.jacfwd(lambda m: jnp.sum(pure({**state0, "stats": state0["stats"]._replace(mean=m)},
+                                        XS)[0]))(jnp.ones(2))
+    g_ref = jax.jacfwd(lambda m: jnp.sum(running_stats_by_hand(
+        XS, {**state0, "stats": state0["stats"]._replace(mean=m)})[0]))(jnp.ones(2))
+    assert_close(g, g_ref)
+
+
+def test_make_jaxpr_describes_each_array_of_a_pytree_state():
+    _, infos = tx.make_jaxpr_with_states(running_stats)(XS)
+    by_name = {str(i.name): i for i in infos}
+    assert {"stats.mean", "stats.count", "ext['hi']", "ext['lo']", "pair[0]",
+            "pair[1]"} == set(by_name)
+    mean = by_name["stats.mean"]
+    assert (mean.name.state, mean.name.path, mean.shape) == ("stats", ".mean", (2,))
+    assert mean.tree == jax.tree_util.tree_structure(_stats0())
+    assert by_name["pair[1]"].dtype == jnp.int32 and by_name["pair[1]"].written
+
+
+def test_a_typed_key_as_a_leaf_of_a_pytree_state():
+    def draw(x):
+        key, n = tx.get_state("rng", lambda: (jax.random.key(0), jnp.zeros((), jnp.int32)))
+        key, sub = jax.random.split(key)
+        tx.set_state("rng", (key, n + 1))
+        return x + jax.random.normal(sub)
+
+    pure, state0 = tx.uncurry(draw, jnp.float32(0.0))
+    key, sub = jax.random.split(jax.random.key(0))
+    out, state1 = pure(state0, jnp.float32(0.0))
+    assert_close(out, jax.random.normal(sub))
+    assert jnp.array_equal(jax.random.key_data(state1["rng"][0]), jax.random.key_data(key))
+    assert int(state1["rng"][1]) == 1
