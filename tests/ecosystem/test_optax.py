@@ -174,3 +174,29 @@ def test_lbfgs_zoom_linesearch_value_fn_reads_and_counts_state():
     assert counter.n > 3  # the line search evaluated the function
     assert int(s1["zl_evals"]) == counter.n
     assert float(s1["zl_scale"]) == 2.0
+
+
+def test_an_optax_optimizer_state_kept_as_one_pytree_state():
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.1))
+    x = jnp.array([1.0, 2.0, -1.0])
+
+    def step(params):
+        st = tx.get_state("opt", lambda: opt.init(jnp.zeros(3)))
+        loss, g = jax.value_and_grad(lambda p: jnp.sum((p * x - 1.0) ** 2))(params)
+        updates, st = opt.update(g, st, params)
+        tx.set_state("opt", st)
+        return optax.apply_updates(params, updates), loss
+
+    pure, state = tx.uncurry(step, jnp.zeros(3))
+    assert jax.tree_util.tree_structure(state["opt"]) == jax.tree_util.tree_structure(
+        opt.init(jnp.zeros(3)))
+    params, opt_state = jnp.zeros(3), opt.init(jnp.zeros(3))  # by hand
+    p = jnp.zeros(3)
+    run = jax.jit(pure)
+    for _ in range(4):
+        (p, loss), state = run(state, p)
+        g = jax.grad(lambda q: jnp.sum((q * x - 1.0) ** 2))(params)
+        updates, opt_state = opt.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        close(p, params)
+    jax.tree_util.tree_map(close, state["opt"], opt_state)
