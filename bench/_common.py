@@ -50,3 +50,11 @@ def nested_scans(depth: int, length: int, step: Callable[[int, Any], Any]) -> Ca
         return jax.lax.scan(lambda c, _: (level(d + 1, c), None), x, None, length=length)[0]
 
     return lambda x: level(0, x)
+
+
+def print_figures(figures: list[dict]) -> None:
+    """Print a module's figures, one per line, marked by whether each meets
+    its target."""
+    for f in figures:
+        mark = "    " if f["pass"] is None else ("ok  " if f["pass"] else "MISS")
+        print(f"  {mark} {f['name']}: {f['value']:.3f} ({f['target'] or 'no target'})")

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import taxpr as tx
 from taxpr import harvest as h
 
-from _common import timed  # noqa: E402
+from _common import print_figures, timed  # noqa: E402
 
 LAYERS, WIDTH, BATCH = 8, 256, 64
 
@@ -132,9 +132,7 @@ def main(argv: list[str]) -> None:
     res = run(quick="--quick" in argv)
     print(f"jax {res['jax']}: HLO {res['compiled']['hlo_capture']} vs "
           f"{res['compiled']['hlo_by_hand']}")
-    for f in res["figures"]:
-        mark = "    " if f["pass"] is None else ("ok  " if f["pass"] else "MISS")
-        print(f"  {mark} {f['name']}: {f['value']:.3f} ({f['target'] or 'no target'})")
+    print_figures(res["figures"])
 
 
 if __name__ == "__main__":

@@ -35,18 +35,15 @@ Run: ``python bench/bench_harvest.py [--quick]``.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from taxpr import harvest as h
 
-from _common import nested_scans, timed  # noqa: E402
+from _common import nested_scans, print_figures, timed  # noqa: E402
 
 TAG = "t"
 SOWS_PER_LEVEL = 10
@@ -160,9 +157,7 @@ def main(argv: list[str]) -> None:
         print(f"  {k:10s} (ms): "
               + "  ".join(f"d{d}={t * 1e3:.2f}" for d, t in ns[f"{k}_s"].items())
               + f"   {ns['ratio_key']} = {ns[f'{k}_ratio']:.2f}")
-    for f in res["figures"]:
-        mark = "    " if f["pass"] is None else ("ok  " if f["pass"] else "MISS")
-        print(f"  {mark} {f['name']}: {f['value']:.3f} ({f['target'] or 'no target'})")
+    print_figures(res["figures"])
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 import taxpr as tx
 
-from _common import CTX, OPS, injector  # noqa: E402
+from _common import CTX, OPS, injector, print_figures  # noqa: E402
 
 EQNS_PER_STEP = 5
 MEMORY_TARGET = 2.0
@@ -141,9 +141,7 @@ def main(argv: list[str]) -> None:
               f"   inject peak {r['inject_peak_bytes'] * mb:8.1f} MiB"
               f" (retained {r['inject_retained_bytes'] * mb:6.1f}, {r['inject_s']:.1f} s)"
               f"   ratio {r['ratio']:.3f}")
-    for f in res["figures"]:
-        mark = "    " if f["pass"] is None else ("ok  " if f["pass"] else "MISS")
-        print(f"  {mark} {f['name']}: {f['value']:.3f} ({f['target'] or 'no target'})")
+    print_figures(res["figures"])
 
 
 if __name__ == "__main__":
