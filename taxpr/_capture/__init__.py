@@ -12,7 +12,7 @@ Modules, each importing only those above it:
 * ``_sites``: ``Site`` records, listed by one walk of the program;
 * ``_select``: selectors (globs, predicates, ``taxpr.select`` helpers);
 * ``_rewrite``: sows inserted after the selected equations;
-* ``_api``: ``sites``, ``capture``, ``patch``.
+* ``_api``: ``sites``, ``capture``, ``patch``, ``perturb``.
 """
 
 from ._api import LoopRows as LoopRows, capture as capture, patch as patch, perturb as perturb, sites as sites

@@ -1,4 +1,4 @@
-"""``sites`` / ``capture`` / ``patch``: intermediates of code you did not write."""
+"""``sites`` / ``capture`` / ``patch`` / ``perturb``: intermediates of code you did not write."""
 
 from __future__ import annotations
 
