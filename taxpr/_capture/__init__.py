@@ -15,7 +15,13 @@ Modules, each importing only those above it:
 * ``_api``: ``sites``, ``capture``, ``patch``, ``perturb``.
 """
 
-from ._api import LoopRows as LoopRows, capture as capture, patch as patch, perturb as perturb, sites as sites
+from ._api import (
+    LoopRows as LoopRows,
+    capture as capture,
+    patch as patch,
+    perturb as perturb,
+    sites as sites,
+)
 from ._sites import Loop as Loop, Site as Site
 
 __all__ = ["LoopRows", "Loop", "Site", "capture", "patch", "perturb", "sites"]
