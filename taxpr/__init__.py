@@ -39,8 +39,10 @@ from ._state import (
     StateInfo as StateInfo,
     StateNotUncurriedWarning as StateNotUncurriedWarning,
     get_state as get_state,
+    load_state as load_state,
     make_jaxpr as make_jaxpr,
     make_jaxpr_with_states as make_jaxpr_with_states,
+    save_state as save_state,
     set_state as set_state,
     uncurry as uncurry,
 )
@@ -66,8 +68,8 @@ _COMPATIBILITY_NAMES = {
 __all__ = [
     "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
-    "keep_tags", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
-    "register_thread_rule", "seed", "ThreadRule",
+    "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
+    "register_thread_rule", "save_state", "seed", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]
 

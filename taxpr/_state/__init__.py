@@ -18,9 +18,11 @@ Modules, each importing only those above it:
 * ``_collect``: a program's states, and the rules taxpr cannot thread;
 * ``_rewrite``: the rewrite into a pure function (the engine's hooks);
 * ``_initial``: initial values, with or without running the program;
-* ``_uncurry``: ``uncurry`` / ``make_jaxpr``, traced once per signature.
+* ``_uncurry``: ``uncurry`` / ``make_jaxpr``, traced once per signature;
+* ``_checkpoint``: ``save_state`` / ``load_state`` (NumPy ``.npz``).
 """
 
+from ._checkpoint import load_state as load_state, save_state as save_state
 from ._collect import StateInfo as StateInfo, collect_states as collect_states
 from ._ops import (
     StateError as StateError,
