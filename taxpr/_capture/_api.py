@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, NamedTuple
 
+import equinox as eqx
 import jax
 import numpy as np
-from jax._src import core
 
 from .. import _jaxpr
 from .._inject import inject, trace_program
@@ -18,31 +18,16 @@ from ._select import SelectorLike, select
 from ._sites import Site
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, core.Tracer))
-
-
 class _Traced:
     """``fn`` traced at the arrays among its arguments (other leaves are
-    static, as ``equinox.filter_jit`` treats them)."""
+    static, as ``equinox.filter_jit`` and ``uncurry`` treat them)."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict):
-        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        self.dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
-        self.leaves = [leaves[i] for i in self.dynamic]
-        static = list(leaves)
-        dyn_tree = jax.tree_util.tree_structure(list(self.leaves))
-        positions = self.dynamic
-
-        def rebuild(dyn):
-            full = list(static)
-            for i, x in zip(positions, dyn):
-                full[i] = x
-            return jax.tree_util.tree_unflatten(tree, full)
-
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        self.leaves, dyn_tree = jax.tree_util.tree_flatten(dyn)
         self.closed, self.out_tree = trace_program(
             fn, dyn_tree, [_jaxpr.abstractify(x) for x in self.leaves],
-            name=getattr(fn, "__name__", "fn"), rebuild=rebuild)
+            name=getattr(fn, "__name__", "fn"), rebuild=lambda d: eqx.combine(d, static))
         self.sites = _sites.list_sites(self.closed)
 
     def run(self, rewritten: Any) -> Callable:

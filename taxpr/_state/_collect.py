@@ -123,9 +123,18 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
     return dict(sorted(states.items()))
 
 
-def _tree_paths(tree: Any) -> list[str]:
+def tree_paths(tree: Any) -> list[str]:
+    """The key paths of a ``PyTreeDef``'s leaves, in order (``"[0]"``, ``".mean"``)."""
     example = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
     return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(example)[0]]
+
+
+def first_differences(want: list[str], got: list[str]) -> tuple[str | None, str | None]:
+    """The first key path ``got`` has and ``want`` has not, and the first
+    ``want`` has and ``got`` has not (None where there is none)."""
+    extra = next((p for p in got if p not in want), None)
+    lacks = next((p for p in want if p not in got), None)
+    return extra, lacks
 
 
 def _check_trees(sites: list) -> None:
@@ -148,10 +157,9 @@ def _check_trees(sites: list) -> None:
             raise StateError(
                 f"taxpr: state {state!r}: {one} gives it one array, but {many} gives it a "
                 f"pytree of arrays; a state keeps one structure")
-        a, b = _tree_paths(hit[0]), _tree_paths(tree)
-        extra, lacks = [x for x in b if x not in a], [x for x in a if x not in b]
-        leaf = (f"leaf {state}{extra[0]} is new" if extra else
-                f"leaf {state}{lacks[0]} is missing" if lacks else "the containers differ")
+        extra, lacks = first_differences(tree_paths(hit[0]), tree_paths(tree))
+        leaf = (f"leaf {state}{extra} is new" if extra else
+                f"leaf {state}{lacks} is missing" if lacks else "the containers differ")
         raise StateError(
             f"taxpr: state {state!r}: {where} has structure {tree}, but {there} gave it "
             f"structure {hit[0]}: {leaf}; a state keeps one structure")

@@ -15,7 +15,7 @@ from .. import _jaxpr
 from .._expand import expand_for
 from .._inject import check_no_hidden_tags, trace_program
 from ..primitives._tag import keep_tags, recording_tags
-from ._collect import collect_states
+from ._collect import collect_states, first_differences, tree_paths
 from ._initial import initial_states
 from ._inits import INITS_FOR_TYPES_ONLY
 from ._ops import LeafName, StateError, is_state_tag
@@ -75,11 +75,6 @@ def _state_of(name: str) -> str:
     return name.state if isinstance(name, LeafName) else name
 
 
-def _tree_paths(tree: Any) -> list[str]:
-    example = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(example)[0]]
-
-
 def nest_states(flat: dict, states: dict) -> dict:
     """``{name: array}`` per array (``states``' keys) as the user's state
     dict: each pytree-valued state rebuilt from its arrays."""
@@ -95,7 +90,7 @@ def nest_states(flat: dict, states: dict) -> dict:
     for state, by_path in grouped.items():
         tree = next(info.tree for n, info in states.items()
                     if isinstance(n, LeafName) and n.state == state)
-        out[state] = jax.tree_util.tree_unflatten(tree, [by_path[p] for p in _tree_paths(tree)])
+        out[state] = jax.tree_util.tree_unflatten(tree, [by_path[p] for p in tree_paths(tree)])
     return out
 
 
@@ -118,12 +113,10 @@ def flat_states(state: dict, states: dict) -> dict:
         if leaves is None:
             with_paths, got = jax.tree_util.tree_flatten_with_path(state[n.state])
             if got != info.tree:
-                have = [jax.tree_util.keystr(p) for p, _ in with_paths]
-                want = _tree_paths(info.tree)
-                lacks = [p for p in want if p not in have]
-                extra = [p for p in have if p not in want]
-                leaf = (f"the value given has no leaf {n.state}{lacks[0]}" if lacks else
-                        f"the value given has a leaf {n.state}{extra[0]} the state has not"
+                extra, lacks = first_differences(
+                    tree_paths(info.tree), [jax.tree_util.keystr(p) for p, _ in with_paths])
+                leaf = (f"the value given has no leaf {n.state}{lacks}" if lacks else
+                        f"the value given has a leaf {n.state}{extra} the state has not"
                         if extra else "the containers differ")
                 raise StateError(f"taxpr: state {n.state!r} must have structure {info.tree}, "
                                  f"got {got}: {leaf}")
