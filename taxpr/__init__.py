@@ -42,8 +42,12 @@ from ._state import (
     load_state as load_state,
     make_jaxpr as make_jaxpr,
     make_jaxpr_with_states as make_jaxpr_with_states,
+    merge_states as merge_states,
     save_state as save_state,
+    scope as scope,
     set_state as set_state,
+    split_states as split_states,
+    StateScope as StateScope,
     uncurry as uncurry,
 )
 from ._random import next_key as next_key, seed as seed
@@ -66,10 +70,10 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "TagSite", "TypedClosedJaxpr",
+    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
-    "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
-    "register_thread_rule", "save_state", "seed", "ThreadRule",
+    "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
+    "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
 ]
 

@@ -40,10 +40,8 @@ from jax.sharding import get_abstract_mesh
 
 from . import _compat, _jaxpr
 from ._inject import trace_program
-from ._state import (
-    StateError, collect_states, get_state, is_state_tag, per_signature, set_state,
-    stream_pure_jaxpr,
-)
+from ._state import StateError, collect_states, is_state_tag, per_signature, stream_pure_jaxpr
+from ._state._ops import read as read_state, write as write_state
 
 DEFAULT_STREAM = "rng"
 
@@ -189,9 +187,10 @@ def next_key(stream: str = DEFAULT_STREAM) -> jax.Array:
     Raises:
         StateError: under a vmap without an axis name (names the stream).
     """
-    key = get_state(stream, _init_key(stream))  # a key array: no asarray cost
+    # A stream is one sequence of keys wherever it is drawn: never scoped.
+    key = read_state(stream, _init_key(stream))  # a key array: no asarray cost
     key, sub = jax.random.split(key)
-    set_state(stream, key)
+    write_state(stream, key)
     return key_p.bind(sub, stream=stream, folded=())
 
 

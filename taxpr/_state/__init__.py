@@ -14,7 +14,9 @@ rule), with no equations of its own.
 Modules, each importing only those above it:
 
 * ``_inits``: callable inits, called once per trace and state;
+* ``_scope``: ``tx.scope``, the scoped names of states;
 * ``_ops``: ``get_state`` / ``set_state``, ``StateOp``, errors;
+* ``_dicts``: the state dict nested by scope, split and merged;
 * ``_collect``: a program's states, and the rules taxpr cannot thread;
 * ``_rewrite``: the rewrite into a pure function (the engine's hooks);
 * ``_initial``: initial values, with or without running the program;
@@ -24,6 +26,11 @@ Modules, each importing only those above it:
 
 from ._checkpoint import load_state as load_state, save_state as save_state
 from ._collect import StateInfo as StateInfo, collect_states as collect_states
+from ._dicts import (
+    StateScope as StateScope,
+    merge_states as merge_states,
+    split_states as split_states,
+)
 from ._ops import (
     StateError as StateError,
     StateNotUncurriedWarning as StateNotUncurriedWarning,
@@ -31,6 +38,7 @@ from ._ops import (
     is_state_tag as is_state_tag,
     set_state as set_state,
 )
+from ._scope import scope as scope
 from ._rewrite import stream_pure_jaxpr as stream_pure_jaxpr
 from ._uncurry import (
     make_jaxpr as make_jaxpr,

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..primitives._tag import tag
 from ._inits import call_init
+from ._scope import scoped
 
 
 class StateOp:
@@ -127,7 +128,15 @@ def get_state(name: str, init: Any) -> Any:
     Returns:
         The state's current value, with ``init``'s structure (``init`` when
         called outside ``uncurry``).
+
+    Inside ``tx.scope(s)`` the state is ``s/name``, another state than
+    ``name`` elsewhere.
     """
+    return read(scoped(name), init)
+
+
+def read(name: str, init: Any) -> Any:
+    """``get_state`` of the state named ``name`` exactly (no scope added)."""
     if callable(init):
         init = call_init(name, init)
     # The init stays in the jaxpr as the tag's operand: a state the example
@@ -156,7 +165,15 @@ def set_state(name: str, value: Any) -> Any:
 
     Returns:
         ``value``.
+
+    Inside ``tx.scope(s)`` the state is ``s/name``, another state than
+    ``name`` elsewhere.
     """
+    return write(scoped(name), value)
+
+
+def write(name: str, value: Any) -> Any:
+    """``set_state`` of the state named ``name`` exactly (no scope added)."""
     leaves, tree = _leaves(name, value, "set_state's value")
     if tree is None:
         return tag(leaves[0][1], op=SET, name=name)

@@ -15,7 +15,9 @@ from .. import _jaxpr
 from .._expand import expand_for
 from .._inject import check_no_hidden_tags, trace_program
 from ..primitives._tag import keep_tags, recording_tags
+from . import _dicts
 from ._collect import collect_states, first_differences, tree_paths
+from ._dicts import lookup, merge, nest
 from ._initial import initial_states
 from ._inits import INITS_FOR_TYPES_ONLY
 from ._ops import LeafName, StateError, is_state_tag
@@ -65,8 +67,9 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         n_out = t.out_tree.num_leaves
         # Entries this call path does not use pass through unchanged, as
         # they would in a dict (e.g. the state of a whole training run).
-        return (jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]),
-                {**state, **nest_states(dict(zip(names, outs[n_out:])), t.states)})
+        new = nest_states(dict(zip(names, outs[n_out:])), t.states)
+        used = list(dict.fromkeys(_state_of(n) for n in names))
+        return jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]), merge(state, new, used)
 
     return pure, state0
 
@@ -77,7 +80,8 @@ def _state_of(name: str) -> str:
 
 def nest_states(flat: dict, states: dict) -> dict:
     """``{name: array}`` per array (``states``' keys) as the user's state
-    dict: each pytree-valued state rebuilt from its arrays."""
+    dict: each pytree-valued state rebuilt from its arrays, the states of
+    each ``tx.scope`` nested under it."""
     leaves_of = {str(n): n for n in states if isinstance(n, LeafName)}
     out: dict = {}
     grouped: dict = {}
@@ -91,7 +95,7 @@ def nest_states(flat: dict, states: dict) -> dict:
         tree = next(info.tree for n, info in states.items()
                     if isinstance(n, LeafName) and n.state == state)
         out[state] = jax.tree_util.tree_unflatten(tree, [by_path[p] for p in tree_paths(tree)])
-    return out
+    return nest(out)
 
 
 def flat_states(state: dict, states: dict) -> dict:
@@ -99,19 +103,25 @@ def flat_states(state: dict, states: dict) -> dict:
     (a pytree-valued state's arrays by key path), checked for missing
     states and structures (the error names the state and the leaf)."""
     wanted = list(dict.fromkeys(_state_of(n) for n in states))
-    missing = [n for n in wanted if n not in state]
+    values: dict = {}
+    for n in wanted:
+        try:
+            values[n] = lookup(state, n)
+        except KeyError:
+            pass
+    missing = [n for n in wanted if n not in values]
     if missing:
         raise StateError(f"taxpr: uncurry's pure function takes states {wanted}; "
-                         f"missing {missing} (got {sorted(state)})")
+                         f"missing {missing} (got {_names_in(state)})")
     flat: dict = {}
     by_state: dict = {}
     for n, info in states.items():
         if not isinstance(n, LeafName):
-            flat[n] = state[n]
+            flat[n] = values[n]
             continue
         leaves = by_state.get(n.state)
         if leaves is None:
-            with_paths, got = jax.tree_util.tree_flatten_with_path(state[n.state])
+            with_paths, got = jax.tree_util.tree_flatten_with_path(values[n.state])
             if got != info.tree:
                 extra, lacks = first_differences(
                     tree_paths(info.tree), [jax.tree_util.keystr(p) for p, _ in with_paths])
@@ -123,6 +133,11 @@ def flat_states(state: dict, states: dict) -> dict:
             leaves = by_state[n.state] = {jax.tree_util.keystr(p): v for p, v in with_paths}
         flat[n] = leaves[n.path]
     return flat
+
+
+def _names_in(state: dict) -> list[str]:
+    """The full names (``"bn1/mean"``) of the states in a nested state dict."""
+    return sorted("/".join(k) for k in _dicts.state_keys(state))
 
 
 def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
