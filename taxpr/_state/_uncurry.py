@@ -137,7 +137,7 @@ def flat_states(state: dict, states: dict) -> dict:
 
 def _names_in(state: dict) -> list[str]:
     """The full names (``"bn1/mean"``) of the states in a nested state dict."""
-    return sorted("/".join(k) for k in _dicts.state_keys(state))
+    return sorted("/".join(map(str, keys)) for keys, _ in _dicts.state_keys(state))
 
 
 def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:

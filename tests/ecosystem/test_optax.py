@@ -200,3 +200,44 @@ def test_an_optax_optimizer_state_kept_as_one_pytree_state():
         params = optax.apply_updates(params, updates)
         close(p, params)
     jax.tree_util.tree_map(close, state["opt"], opt_state)
+
+
+def test_an_optimizer_trains_the_states_split_off_by_name():
+    # Two instances of one layer under tx.scope; adam trains every state named
+    # "scale" (selected with tx.split_states), the counters ride along.
+    x = jnp.array([1.0, 2.0, -1.0])
+
+    def layer(h):
+        tx.set_state("calls", tx.get_state("calls", jnp.int32(0)) + 1)
+        return jnp.tanh(h * tx.get_state("scale", jnp.ones(3)))
+
+    def model(h):
+        with tx.scope("first"):
+            h = layer(h)
+        with tx.scope("second"):
+            return layer(h)
+
+    pure, state = tx.uncurry(model, x)
+    opt = optax.adam(0.1)
+    scales, rest = tx.split_states(state, "*/scale")
+    opt_state = opt.init(scales)
+
+    def loss(scales, rest):
+        out, new = pure(tx.merge_states(scales, rest), x)
+        return jnp.sum((out - 0.5) ** 2), new
+
+    def by_hand_loss(s1, s2):  # the same model with its two scales as arguments
+        return jnp.sum((jnp.tanh(jnp.tanh(x * s1) * s2) - 0.5) ** 2)
+
+    s1, s2, hand_opt = jnp.ones(3), jnp.ones(3), opt.init((jnp.ones(3), jnp.ones(3)))
+    for step in range(3):
+        grads, new = jax.grad(loss, has_aux=True)(scales, rest)
+        updates, opt_state = opt.update(grads, opt_state)
+        scales = optax.apply_updates(scales, updates)
+        _, rest = tx.split_states(new, "*/scale")
+        g = jax.grad(by_hand_loss, argnums=(0, 1))(s1, s2)
+        hand_updates, hand_opt = opt.update(g, hand_opt)
+        s1, s2 = optax.apply_updates((s1, s2), hand_updates)
+        close(scales["first"]["scale"], s1)
+        close(scales["second"]["scale"], s2)
+        assert int(rest["first"]["calls"]) == int(rest["second"]["calls"]) == step + 1
