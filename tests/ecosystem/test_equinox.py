@@ -899,3 +899,72 @@ def test_vmap_of_vmap_inside_after_warm_caches_reads_state_per_example():
     ref_steps, ref_last = _halving_reference(ys.ravel(), 0.25)
     np.testing.assert_array_equal(steps, ref_steps.reshape(2, 2))
     np.testing.assert_allclose(last, ref_last.reshape(2, 2))
+
+
+# --- KV caches of layers stacked with filter_vmap and applied under lax.scan ----
+
+_D, _MAX, _LAYERS, _STEPS = 8, 6, 3, 5
+
+
+class _CachedAttention(eqx.Module):
+    """One head; ``__call__(x, pos, layer)`` decodes one position, its keys
+    and values kept in one state holding every layer's cache (the layers run
+    inside a scan, so one traced body serves them all)."""
+
+    qkv: eqx.nn.Linear
+
+    def __init__(self, key):
+        self.qkv = eqx.nn.Linear(_D, 3 * _D, key=key)
+
+    def __call__(self, x, pos, layer):
+        q, k, v = jnp.split(self.qkv(x), 3)
+        cache = tx.get_state("kv", {"k": jnp.zeros((_LAYERS, _MAX, _D)),
+                                    "v": jnp.zeros((_LAYERS, _MAX, _D))})
+        cache = {"k": cache["k"].at[layer, pos].set(k), "v": cache["v"].at[layer, pos].set(v)}
+        tx.set_state("kv", cache)
+        scores = jnp.where(jnp.arange(_MAX) <= pos, cache["k"][layer] @ q, -jnp.inf)
+        return x + jax.nn.softmax(scores) @ cache["v"][layer]
+
+    def full(self, xs):
+        q, k, v = jnp.split(jax.vmap(self.qkv)(xs), 3, axis=-1)
+        n = len(xs)
+        scores = jnp.where(jnp.tril(jnp.ones((n, n), bool)), q @ k.T, -jnp.inf)
+        return xs + jax.nn.softmax(scores, axis=-1) @ v
+
+
+def test_kv_cache_of_layers_stacked_with_filter_vmap_under_scan():
+    layers = eqx.filter_vmap(_CachedAttention)(jax.random.split(jax.random.key(0), _LAYERS))
+    params, static = eqx.partition(layers, eqx.is_array)
+
+    def decode(x):
+        pos = tx.get_state("pos", jnp.int32(0))
+
+        def one_layer(h, layer_and_params):
+            i, p = layer_and_params
+            return eqx.combine(p, static)(h, pos, i), None
+
+        h, _ = jax.lax.scan(one_layer, x, (jnp.arange(_LAYERS), params))
+        tx.set_state("pos", pos + 1)
+        return h
+
+    step, state0 = tx.uncurry(decode, jnp.zeros(_D))
+    xs = jax.random.normal(jax.random.key(1), (_STEPS, _D))
+
+    @jax.jit
+    def run(state, xs):
+        def body(state, x):
+            out, state = step(state, x)
+            return state, out
+        return jax.lax.scan(body, state, xs)
+
+    state, outs = run(state0, xs)
+    # Reference: the layers one after another on the whole sequence, no cache.
+    want = xs
+    for i in range(_LAYERS):
+        layer = jax.tree_util.tree_map(lambda a: a[i], params)
+        want_kv = jnp.split(jax.vmap(eqx.combine(layer, static).qkv)(want), 3, axis=-1)[1:]
+        close(state["kv"]["k"][i, :_STEPS], want_kv[0], rtol=1e-5, atol=1e-5)
+        close(state["kv"]["v"][i, :_STEPS], want_kv[1], rtol=1e-5, atol=1e-5)
+        want = eqx.combine(layer, static).full(want)
+    close(outs, want, rtol=1e-4, atol=1e-5)
+    assert int(state["pos"]) == _STEPS
