@@ -17,6 +17,7 @@ LIBRARIES = {
     "test_lineax.py": "lineax",
     "test_equinox.py": "equinox",
     "test_optax.py": "optax",
+    "test_orbax.py": "orbax.checkpoint",
     "test_flax_linen.py": "flax.linen",
     "test_flax_nnx.py": "flax.nnx",
     "test_capture_flax.py": "flax.linen",
