@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import taxpr as tx
@@ -253,3 +254,74 @@ def test_a_typed_key_as_a_leaf_of_a_pytree_state():
     assert_close(out, jax.random.normal(sub))
     assert jnp.array_equal(jax.random.key_data(state1["rng"][0]), jax.random.key_data(key))
     assert int(state1["rng"][1]) == 1
+
+
+def test_pytree_states_in_custom_rules_differentiated_from_outside():
+    # A custom_jvp whose rule calls the function (its state a tuple), and a
+    # custom_vjp whose function and fwd update a dict state, the bound the
+    # bwd uses kept as a residual.
+    @jax.custom_jvp
+    def scaled_sin(x):
+        calls, scale = tx.get_state("sin", (jnp.int32(0), f32(2.0)))
+        tx.set_state("sin", (calls + 1, scale))
+        return scale * jnp.sin(x)
+
+    @scaled_sin.defjvp
+    def _(primals, tangents):
+        (x,), (dx,) = primals, tangents
+        return scaled_sin(x), 3.0 * jnp.cos(x) * dx
+
+    def seen():
+        st = tx.get_state("clip", {"bound": f32(0.5), "seen": jnp.int32(0)})
+        tx.set_state("clip", {"bound": st["bound"], "seen": st["seen"] + 1})
+        return st["bound"]
+
+    @jax.custom_vjp
+    def clip_grad(x):
+        seen()
+        return x
+
+    def fwd(x):
+        return x, seen()
+
+    clip_grad.defvjp(fwd, lambda bound, g: (jnp.clip(g, -bound, bound),))
+
+    def fn(x):
+        return clip_grad(scaled_sin(x)) * 4.0
+
+    pure, state0 = tx.uncurry(fn, f32(0.3))
+    (out, state1), g = jax.value_and_grad(lambda x: pure(state0, x), has_aux=True)(f32(0.3))
+    # By hand: JAX runs the jvp rule (which calls scaled_sin once) and the fwd.
+    assert_close(out, 4.0 * 2.0 * jnp.sin(f32(0.3)))
+    assert_close(g, jnp.clip(4.0, -0.5, 0.5) * 3.0 * jnp.cos(f32(0.3)))
+    assert isinstance(state1["sin"], tuple) and int(state1["sin"][0]) == 1
+    assert set(state1["clip"]) == {"bound", "seen"} and int(state1["clip"]["seen"]) == 1
+    # Without differentiation the function runs: the same counts.
+    _, plain = pure(state0, f32(0.3))
+    _check_tree_close(plain, state1)
+
+
+def test_pytree_state_set_in_shard_map_from_a_replicated_value():
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    def body(xs):
+        st = tx.get_state("stats", _stats0)
+        total = jax.lax.psum(xs.sum(0), "d")  # the same on every shard
+        n = st.count + xs.shape[0] * 4
+        tx.set_state("stats", Stats(st.mean + (total - st.mean * xs.shape[0] * 4) / n, n))
+        return xs - st.mean
+
+    fn = shard_map()(body, mesh=cpu_mesh("d"), in_specs=P("d"), out_specs=P("d"))
+    xs = jnp.arange(16.0).reshape(8, 2)
+    pure, state0 = tx.uncurry(fn, xs)
+    state = state0
+    mean, count = np.zeros(2), 0
+    for step in range(2):
+        out, state = jax.jit(pure)(state, xs + step)
+        assert_close(out, xs + step - mean)
+        count += 8
+        mean = mean + (np.asarray(xs + step).sum(0) - mean * 8) / count
+        assert isinstance(state["stats"], Stats) and int(state["stats"].count) == count
+        assert_close(state["stats"].mean, mean)
