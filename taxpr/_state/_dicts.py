@@ -94,7 +94,10 @@ def merge(old: dict, new: dict, names: list[str]) -> dict:
         *parts, last = scope_path(name)
         at, src = out, new
         for part in parts:
-            at[part] = StateScope(at.get(part, {}))
+            # A scope given as a plain dict stays one (a scan carry keeps its
+            # pytree structure); a scope the state lacked is a StateScope.
+            before = at.get(part)
+            at[part] = dict(before) if type(before) is dict else StateScope(before or {})
             at, src = at[part], src[part]
         at[last] = src[last]
     return out

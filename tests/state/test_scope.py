@@ -292,7 +292,11 @@ def test_pure_keeps_the_other_states_of_a_scope():
     pure, s0 = tx.uncurry(uses_one, f32(1.0))
     full = {"bn1": {"mean": f32(0.0), "other": f32(5.0)}, "top": f32(7.0)}
     _, s1 = pure(full, f32(3.0))
-    assert flat(s1) == {"bn1/mean": 3.0, "bn1/other": 5.0, "top": 7.0}
+    assert s1 == {"bn1": {"mean": 3.0, "other": 5.0}, "top": 7.0}
+    # A scope given as a plain dict stays one: a scan carries it unchanged.
+    assert type(s1["bn1"]) is dict and type(pure(s0, f32(3.0))[1]["bn1"]) is tx.StateScope
+    carried, _ = lax.scan(lambda s, x: (pure(s, x)[1], None), full, jnp.arange(3.0))
+    assert carried == {"bn1": {"mean": 2.0, "other": 5.0}, "top": 7.0}
 
 
 def test_save_and_load_a_scoped_state(tmp_path):
