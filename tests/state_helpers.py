@@ -187,6 +187,18 @@ def check_program(prog, example, inputs, n_perturb=1, kwargs=None):
     return pure, state0
 
 
+def check_vmap_over_states(pure, state0, args, reference):
+    """``jax.vmap(pure)`` over a batch of two starting states (``state0`` and
+    ``state0 + 1``) against ``reference(state, *args) -> (out, new_state)``
+    run on each."""
+    batch = tree_map(lambda a: jnp.stack([a, a + 1]), state0)
+    outs, news = jax.vmap(pure, in_axes=(0,) + (None,) * len(args))(batch, *args)
+    for i in range(2):
+        want_out, want = reference(tree_map(lambda a: a[i], batch), *args)
+        assert_close(outs[i], want_out)
+        assert_close(tree_map(lambda a: a[i], news), want)
+
+
 def jax_still_works():
     assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
     assert float(jax.grad(lambda x: jnp.sin(x) * x)(0.0)) == 0.0

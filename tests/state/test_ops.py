@@ -19,7 +19,7 @@ import pytest
 import taxpr as tx
 
 from helpers import check
-from state_helpers import assert_close, f32
+from state_helpers import assert_close, check_vmap_over_states, f32
 
 
 # ---- user tags are not state accesses ----------------------------------------------------
@@ -214,13 +214,7 @@ def test_pytree_states_keep_their_structure_through_scan_cond_while_and_checkpoi
 
 def test_pytree_states_under_vmap_over_a_batch_of_states_and_grad():
     pure, state0 = tx.uncurry(running_stats, XS)
-    batch = jax.tree_util.tree_map(lambda a: jnp.stack([a, a + 1]), state0)
-    outs, news = jax.vmap(pure, in_axes=(0, None))(batch, XS)
-    for i in range(2):
-        one = jax.tree_util.tree_map(lambda a: a[i], batch)
-        want_out, want = running_stats_by_hand(XS, one)
-        assert_close(outs[i], want_out)
-        _check_tree_close(jax.tree_util.tree_map(lambda a: a[i], news), want)
+    check_vmap_over_states(pure, state0, (XS,), lambda state, xs: running_stats_by_hand(xs, state))
     # the derivative with respect to a leaf of a pytree state (forward mode:
     # the states pass through a while loop)
     g = jax.jacfwd(lambda m: jnp.sum(pure({**state0, "stats": state0["stats"]._replace(mean=m)},

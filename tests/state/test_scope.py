@@ -22,7 +22,9 @@ from jax import lax
 import taxpr as tx
 
 from helpers import check
-from state_helpers import Eager, TX, assert_close, f32, i32, jax_still_works
+from state_helpers import (
+    Eager, TX, assert_close, check_vmap_over_states, f32, i32, jax_still_works,
+)
 
 
 class _ScopedTX(type(TX)):
@@ -248,13 +250,7 @@ def test_next_key_is_not_scoped():
 
 def test_vmap_over_a_batch_of_scoped_states_and_grad_with_respect_to_one_scope():
     pure, s0 = tx.uncurry(functools.partial(two_batchnorms, STX), X)
-    batch = jax.tree_util.tree_map(lambda v: jnp.stack([v, v + 1]), s0)
-    out, s1 = jax.vmap(pure, in_axes=(0, None))(batch, X)
-    for i in range(2):
-        one = jax.tree_util.tree_map(lambda v: v[i], batch)
-        o, s = pure(one, X)
-        assert_close(out[i], o)
-        assert_close(jax.tree_util.tree_map(lambda v: v[i], s1), s)
+    check_vmap_over_states(pure, s0, (X,), pure)
 
     gammas, rest = tx.split_states(s0, "*gamma")
     assert flat(gammas).keys() == {"bn1/gamma", "bn2/gamma"}
