@@ -64,8 +64,9 @@ class _InjectSites:
         # (traced); None: such a site is an InjectError.
         self.guard_merge = guard_merge
         # Refuse ctx changes computed from the token in a shard_map without
-        # vma checking (off for the state layer's one-off run recording inits).
-        self.check_per_shard = True
+        # vma checking (off for the state layer's one-off run recording inits;
+        # a predicate on the tag's eqn: only at the tags it selects).
+        self.check_per_shard: bool | Callable[[core.JaxprEqn], bool] = True
         self.ctx_tree = ctx_tree
         self.ctx_avals = list(ctx_avals)
         self._traced: dict = {}
@@ -200,7 +201,8 @@ class _InjectSites:
             new_token, new_ctx = outs[:len(ins)], outs[len(ins):]
             if n < len(eqn.invars):
                 new_ctx = self._guarded(eqn, level, level.atom(eqn.invars[n]), ctx, new_ctx)
-            if self.check_per_shard and not getattr(level.context, "checks_vma", True):
+            if (self.check_per_shard and not getattr(level.context, "checks_vma", True)
+                    and (self.check_per_shard is True or self.check_per_shard(eqn))):
                 self._check_unchecked_shard_map(eqn, level, closed, ctx, new_ctx)
         else:
             kind = "cotangent" if eqn.primitive is tag_cotangent_p else "tangent"
@@ -415,7 +417,10 @@ class InjectPolicy:
             merges it: ``guard_merge(guard, old_leaves, new_leaves) ->
             leaves`` (traced); None: such a site is an ``InjectError``.
         check_per_shard: refuse ctx changes computed from the token in a
-            ``shard_map`` without vma checking.
+            ``shard_map`` without vma checking; or a predicate on a tag's
+            eqn, ``check_per_shard(eqn) -> bool``: refuse them only at the
+            tags it selects (the state layer exempts the sets it proved the
+            same on every shard).
         direct: for an injector that only moves values between the token
             and ctx, ``direct(params, ctx_atoms, token_atoms) ->
             (new_token_atoms, new_ctx_atoms)``: sites are rewritten by
@@ -429,7 +434,7 @@ class InjectPolicy:
 
     hooks: Hooks | None = None
     guard_merge: Callable | None = None
-    check_per_shard: bool = True
+    check_per_shard: bool | Callable[[core.JaxprEqn], bool] = True
     direct: Callable | None = None
     replays: bool = True
     expanded: bool = False

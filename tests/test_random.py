@@ -426,13 +426,19 @@ def test_seed_rejects_a_key_array():
         tx.seed(lambda: tx.next_key(), jax.random.split(jax.random.key(0)))
 
 
-def test_pmap_is_a_state_error_naming_the_stream():
-    # pmap is a shard_map without vma checking: taxpr cannot tell that the
-    # stream stays the same on every device, so it refuses (use shard_map).
+def test_pmap_draws_per_device_keys_and_advances_the_stream_once():
+    # pmap is a shard_map without vma checking: the stream's new key is
+    # split from the replicated key, provably the same on every device, and
+    # each device draws fold_in(sub, its index), as under shard_map.
     f = jax.pmap(lambda x: x + jax.random.normal(tx.next_key("noise")),
                  devices=cpu_mesh("d").devices.ravel().tolist())
-    with pytest.raises(tx.StateError, match=r"'noise'.*check_vma=False"):
-        tx.uncurry(f, jnp.zeros(4))
+    pure, s0 = tx.uncurry(f, jnp.zeros(4))
+    for start in (s0, {"noise": jax.random.key(7)}):
+        out, s1 = pure(start, jnp.zeros(4))
+        key, sub = jax.random.split(start["noise"])  # by hand
+        want = [jax.random.normal(jax.random.fold_in(sub, i)) for i in range(4)]
+        assert_close(out, jnp.stack(want))
+        assert jnp.array_equal(jax.random.key_data(s1["noise"]), jax.random.key_data(key))
     jax_still_works()
 
 

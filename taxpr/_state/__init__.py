@@ -17,6 +17,8 @@ Modules, each importing only those above it:
 * ``_scope``: ``tx.scope``, the scoped names of states;
 * ``_ops``: ``get_state`` / ``set_state``, ``StateOp``, errors;
 * ``_dicts``: the state dict nested by scope, split and merged;
+* ``_replicated``: which sets in a shard_map without vma checking (``pmap``)
+  are provably the same on every device;
 * ``_collect``: a program's states, and the rules taxpr cannot thread;
 * ``_rewrite``: the rewrite into a pure function (the engine's hooks);
 * ``_initial``: initial values, with or without running the program;

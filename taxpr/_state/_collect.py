@@ -17,6 +17,7 @@ from .. import _traverse
 from .._inject import guarded_place
 from ..primitives._tag import guarding_tags, is_guarded, meta, tag_p, user_params
 from ._ops import GET, SET, LeafName, StateError, StateOp, is_state_tag
+from ._replicated import is_unchecked_shard_map, replicated_sets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,21 +174,23 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     """One walk over the program (what ``collect_states`` checks), in
     program order: ``(sites, unchecked_sets)``: every state access
     ``(eqn, path)``; the sets inside a shard_map without vma checking
-    (``check_vma=False``, as ``jax.pmap`` uses; an error: the value may
+    (``check_vma=False``, as ``jax.pmap`` uses) whose value is not proven
+    the same on every shard (``_replicated``; an error: the value may
     differ per shard and a state is one value)."""
     sites: list = []
     unchecked_sets: list = []
 
     def subs(eqn, path, unchecked: bool):
-        unchecked = unchecked or (eqn.primitive is _compat.shard_map_p
-                                  and not _jaxpr.shard_map_checks_vma(eqn.params))
-        return _traverse.every_sub(eqn, path, unchecked)
+        return _traverse.every_sub(eqn, path, unchecked or is_unchecked_shard_map(eqn))
 
     for eqn, path, unchecked in _traverse.walk(closed, subs, False):
         if eqn.primitive is tag_p and is_state_tag(eqn.params):
             sites.append((eqn, path))
             if unchecked and eqn.params["op"] is SET:
                 unchecked_sets.append((eqn, path))
+    if unchecked_sets:  # the analysis runs only where it has sets to prove
+        replicated = replicated_sets(closed)
+        unchecked_sets = [(e, p) for e, p in unchecked_sets if not replicated.proves(e)]
     return sites, unchecked_sets
 
 

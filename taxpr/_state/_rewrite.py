@@ -16,6 +16,7 @@ from .. import _traverse
 from ..primitives._tag import tag_p
 from ._collect import StateInfo, rule_error, guard_custom_rules
 from ._ops import GET, SET, StateError, is_state_tag
+from ._replicated import replicated_sets
 
 
 def _state_direct(names: Sequence[str]) -> Callable:
@@ -173,7 +174,23 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
                        _state_injector, ctx,
                        lambda p, _shape=None: is_state_tag(p) and p["name"] in ctx,
                        InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names),
-                                    expanded=True))
+                                    expanded=True,
+                                    check_per_shard=_unproven_sets(closed)))
+
+
+def _unproven_sets(closed: Any) -> Callable:
+    """The engine's per-shard check (``InjectPolicy.check_per_shard``) for
+    ``closed``: at every tag but the sets ``collect_states`` let through in
+    a shard_map without vma checking, proven the same on every shard
+    (``_replicated``). Tags traced later (a derivative rule's) are checked.
+    The analysis runs only if such a shard_map holds a tag."""
+    proven: list = []
+
+    def check(eqn) -> bool:
+        if not proven:
+            proven.append(replicated_sets(closed))
+        return not proven[0].proves(eqn)
+    return check
 
 
 def stream_pure_jaxpr(closed: Any, stream: str, spec: Any) -> Any:
