@@ -25,6 +25,8 @@ Run: ``python examples/kv_cache.py``.
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -132,16 +134,10 @@ def decode(model: Decoder, token: jax.Array) -> tuple[jax.Array, jax.Array]:
     return logits, jax.random.categorical(tx.next_key(), logits).astype(jnp.int32)
 
 
-model = Decoder(jax.random.key(0))
-step, state0 = tx.uncurry(decode, model, jnp.int32(0))
-assert sorted(state0) == ["block0", "block1", "pos", "rng"]
-assert state0["block1"]["cache"]["k"].shape == (MAX_LEN, D)
-
-
-@eqx.filter_jit
-def generate(model: Decoder, state: dict, first: jax.Array) -> tuple:
-    """Decoding for STEPS steps: the tokens fed, the logits after each, and
-    the final state (caches filled, position and key stream advanced)."""
+def generate(step, model: Decoder, state: dict, first: jax.Array) -> tuple:
+    """Decoding for STEPS steps with the uncurried ``step``: the tokens
+    fed, the logits after each, and the final state (caches filled,
+    position and key stream advanced)."""
 
     def one(carry, _):
         state, token = carry
@@ -152,28 +148,40 @@ def generate(model: Decoder, state: dict, first: jax.Array) -> tuple:
     return tokens, logits, state
 
 
-tokens, logits, state = generate(model, state0, jnp.int32(3))
-want_logits, want_kvs = model.full(tokens)
-np.testing.assert_allclose(logits, want_logits, rtol=1e-4, atol=1e-4)
-assert int(state["pos"]) == STEPS
-for i, kv in enumerate(want_kvs):
-    cache = state[f"block{i}"]["cache"]
-    for part in ("k", "v"):
-        np.testing.assert_allclose(cache[part][:STEPS], kv[part], rtol=1e-4, atol=1e-5)
-        assert not np.any(cache[part][STEPS:])  # positions not decoded yet
-print(f"decoded {tokens.tolist()}; logits equal the full causal run at every step "
-      f"(max difference {float(jnp.abs(logits - want_logits).max()):.1e})")
+def main() -> None:
+    model = Decoder(jax.random.key(0))
+    step, state0 = tx.uncurry(decode, model, jnp.int32(0))
+    assert sorted(state0) == ["block0", "block1", "pos", "rng"]
+    assert state0["block1"]["cache"]["k"].shape == (MAX_LEN, D)
+    run = eqx.filter_jit(functools.partial(generate, step))
 
-# A batch of prompts: vmap over a batch of states (each prompt its own caches
-# and its own key stream).
-firsts = jnp.array([1, 5, 9], jnp.int32)
-states = jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (len(firsts), *v.shape)), state0)
-states["rng"] = jax.random.split(jax.random.key(1), len(firsts))
-batch_tokens, batch_logits, batch_state = eqx.filter_vmap(generate, in_axes=(None, 0, 0))(
-    model, states, firsts)
-for b, first in enumerate(firsts):
-    alone_tokens, alone_logits, _ = generate(model, {**state0, "rng": states["rng"][b]}, first)
-    np.testing.assert_array_equal(batch_tokens[b], alone_tokens)
-    np.testing.assert_allclose(batch_logits[b], alone_logits, rtol=1e-4, atol=1e-4)
-print(f"a batch of {len(firsts)} prompts decodes as each does alone: "
-      f"{batch_tokens[:, :5].tolist()}")
+    tokens, logits, state = run(model, state0, jnp.int32(3))
+    want_logits, want_kvs = model.full(tokens)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-4, atol=1e-4)
+    assert int(state["pos"]) == STEPS
+    for i, kv in enumerate(want_kvs):
+        cache = state[f"block{i}"]["cache"]
+        for part in ("k", "v"):
+            np.testing.assert_allclose(cache[part][:STEPS], kv[part], rtol=1e-4, atol=1e-5)
+            assert not np.any(cache[part][STEPS:])  # positions not decoded yet
+    print(f"decoded {tokens.tolist()}; logits equal the full causal run at every step "
+          f"(max difference {float(jnp.abs(logits - want_logits).max()):.1e})")
+
+    # A batch of prompts: vmap over a batch of states (each prompt its own
+    # caches and its own key stream).
+    firsts = jnp.array([1, 5, 9], jnp.int32)
+    states = jax.tree_util.tree_map(lambda v: jnp.broadcast_to(v, (len(firsts), *v.shape)),
+                                    state0)
+    states["rng"] = jax.random.split(jax.random.key(1), len(firsts))
+    batch_tokens, batch_logits, _ = eqx.filter_vmap(run, in_axes=(None, 0, 0))(
+        model, states, firsts)
+    for b, first in enumerate(firsts):
+        alone_tokens, alone_logits, _ = run(model, {**state0, "rng": states["rng"][b]}, first)
+        np.testing.assert_array_equal(batch_tokens[b], alone_tokens)
+        np.testing.assert_allclose(batch_logits[b], alone_logits, rtol=1e-4, atol=1e-4)
+    print(f"a batch of {len(firsts)} prompts decodes as each does alone: "
+          f"{batch_tokens[:, :5].tolist()}")
+
+
+if __name__ == "__main__":
+    main()

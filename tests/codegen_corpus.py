@@ -440,6 +440,21 @@ def _equinox_examples() -> dict:
     out["example_mlp_running_stats_step"] = _traced(jax.jit(sgd_step), model, state, xs[0], ys[0])
     out["example_mlp_running_stats_eval"] = _traced(
         lambda s, model, x: pure(s, model, x, False), state, model, xs[1])
+
+    m = example("kv_cache")
+    model = m.Decoder(jax.random.key(0))
+    step, state0 = tx.uncurry(m.decode, model, jnp.int32(0))
+    weights, static = eqx.partition(model, eqx.is_array)
+
+    def generate(weights, state, key_data, first):
+        # The example's decoding loop; its key stream is given as its data.
+        state = {**state, "rng": jax.random.wrap_key_data(key_data)}
+        tokens, logits, state = m.generate(step, eqx.combine(weights, static), state, first)
+        return tokens, logits, {**state, "rng": jax.random.key_data(state["rng"])}
+
+    others = {k: v for k, v in state0.items() if k != "rng"}
+    out["example_kv_cache_generate"] = _traced(
+        generate, weights, others, jax.random.key_data(state0["rng"]), jnp.int32(3))
     return out
 
 

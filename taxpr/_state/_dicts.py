@@ -51,14 +51,18 @@ def _insert(into: dict, keys: tuple[str, ...], value: Any) -> None:
     for i, part in enumerate(parts):
         at = into.setdefault(part, StateScope())
         if not isinstance(at, StateScope):
-            raise StateError(f"taxpr: {'/'.join(keys[:i + 1])!r} is both a state and a "
-                             f"tx.scope; give one of them another name")
+            raise _shared_name(keys[:i + 1])
         into = at
+    if isinstance(into.get(last), StateScope):
+        raise _shared_name(keys)
     if last in into:
-        what = ("both a state and a tx.scope" if isinstance(into[last], StateScope)
-                else "given twice")
-        raise StateError(f"taxpr: state {'/'.join(keys)!r} is {what}")
+        raise StateError(f"taxpr: state {'/'.join(keys)!r} is given twice")
     into[last] = value
+
+
+def _shared_name(keys: tuple[str, ...]) -> StateError:
+    return StateError(f"taxpr: {'/'.join(keys)!r} is both a state and a tx.scope; give one "
+                      f"of them another name")
 
 
 def nest(flat: dict[str, Any]) -> dict:
