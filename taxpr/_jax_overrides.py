@@ -18,6 +18,7 @@ lowers to the same StableHLO with and without taxpr
 | ``ad.linearize_from_jvp`` | the same function in a scope that evaluates known kept tags | a custom_jvp rule under ``grad`` must keep its primal outputs known | the function itself, unchanged |
 | ``JaxprTrace.process_custom_jvp_call`` / ``process_custom_vjp_call`` | ``_unhoisted_custom_call`` | while a loop is split, a custom function holding kept tags stays in the loop | the methods themselves, unchanged |
 | ``pe._memoize`` (the thunk that traces a staged custom rule once) | one memoized thunk per taxpr scope (``install_custom_vjp_scopes``) | a staged custom_vjp fwd / custom_jvp rule differentiated again in another scope (equinox's checkpointed loop: speculatively, then in its bwd) is traced again there, as JAX's trace caches do per trace context | ``_memoize`` itself, unchanged |
+| ``bind_with_trace`` of ``custom_jvp_call`` / ``custom_vjp_call`` | the same method with the rules (jvp; fwd and bwd) run in the ``tx.scope`` of the call (``_state._scope.rules_in_call_scope``) | JAX traces a rule when it differentiates, outside the scope: its states must have the function's names | the method itself, unchanged; outside scopes and taxpr's transformations the rules are not wrapped |
 | ``JVPTrace`` / ``LinearizeTrace.process_custom_vjp_call`` | the same method with the fwd and bwd run in a new scope (``primitives._tag._scoped_fwd_bwd``) | inside a taxpr transformation, tags in a fwd are the forward pass's and those in a bwd's recomputation replay it (not applied twice) | the method itself, unchanged; outside taxpr's transformations the fwd and bwd are not wrapped |
 
 Every wrapper is marked ``_taxpr_wrapped``, so installing twice (a reload)
@@ -202,6 +203,28 @@ def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]]
         cls.process_custom_vjp_call = process_scoped
 
 
+def install_rules_in_call_scope(wrap_rules: Callable[[tuple], tuple | None]) -> None:
+    """Let ``wrap_rules(rules) -> rules or None`` wrap the derivative rules
+    (the ``subfuns`` after the function: a custom_jvp's jvp, a custom_vjp's
+    fwd and bwd) of every custom_jvp / custom_vjp call when it is bound."""
+    for prim in (_compat.custom_jvp_call_p, _compat.custom_vjp_call_p):
+        cls = type(prim)
+        original = cls.bind_with_trace
+        if getattr(original, "_taxpr_wrapped", False):
+            continue
+
+        def bind_with_trace(self, trace, args, *rest, _original=original):
+            *avals, params = rest  # (JAX passes the avals before the params)
+            fun, *rules = params["subfuns"]
+            wrapped = wrap_rules(tuple(rules))
+            if wrapped is not None:
+                params = {**params, "subfuns": (fun, *wrapped)}
+            return _original(self, trace, args, *avals, params)
+
+        bind_with_trace._taxpr_wrapped = True
+        cls.bind_with_trace = bind_with_trace
+
+
 def install() -> None:
     """Make every replacement of the table above (once)."""
     from . import _guards
@@ -212,3 +235,5 @@ def install() -> None:
     wrap_partial_eval_rule(_compat.remat_p, _tag._remat_partial_eval)
     install_known_kept_tag_scopes(_tag.holds_kept_tags)
     install_custom_vjp_scopes(_tag._scoped_fwd_bwd, _tag.current_scope_key)
+    from ._state._scope import rules_in_call_scope
+    install_rules_in_call_scope(rules_in_call_scope)

@@ -15,7 +15,8 @@ from typing import Iterator
 
 import jax
 
-from ..primitives._tag import trace_context_string
+from .. import _jaxpr
+from ..primitives._tag import keeping_tags, trace_context_string
 
 # "/"-joined scope parts ("outer/inner"), or None outside every scope.
 _SCOPE = trace_context_string(
@@ -78,3 +79,27 @@ def scope_path(name: str) -> tuple[str, ...]:
     """The keys of state ``name`` in the nested state dict (its scope's
     parts, then its own name)."""
     return (*name.scope, name.base) if isinstance(name, ScopedName) else (name,)
+
+
+def rules_in_call_scope(rules: tuple) -> tuple | None:
+    """The derivative rules of a custom_jvp / custom_vjp call (its jvp, or
+    its fwd and bwd, each an ``lu.WrappedFun``) made to run in the scope the
+    call is made in; None where nothing changes (outside every scope and
+    outside taxpr's transformations: JAX's own rules, untouched).
+
+    JAX traces a rule later than the call, when it differentiates the
+    program (``jax.grad`` of ``pure``, from outside every ``tx.scope``):
+    without this, a state accessed there would be named as outside the
+    scope, another state than the function's.
+    """
+    value = _SCOPE.value
+    if value is None and not keeping_tags():
+        return None
+
+    def in_scope(rule):
+        def run(*args):
+            with _SCOPE(value):
+                return rule.call_wrapped(*args)
+        return _jaxpr.wrap_fun(run, rule)
+
+    return tuple(map(in_scope, rules))

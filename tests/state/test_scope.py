@@ -329,3 +329,64 @@ def test_a_missing_scoped_state_is_named():
     del s0["bn2"]
     with pytest.raises(tx.StateError, match=r"missing \['bn2/gamma'"):
         pure(s0, X)
+
+
+# ---- custom derivative rules run in the scope of their call ------------------------------
+
+@jax.custom_jvp
+def _counted_sin(x):
+    n = tx.get_state("calls", i32(0))
+    tx.set_state("calls", n + 1)
+    return tx.get_state("scale", f32(2.0)) * jnp.sin(x)
+
+
+@_counted_sin.defjvp
+def _counted_sin_rule(primals, tangents):  # JAX's idiom: the rule calls the function
+    (x,), (dx,) = primals, tangents
+    return _counted_sin(x), 3.0 * jnp.cos(x) * dx
+
+
+@jax.custom_vjp
+def _counted_identity(x):
+    tx.set_state("seen", tx.get_state("seen", i32(0)) + 1)
+    tx.get_state("gain", f32(0.5))  # (a state of the function: uncurry threads it)
+    return x
+
+
+def _counted_identity_fwd(x):
+    tx.set_state("seen", tx.get_state("seen", i32(0)) + 10)
+    return x, tx.get_state("gain", f32(0.5))
+
+
+_counted_identity.defvjp(_counted_identity_fwd, lambda gain, g: (gain * g,))
+
+
+def two_scoped_custom_calls(x):
+    with tx.scope("a"):
+        y = _counted_identity(_counted_sin(x))
+    with tx.scope("b"):
+        return y + _counted_identity(_counted_sin(2.0 * x))
+
+
+def test_rules_traced_when_differentiated_from_outside_use_the_calls_scope():
+    pure, s0 = tx.uncurry(two_scoped_custom_calls, f32(0.5))
+    gains, rest = tx.split_states(s0, "*/gain")
+    start = tx.merge_states(rest, {"a": tx.StateScope(gain=f32(0.5)),
+                                   "b": tx.StateScope(gain=f32(0.25))})
+    x = f32(0.5)
+    (out, s1), g = jax.value_and_grad(lambda x: pure(start, x), has_aux=True)(x)
+    # By hand: JAX runs each jvp rule (which calls the function once) and
+    # each fwd, in the states of their own scope.
+    assert_close(out, 2.0 * jnp.sin(x) + 2.0 * jnp.sin(2.0 * x))
+    assert_close(g, 0.5 * 3.0 * jnp.cos(x) + 0.25 * 3.0 * jnp.cos(2.0 * x) * 2.0)
+    assert flat(s1) == {"a/calls": 1, "a/scale": 2.0, "a/seen": 10, "a/gain": 0.5,
+                        "b/calls": 1, "b/scale": 2.0, "b/seen": 10, "b/gain": 0.25}
+    # Run plainly, the functions run: the same calls, seen once each.
+    _, plain = pure(start, x)
+    assert flat(plain)["a/seen"] == flat(plain)["b/seen"] == 1
+    # Differentiated inside the function, the rules run there, in their scope.
+    pure_g, s0_g = tx.uncurry(jax.grad(two_scoped_custom_calls), x)
+    g_inside, s1_g = pure_g(s0_g, x)
+    assert_close(g_inside, 0.5 * 3.0 * jnp.cos(x) + 0.5 * 3.0 * jnp.cos(2.0 * x) * 2.0)
+    assert flat(s1_g)["a/calls"] == flat(s1_g)["b/calls"] == 1
+    assert flat(s1_g)["a/seen"] == flat(s1_g)["b/seen"] == 10
