@@ -390,3 +390,27 @@ def test_rules_traced_when_differentiated_from_outside_use_the_calls_scope():
     assert_close(g_inside, 0.5 * 3.0 * jnp.cos(x) + 0.5 * 3.0 * jnp.cos(2.0 * x) * 2.0)
     assert flat(s1_g)["a/calls"] == flat(s1_g)["b/calls"] == 1
     assert flat(s1_g)["a/seen"] == flat(s1_g)["b/seen"] == 10
+
+
+def test_scopes_around_vmap_and_sows_which_keep_their_names():
+    from taxpr import harvest as h
+
+    def layer(x):  # per example: reads the scope's scale, sows its output
+        y = x * tx.get_state("scale", f32(2.0))
+        return h.sow(y, tag="acts", name="y", mode="clobber")
+
+    def fn(xs):
+        with tx.scope("outer"):
+            ys = jax.vmap(layer)(xs)
+            tx.set_state("mean", ys.mean())
+        return ys
+
+    pure, s0 = tx.uncurry(fn, X[0])
+    assert flat(s0) == {"outer/scale": 2.0, "outer/mean": 0.0}
+    ys, s1 = pure({"outer": {"scale": f32(3.0), "mean": f32(0.0)}}, X[0])
+    assert_close(ys, X[0] * 3.0)
+    assert_close(s1["outer"]["mean"], (X[0] * 3.0).mean())
+    # tx.scope scopes states only: a sow keeps its name (harvest.nest scopes sows).
+    reaped = h.reap(lambda xs: pure(s0, xs)[0], tag="acts")(X[0])
+    assert list(reaped) == ["y"]
+    assert_close(reaped["y"], X[0] * 2.0)
