@@ -13,6 +13,10 @@ and set to an update that is exact in it (integers ``+ c`` wrapping around,
 bool ``~s`` or ``s ^ predicate``, integer-valued floats ``(s + 1) % 4`` or
 ``s * -1``, complex ``s * 1j``), sometimes mixed into a float variable by
 an exact cast (so typed values flow through carries and outputs),
+pytree-valued states (``pt``: a tuple of a float32 and a float32[3];
+``pd``: a dict of an int8 and a float32[3]) read, updated and first set,
+``with tx.scope(...)`` blocks (nested, anywhere) and function calls in
+scopes (one function object in two scopes keeps two states),
 ``sow`` / ``sow_cond`` in every mode (and sows of another tag), and
 ``lax.scan`` (incl. ``reverse=True`` and length 0), ``fori_loop`` with traced
 bounds, ``while_loop`` whose cond reads state (and may sow, and may write a
@@ -30,7 +34,10 @@ Each program has two interpreters:
   ``exec``s exactly that source, so a failing (shrunk) program prints as the
   code that failed (in the exception's note and as hypothesis' "Draw 1");
 * ``Reference`` runs the AST eagerly in float64 NumPy with Python control
-  flow, a dict for states (a state's initial value is its ``init`` at first
+  flow, a dict for states keyed by full names (inside ``tx.scope`` the
+  scopes prefix the name, "sa/s0"; compared with ``uncurry``'s dict nested
+  by scope, flattened; a pytree state is stored as its pytree) (a state's
+  initial value is its ``init`` at first
   use; one first set starts at zeros; one never reached starts at its first
   traced ``init``; a typed state stays in its NumPy dtype, ml_dtypes' for
   bfloat16 / float8 / int4 ..., and is compared exactly: same dtype, same
@@ -51,7 +58,8 @@ function, or ``uncurry`` of a reaping function; with allow/blocklists),
 ``harvest``/``plant`` (random plants of every mode), ``vmap`` of ``pure`` and
 of its reap over two states/argument sets, derivatives (``jvp``, and ``grad``
 without while loops, of pure / reap / plant against finite differences of the
-reference, w.r.t. the arguments and the float32 states ``s0 s1 sv``: typed
+reference, w.r.t. the arguments and the float32 states ``s0 s1 sv`` and the
+pytree states' float leaves, in every scope: typed
 states are carried, not differentiated; with stateful custom rules, jvp / vjp
 of pure, of its reap and of its harvest, and ``value_and_grad`` inside
 (reaped and harvested where a rule sows), outputs, states and reaps against
@@ -85,6 +93,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -106,10 +115,10 @@ from fuzz.checks import (VIOLATIONS, assert_dict_close, assert_outs_close, check
                          check_stateful_rules_differentiated, check_uncurry, check_vmap,
                          derivative_modes, perturb, reference,
                          run_check)
-from fuzz.model import (FUNCTIONS, RNG, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, Assign, Bump,
-                        CustomJvp, CustomVjp, EqxLoop, Program, Sow, Un, Var)
+from fuzz.model import (FUNCTIONS, PYTREE_STATES, RNG, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES,
+                        Assign, Bump, CustomJvp, CustomVjp, EqxLoop, Program, Sow, Un, Var)
 from fuzz.nests import (FWD_SOW_NESTS, GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS,
-                        RULE_SOW_NESTS, RULE_SOW_PLANTS, TYPED_NESTS)
+                        RULE_SOW_NESTS, RULE_SOW_PLANTS, SCOPE_NESTS, TYPED_NESTS)
 from fuzz.profiles import (LONG, LONG_EXAMPLES, SHARES, _seeded, _seeded_long, ci_settings,
                            long_settings)
 from fuzz.render import build
@@ -498,6 +507,63 @@ def test_typed_states_of_every_dtype_through_every_primitive_match_reference(nes
         check_derivatives(program, ARGS, 0, "pure")  # typed carries' tangents
 
 
+@pytest.mark.parametrize("nest", sorted(SCOPE_NESTS))
+def test_pytree_states_and_scopes_through_every_primitive_match_reference(nest):
+    """Pytree-valued states (a tuple, a dict with an int8 leaf) read, updated
+    and first set in ``tx.scope`` blocks (nested, in loop bodies and
+    branches) and in functions called in two scopes: uncurry (state0,
+    ``pure`` from it and from another state, the rewritten jaxprs) matches
+    the reference, whose flat dict prefixes each scoped state's name with
+    its scopes; the derivatives (w.r.t. the pytree states' float leaves too)
+    match finite differences where JAX takes them. (The fuzz tests run them
+    through the other checks.)"""
+    program = SCOPE_NESTS[nest]
+    check_uncurry(program, ARGS, ARGS2, jit=False)
+    if nest == "scan_cond_switch_jit_ckpt":
+        # One jitted function object called in scopes "sa" and "sb": two states.
+        _, state0 = tx.uncurry(build(program), *ARGS)
+        assert {"pt", "pd"} <= set(state0["sa"]["sa"]) and {"pt", "pd"} <= set(state0["sa"]["sb"])
+        check_derivatives(program, ARGS, 0, "pure")
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_stateful_custom_function_called_in_a_scope_differentiated_from_outside(kind):
+    """Differentiated from outside (jax.jvp / jax.vjp of pure), a custom_jvp /
+    custom_vjp function called inside tx.scope runs its rule (jax.jvp of the
+    function, the fwd) in the call's scope: its body's states are the scoped
+    ones, as undifferentiated (the derivative checks' programs draw such
+    calls too)."""
+    if kind == "custom_jvp":
+        @jax.custom_jvp
+        def f(x):
+            tx.set_state("y", tx.get_state("y", np.int32(0)) + 1)
+            return jnp.sin(x)
+
+        f.defjvp(lambda p, t: jax.jvp(f.fun, p, t))
+    else:
+        @jax.custom_vjp
+        def f(x):
+            tx.set_state("y", tx.get_state("y", np.int32(0)) + 1)
+            return jnp.sin(x)
+
+        f.defvjp(lambda x: (f.fun(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+
+    def program(x):
+        with tx.scope("a"):
+            return f(x)
+
+    x = np.float32(1.0)
+    pure, state0 = tx.uncurry(program, x)
+    assert int(pure(state0, x)[1]["a"]["y"]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tx.StateNotUncurriedWarning)
+        if kind == "custom_jvp":
+            (_, state1), _ = jax.jvp(lambda x: pure(state0, x), (x,), (x,))
+        else:
+            (_, state1), _ = jax.vjp(lambda x: pure(state0, x), x)
+    assert int(state1["a"]["y"]) == 1
+
+
 # ---------------------------------------------------------------------------------
 # What the CI profile generates
 # ---------------------------------------------------------------------------------
@@ -527,8 +593,10 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     custom_jvp / custom_vjp functions whose rules bump typed states and draw
     keys themselves, and custom_jvp rules that sow (also names sown outside
     rules), which the derivative checks run differentiated from outside and
-    inside, and custom_vjp fwds that sow, differentiated inside. The tests draw the same programs again
-    (derandomized), checking none."""
+    inside, and custom_vjp fwds that sow, differentiated inside; pytree
+    states and tx.scope blocks in every kind of body, functions called in
+    two scopes, and rules of functions in scopes, differentiated. The tests
+    draw the same programs again (derandomized), checking none."""
     # run_check reads and records these in its own module.
     _CHECKED, _GENERATED = collections.Counter(), set()
     monkeypatch.setattr(fuzz_checks, "_DRAW_ONLY", True)
@@ -567,6 +635,26 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     shared = {c for c in checks for cls in classes
               if f"{c}: rule Sow of a name sown outside rules in {cls}" in _GENERATED}
     assert shared == set(checks), f"rule sows of names sown outside rules only in {shared}"
+    # Pytree-valued states, both of them read, updated and first set, in
+    # every kind of body (at any depth) and in custom rules; tx.scope blocks
+    # in scopes, scans, branches, jitted and checkpointed functions, and
+    # jitted and checkpointed functions called in two scopes (of the while
+    # and fori loops and the custom functions, which ones depends on the
+    # draws: some).
+    want = ({f"pytree_state {s} {op}" for s in PYTREE_STATES for op in ("get", "update", "set")}
+            | {f"pytree_state under {c}" for c in (*TYPED_CONTEXTS[1:], "Scope")}
+            | {f"Scope under {c}" for c in ("Scope", "Scan", "Cond", "Switch", "Jit", "Ckpt")}
+            | {"Jit called in two scopes", "Ckpt called in two scopes"}
+            | {f"rule Tree in {cls}" for cls in classes})
+    assert not want - _GENERATED, f"never generated: {sorted(want - _GENERATED)}"
+    # Rules of functions called in a tx.scope (which run in it), differentiated.
+    missing = {c for c in checks if f"{c}: rule statements in a tx.scope" not in _GENERATED}
+    assert not missing, f"no rule statements in a scope differentiated in {sorted(missing)}"
+    custom = ("CustomJvp", "CustomVjp", "Root", "EqxLoop")
+    for some in ([f"Scope under {c}" for c in ("Fori", "While")],
+                 [f"Scope under {c}" for c in custom],
+                 [f"{c} called in two scopes" for c in custom]):
+        assert set(some) & _GENERATED, f"none of {some} generated"
 
 
 def test_the_long_profile_runs_the_requested_number_of_programs_in_all():

@@ -1,8 +1,9 @@
 """Static views of a program.
 
 Its statements (``walk``, ``children``; ``blocks``: every block with its
-path and owners), the sows of a tag and the names and modes sown, the states
-it mentions (``states_of``) and their inits at first use in trace order, its
+path and owners; ``scoped_walk``: with the ``tx.scope`` each runs in), the
+sows of a tag and the names and modes sown, the states it mentions by full
+name (``states_of``) and their inits at first use in trace order, its
 append sites (``Slot``, ``append_slots``), which custom functions have
 stateful rules or take ``p0``, the sows their rules make (``rule_sows``);
 and ``insert``: a program with one statement more.
@@ -11,12 +12,13 @@ and ``insert``: a program with one statement more.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from .model import (FUNCTIONS, RNG, STATES, T, TYPED_STATES, Bump, Cond, CustomJvp, CustomVjp,
-                    Draw, EqxLoop, Fori, Get, Program, Root, Scan, Set, Sow, Switch, While,
-                    has_rule, sow_kind, typed_value)
+                    Draw, EqxLoop, Fori, Get, Program, Root, Scan, Scope, Set, Sow, Switch, Tree,
+                    While, full_name, has_rule, sow_kind, tree_value, typed_value)
 
 
 # ---------------------------------------------------------------------------------
@@ -24,7 +26,7 @@ from .model import (FUNCTIONS, RNG, STATES, T, TYPED_STATES, Bump, Cond, CustomJ
 # ---------------------------------------------------------------------------------
 
 def children(s) -> list[tuple]:
-    if isinstance(s, (Scan, Fori, While, *FUNCTIONS)):
+    if isinstance(s, (Scan, Fori, While, Scope, *FUNCTIONS)):
         return [s.body]
     if isinstance(s, (Cond, Switch)):
         return list(s.branches)
@@ -34,7 +36,7 @@ def children(s) -> list[tuple]:
 def uses_state(stmts) -> bool:
     """Whether ``stmts`` read or write a state anywhere (statically; a key
     draw reads and writes the "rng" stream)."""
-    return any(isinstance(s, (Get, Set, Draw, Bump)) or (isinstance(s, While) and (
+    return any(isinstance(s, (Get, Set, Draw, Bump, Tree)) or (isinstance(s, While) and (
         s.kind == "state" or s.spred or s.cbump)) for s in walk(stmts))
 
 
@@ -81,53 +83,78 @@ def sows(stmts, tag=T):
     return out
 
 
+def call_prefixes(s, prefix: tuple) -> list[tuple]:
+    """The scopes of each call of function statement ``s`` called inside
+    the scopes ``prefix``: ``s.scopes`` adds one per call."""
+    assert not s.scopes or len(s.scopes) == s.calls, s
+    return [(*prefix, sc) if sc else prefix for sc in (s.scopes or (None,) * s.calls)]
+
+
+def scoped_walk(stmts, prefix: tuple = ()):
+    """``(statement, scopes)`` of every statement, in trace order, with the
+    scopes it runs in (``Scope`` statements, ``scopes`` of the calls): a
+    function's body once per scope it is called in."""
+    for s in stmts:
+        yield s, prefix
+        if isinstance(s, Scope):
+            yield from scoped_walk(s.body, (*prefix, s.name))
+        elif isinstance(s, FUNCTIONS):
+            for p in dict.fromkeys(call_prefixes(s, prefix)):
+                yield from scoped_walk(s.body, p)
+        else:
+            for b in children(s):
+                yield from scoped_walk(b, prefix)
+
+
 def states_of(program: Program) -> dict[str, str]:
-    """name -> kind of every state the program mentions ("S", "V": float32
-    scalar / [3], "I": the int32 counter, "K": the key stream, "Y": typed)."""
+    """full name -> kind of every state the program mentions ("S", "V":
+    float32 scalar / [3], "I": the int32 counter, "K": the key stream, "Y":
+    typed, "P": pytree-valued); inside ``tx.scope`` the full name has the
+    scopes ("sa/s0")."""
     out = {}
-    for s in walk(program.body):
+    for s, prefix in scoped_walk(program.body):
+        name = functools.partial(full_name, prefix)
         if isinstance(s, (Get, Set)):
-            out[s.state] = STATES[s.state]
+            out[name(s.state)] = STATES[s.state]
         elif isinstance(s, Draw):
             out[RNG] = "K"
         elif isinstance(s, Bump):
-            out[s.state] = "Y"
+            out[name(s.state)] = "Y"
+        elif isinstance(s, Tree):
+            out[name(s.state)] = "P"
         elif isinstance(s, While):
             if s.kind == "state":
-                out["cnt"] = "I"
+                out[name("cnt")] = "I"
             if s.spred:
-                out[s.spred[0]] = "S"
+                out[name(s.spred[0])] = "S"
             if s.cbump:
-                out[s.cbump.state] = "Y"
+                out[name(s.cbump.state)] = "Y"
     return out
 
 
 def first_traced_inits(program: Program) -> dict:
-    """Each state's ``init`` at its first ``get_state`` in trace order."""
+    """Each state's (full name's) ``init`` at its first ``get_state`` in
+    trace order (a pytree state's as the reference's value)."""
     out: dict = {}
-
-    def visit(stmts):
-        for s in stmts:
-            if isinstance(s, Get):
-                out.setdefault(s.state, s.init)
-            elif isinstance(s, Draw):
-                out.setdefault(RNG, None)
-            elif isinstance(s, Bump):
-                out.setdefault(s.state, typed_value(TYPED_STATES[s.state], s.init))
-            elif isinstance(s, While):
-                if s.kind == "state":
-                    out.setdefault("cnt", 0)
-                if s.cbump:  # traced before the predicate's reads
-                    out.setdefault(s.cbump.state,
-                                   typed_value(TYPED_STATES[s.cbump.state], s.cbump.init))
-                if s.spred:
-                    out.setdefault(s.spred[0], s.spred[1])
-                visit(s.body)
-            else:
-                for b in children(s):
-                    visit(b)
-
-    visit(program.body)
+    for s, prefix in scoped_walk(program.body):
+        name = functools.partial(full_name, prefix)
+        if isinstance(s, Get):
+            out.setdefault(name(s.state), s.init)
+        elif isinstance(s, Draw):
+            out.setdefault(RNG, None)
+        elif isinstance(s, Bump):
+            out.setdefault(name(s.state), typed_value(TYPED_STATES[s.state], s.init))
+        elif isinstance(s, Tree):
+            if s.op != "set":
+                out.setdefault(name(s.state), tree_value(s.state, s.init))
+        elif isinstance(s, While):
+            if s.kind == "state":
+                out.setdefault(name("cnt"), 0)
+            if s.cbump:  # traced before the predicate's reads
+                out.setdefault(name(s.cbump.state),
+                               typed_value(TYPED_STATES[s.cbump.state], s.cbump.init))
+            if s.spred:
+                out.setdefault(name(s.spred[0]), s.spred[1])
     return out
 
 

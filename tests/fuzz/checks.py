@@ -34,10 +34,11 @@ from helpers import check
 
 from .analysis import (append_slots, children, rule_functions, rule_sow_in_branch, rule_sows,
                        sow_names, states_of, stateful_custom_rules, uses_state, walk)
-from .model import (ENV, STATES, T, TYPED_STATES, Bump, Cond, CustomVjp, EqxLoop,
-                    Fori, Program, Scan, Set, Sow, Switch, While, has_rule, not_differentiated,
-                    sow_kind, typed_next)
-from .reference import Ambiguous, Reference, _is_key
+from .model import (ENV, FUNCTIONS, PYTREE_INT, PYTREE_STATES, STATES, T, TYPED_STATES, Bump,
+                    Cond, CustomVjp, EqxLoop, Fori, Program, Scan, Scope, Set, Sow, Switch, Tree,
+                    While, base_name, has_rule, not_differentiated, sow_kind, tree_leaf_kinds,
+                    typed_next)
+from .reference import Ambiguous, Reference, _is_key, flat_states
 from .render import build, build_hoisted, to_source
 
 
@@ -49,6 +50,13 @@ TOL = dict(rtol=2e-4, atol=2e-4)
 
 
 def assert_close(got, want, what: str) -> None:
+    if isinstance(want, (tuple, dict)):  # a pytree state's value: the same tree, leaf by leaf
+        g_leaves, g_tree = jax.tree_util.tree_flatten(got)
+        w_paths, w_tree = jax.tree_util.tree_flatten_with_path(want)
+        assert g_tree == w_tree, f"{what}: tree {g_tree} != reference {w_tree}"
+        for g, (path, w) in zip(g_leaves, w_paths):
+            assert_close(g, w, f"{what}{jax.tree_util.keystr(path)}")
+        return
     if _is_key(want):
         assert _is_key(got) and got.dtype == want.dtype, f"{what}: {got!r} is not a {want.dtype}"
         assert np.array_equal(jax.random.key_data(got), jax.random.key_data(want)), \
@@ -82,9 +90,26 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def assert_dict_close(got: dict, want: dict, what: str) -> None:
+    """Two dicts of states (or reaps): a state dict nested by scope is
+    compared by full names ("sa/s0"), a pytree state leaf by leaf."""
+    got, want = flat_states(got), flat_states(want)
     assert set(got) == set(want), f"{what}: keys {sorted(got)} != reference {sorted(want)}"
     for k in want:
         assert_close(got[k], want[k], f"{what}[{k!r}]")
+
+
+def info_names(state: dict) -> list[str]:
+    """The ``StateInfo`` names of a state dict's arrays, sorted: a state's
+    full name, a pytree state's followed by each leaf's key path
+    (``"sa/pt[0]"``, ``'pd["w"]'`` as JAX writes it)."""
+    out = []
+    for name, value in flat_states(state).items():
+        if isinstance(value, (tuple, dict)):
+            out += [name + jax.tree_util.keystr(p)
+                    for p, _ in jax.tree_util.tree_flatten_with_path(value)[0]]
+        else:
+            out.append(name)
+    return sorted(out)
 
 
 def assert_outs_close(got, want, what: str) -> None:
@@ -95,18 +120,75 @@ def assert_outs_close(got, want, what: str) -> None:
 
 def perturb(state: dict) -> dict:
     """Another valid state: floats moved, the counter advanced, typed states
-    updated exactly."""
+    (and pytree states' int8 leaves) updated exactly; scopes (``StateScope``)
+    kept."""
     out = {}
     for k, v in state.items():
-        if _is_key(v):  # another key for the stream
+        if isinstance(v, tx.StateScope):
+            out[k] = perturb(v)
+        elif _is_key(v):  # another key for the stream
             out[k] = jax.random.fold_in(v, 7)
-            continue
-        if k in TYPED_STATES:
+        elif k in TYPED_STATES:
             out[k] = typed_next(TYPED_STATES[k], v)
-            continue
-        a = np.asarray(v)
-        out[k] = (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
+        elif k in PYTREE_STATES:
+            out[k] = jax.tree_util.tree_map(
+                lambda x: (typed_next(PYTREE_INT, x) if np.asarray(x).dtype.kind == "i"
+                           else _moved(x)), v)
+        else:
+            out[k] = _moved(v)
+    return type(state)(out)
+
+
+def _moved(v):
+    a = np.asarray(v)
+    return (a + 1 if a.dtype.kind in "iu" else a * -0.5 + 0.25).astype(a.dtype)
+
+
+def nest_states(flat: dict) -> dict:
+    """A flat dict of states keyed by full names as ``uncurry``'s state
+    dict: nested by scope in ``tx.StateScope`` dicts."""
+    out: dict = {}
+    for name, value in flat.items():
+        *scopes, base = name.split("/")
+        at = out
+        for sc in scopes:
+            at = at.setdefault(sc, tx.StateScope())
+        at[base] = value
     return out
+
+
+def float_slots(state: dict) -> list[tuple]:
+    """The float32 arrays of a state dict that the derivative checks
+    differentiate: ``(full name, leaf index)`` of the states of ``STATES``
+    (leaf None: the value) and of the float leaves of pytree states, sorted
+    by full name."""
+    out = []
+    for name, _ in sorted(flat_states(state).items()):
+        base = base_name(name)
+        if base in STATES:
+            out.append((name, None))
+        elif base in PYTREE_STATES:
+            out += [(name, i) for i, k in enumerate(tree_leaf_kinds(base)) if k != "i8"]
+    return out
+
+
+def slot_values(state: dict, slots: list) -> list:
+    flat = flat_states(state)
+    return [flat[n] if i is None else jax.tree_util.tree_leaves(flat[n])[i] for n, i in slots]
+
+
+def with_slots(state: dict, slots: list, values) -> dict:
+    """``state`` (nested or flat) with the arrays ``slots`` replaced by
+    ``values``, as a nested state dict."""
+    flat = dict(flat_states(state))
+    for (name, i), x in zip(slots, values):
+        if i is None:
+            flat[name] = x
+        else:
+            leaves, tree = jax.tree_util.tree_flatten(flat[name])
+            leaves[i] = x
+            flat[name] = jax.tree_util.tree_unflatten(tree, leaves)
+    return nest_states(flat)
 
 
 def reference(program, args, states=None, plants=None, diff: bool = False):
@@ -144,7 +226,7 @@ def features(program: Program) -> set[str]:
     out = set()
     sown = sow_names(program)
 
-    def visit(stmts, depth, lens, owner):
+    def visit(stmts, depth, lens, owner, owners=()):
         out.add(f"depth {depth}")
         for s in stmts:
             name = type(s).__name__
@@ -156,20 +238,33 @@ def features(program: Program) -> set[str]:
                 name = f"sow {s.mode}" + (" (other tag)" if s.tag != T else "")
                 if s.mode == "append" and s.tag == T and lens:
                     name += f" in scan depth {len(lens)}"
+            elif isinstance(s, Tree):
+                name = f"pytree_state {s.state} {s.op}"
+                out.add(f"pytree_state in {owner}")
+                out.update(f"pytree_state under {o}" for o in owners)
+            elif isinstance(s, Scope):
+                out.add(f"Scope in {owner}")
+                out.update(f"Scope under {o}" for o in owners)
             elif isinstance(s, Scan):
                 name = f"scan len {s.length}" + (" reverse" if s.reverse else "")
             elif isinstance(s, While):
                 name = (f"while {s.kind}" + (" spred" if s.spred else "")
                         + (" cbump" if s.cbump else ""))
-            elif has_rule(s):
+            if isinstance(s, FUNCTIONS) and s.scopes:
+                out.add(f"{name} called in scopes")
+                if len(set(s.scopes)) > 1:
+                    out.add(f"{name} called in two scopes")
+            if has_rule(s):
                 out.add(f"rule statements in {name}")
+                if s.scopes or "Scope" in owners:
+                    out.add("rule statements in a tx.scope")
                 out.update(f"rule {type(r).__name__} in {name}" for r in s.rule)
                 if any(isinstance(r, Sow) and r.tag == T and r.name in sown for r in s.rule):
                     out.add(f"rule Sow of a name sown outside rules in {name}")
             out.add(name)
             lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
             for b in children(s):
-                visit(b, depth + 1, lens2, type(s).__name__)
+                visit(b, depth + 1, lens2, type(s).__name__, (*owners, type(s).__name__))
 
     visit(program.body, 0, (), "program")
     return out
@@ -231,7 +326,7 @@ def check_uncurry(program, args, args2, jit: bool):
         assert_dict_close(fin, fin_r, "pure(state0) state")
         closed, infos = tx.make_jaxpr(fn)(*args)
         check(closed)
-        assert [i.name for i in infos] == sorted(s0_r)
+        assert [i.name for i in infos] == info_names(s0_r)
         check(jax.make_jaxpr(pure)(state0, *args))  # the rewritten jaxprs, bound again
     other = perturb(state0)
     out_r2, fin_r2, _, _ = reference(program, args2, other)
@@ -295,7 +390,7 @@ def check_vmap(program, args, args2, with_reap: bool):
     pure, state0 = tx.uncurry(fn, *args)
     states = (dict(state0), perturb(state0))
     refs = [reference(program, a, s) for a, s in zip((args, args2), states)]
-    bstate = {k: _stack(states[0][k], states[1][k]) for k in state0}
+    bstate = jax.tree_util.tree_map(_stack, *states)
     bargs = [_stack(a, b) for a, b in zip(args, args2)]
     if with_reap:
         (out, fin), reaps = jax.vmap(h.call_and_reap(pure, tag=T))(bstate, *bargs)
@@ -310,8 +405,9 @@ def check_vmap(program, args, args2, with_reap: bool):
 
 
 def _objective(out, state, reaps=None) -> Any:
-    """A scalar of every float output, float32 state and reaped value."""
-    leaves = [*out, *(v for k, v in sorted(state.items()) if k in STATES),
+    """A scalar of every float output, float32 state (``float_slots``: the
+    float leaves of pytree states too) and reaped value."""
+    leaves = [*out, *slot_values(state, float_slots(state)),
               *(v for _, v in sorted((reaps or {}).items()))]
     return sum(leaves[i].sum() * (i + 1) * 0.1 for i in range(len(leaves)))
 
@@ -375,9 +471,11 @@ def check_stateful_rules_differentiated(program, pure, state, args, can_jvp, can
             # from a differentiated value before the call): documented
             # (docs/limitations.md), as JAX refuses a custom_vjp closing
             # over a differentiated value.
-            name = re.search(r"differentiating w\.r\.t\. state '(\w+)', which the custom_vjp "
-                             r"function at \S+ reads", str(e))
-            assert name and name[1] in states_of(program) and any(
+            # (A scoped state's name has its scopes, a pytree state's array
+            # its key path: "sa/pt[1]", "pd['w']" in double quotes.)
+            name = re.search(r"differentiating w\.r\.t\. state (['\"])([\w/]+)(\[.*?\])?\1, "
+                             r"which the custom_vjp function at \S+ reads", str(e))
+            assert name and name[2] in states_of(program) and any(
                 isinstance(s, CustomVjp) and uses_state(s.body) for s in walk(program.body)), e
             _event("derivatives: vjp of pure refused: a differentiated state a custom_vjp reads")
             return
@@ -443,18 +541,18 @@ def check_derivatives(program, args, seed: int, variant: str):
     # Typed states are not differentiated: integer-valued, updated by
     # wrap-around and ``% 4``, they have no derivatives that finite
     # differences see (their tangents, float0 or zero, still flow).
-    fkeys = sorted(k for k in state if k in STATES)
+    # (The float32 states, pytree states' float leaves included, by full name.)
+    fkeys = float_slots(state)
     rng = np.random.default_rng(seed)
     plants = make_plants(program, rng, 1.0) if variant == "plant" else {}
     pkeys = sorted(plants)
-    floats = ([np.asarray(a) for a in args[:4]] + [np.asarray(state[k]) for k in fkeys]
+    floats = ([np.asarray(a) for a in args[:4]] + [np.asarray(x) for x in slot_values(state, fkeys)]
               + [plants[k] for k in pkeys])
     tangents = [rng.uniform(-1, 1, np.shape(x)).astype(np.float32) for x in floats]
     n_st = 4 + len(fkeys)
 
     def split(xs):
-        st_ = dict(state)
-        st_.update(zip(fkeys, xs[4:n_st]))
+        st_ = with_slots(state, fkeys, xs[4:n_st])
         return st_, (*xs[:4], args[4]), dict(zip(pkeys, xs[n_st:]))
 
     def f(*xs):
@@ -726,7 +824,7 @@ def check_as_users_run(program, args, args2, warm: str, init_style: str, extra: 
     assert_dict_close(fin, fin_r, "pure(state0) state")
     closed, infos = tx.make_jaxpr(fn)(*args)
     check(closed)
-    assert [i.name for i in infos] == sorted(s0_r)
+    assert [i.name for i in infos] == info_names(s0_r)
     other = perturb(state0)
     out_r2, fin_r2, _, reaps_r = reference(program, args2, other)
     start = {**other, **EXTRA_ENTRIES} if extra else other

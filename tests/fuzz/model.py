@@ -2,14 +2,18 @@
 
 Expressions (``Var`` ... ``SIdx``) over the float32 scalars ``f0 f1 f2``
 and the float32[3] ``v`` (``ENV``), integer loop indices and ``n``;
-statements (``Assign`` ... ``Bump``), each compound one numbered by
+statements (``Assign`` ... ``Scope``), each compound one numbered by
 ``uid``; a ``Program`` is a tuple of statements (it prints as the source it
 renders to). Also the tables of the function statements' kinds
 (``FUNCTION_KINDS``, how custom functions get their rules, which read only
 their arguments, which are not differentiated), the states and sow names
-programs use, and the typed states ``y_<dtype>``: their dtypes, inits and
+programs use, the typed states ``y_<dtype>``: their dtypes, inits and
 exact updates (``TYPED_OPS``; as source, ``OP_SOURCE`` and ``MIX``; computed
-in NumPy, ``typed_update`` and ``typed_mix``).
+in NumPy, ``typed_update`` and ``typed_mix``), the pytree-valued states
+(``PYTREE_STATES``: a tuple and a dict of leaves of several shapes and
+dtypes, accessed by ``Tree``) and the names of ``tx.scope`` (``Scope``, and
+the ``scopes`` of a function statement's calls), which give a state
+accessed inside the full name ``scope/name`` (``full_name``).
 """
 
 from __future__ import annotations
@@ -198,6 +202,11 @@ class Jit:
     uid: int
     body: tuple
     calls: int = 1  # 2: the same jitted function is called twice (one cached jaxpr)
+    # Per call, the ``tx.scope`` around it (None: none; empty: none around
+    # any call). Every function statement has it: one function object called
+    # in two scopes keeps a state of its own in each (a jitted one is traced
+    # again in the second).
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,7 @@ class Ckpt:
     uid: int
     body: tuple
     calls: int = 1
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -216,8 +226,9 @@ class CustomJvp:
 
     ``rule``: statements the rule runs before ``jax.jvp`` of the function:
     effects on states (``Bump`` without ``target`` of a typed state the
-    program uses outside any rule, ``Draw`` into a local where the program
-    draws keys elsewhere) and sows (``Sow`` of a value of the arguments, of
+    program uses outside any rule, ``Tree`` updating a pytree state the
+    program uses outside any rule with constants, ``Draw`` into a local where
+    the program draws keys elsewhere) and sows (``Sow`` of a value of the arguments, of
     a name the program sows nowhere outside rules, not in append or strict
     mode; see ``Gen.add_rules``). A rule sow's ``target`` is None (its
     result unused) or ``r{uid}``, a local of the rule that scales the
@@ -231,6 +242,7 @@ class CustomJvp:
     body: tuple
     calls: int = 1
     rule: tuple = ()
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -250,6 +262,7 @@ class CustomVjp:
     body: tuple
     calls: int = 1
     rule: tuple = ()
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,7 @@ class Root:
     uid: int
     body: tuple
     calls: int = 1
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -270,6 +284,7 @@ class EqxLoop:
     uid: int
     body: tuple
     calls: int = 1
+    scopes: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -285,6 +300,36 @@ class Bump:
     op: str  # TYPED_OPS
     arg: Any = None  # add: the constant; xor: a predicate
     target: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A pytree-valued state (``PYTREE_STATES``: "pt" a tuple of a float32
+    and a float32[3], "pd" a dict of an int8 and a float32[3]). ``op``:
+    "get" reads it (``t = get_state(state, init)``) and mixes its leaves into
+    ``targets``; "update" does too, then sets each float leaf to the average
+    of its old value and its expression in ``es`` and pd's int8 leaf to its
+    old value plus ``arg`` (wrapping around); "set" sets it without reading
+    it: the float leaves to ``es``, pd's int8 leaf to ``int8(arg % 5)`` of
+    the integer variable ``arg``."""
+    uid: int
+    state: str  # PYTREE_STATES
+    op: str  # get | update | set
+    init: Any = None  # get / update: the leaves' inits, in leaf order
+    es: tuple = ()  # update / set: the float leaves' expressions, in leaf order
+    arg: Any = None  # pd's int8 leaf: the constant added (update), the int variable (set)
+    targets: tuple = ()  # get / update: per leaf, the variable it mixes into (or None)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """``with tx.scope(name):`` around ``body``: a state ``x`` accessed
+    inside (get, set, typed, pytree, the while loops' counter and predicate
+    states) is the state ``name/x``, nested scopes joined by "/"
+    (``outer/inner/x``); the key stream ("rng") is never scoped."""
+    uid: int
+    name: str
+    body: tuple
 
 
 # The function statements: their kind in generated names.
@@ -381,6 +426,54 @@ STATES = {"s0": "S", "s1": "S", "sv": "V"}
 CLOBBER_NAMES = {"c0": "S", "c1": "S", "cv": "V"}
 STRICT_NAMES = {"t0": "S", "t1": "S"}
 RNG = "rng"  # the stream next_key draws from: a state holding a typed key
+SCOPE_NAMES = ("sa", "sb")  # tx.scope's names (no state is named so)
+
+
+def full_name(prefix: tuple, name: str) -> str:
+    """State ``name`` accessed inside the scopes ``prefix`` (outermost
+    first): its full name, the "/"-joined scopes and name; the key stream's
+    is never scoped."""
+    return name if name == RNG or not prefix else "/".join((*prefix, name))
+
+
+def base_name(name: str) -> str:
+    """A state's own name, without its scopes."""
+    return name.rsplit("/", 1)[-1]
+
+
+# Pytree-valued states: name -> (container, its leaves in JAX's leaf order (a
+# dict's keys sorted), each (key, kind)): "S" / "V" a float32 scalar / [3]
+# (differentiated, as the states of ``STATES``), "i8" an int8 scalar (a typed
+# leaf: exact, updated by wrapping additions, not differentiated).
+PYTREE_STATES = {"pt": ("tuple", ((0, "S"), (1, "V"))),
+                 "pd": ("dict", (("c", "i8"), ("w", "V")))}
+PYTREE_INT = "int8"  # the dtype of the "i8" leaves (typed_* helpers)
+
+
+def tree_leaf_kinds(state: str) -> tuple:
+    return tuple(kind for _, kind in PYTREE_STATES[state][1])
+
+
+def tree_value(state: str, leaves) -> Any:
+    """The reference's value of pytree state ``state`` from its leaves (in
+    leaf order): float leaves in float64, the int8 leaf a NumPy int8."""
+    container, spec = PYTREE_STATES[state]
+    vals = [typed_value(PYTREE_INT, x) if kind == "i8"
+            else np.array(x, np.float64) if kind == "V" else np.float64(x)
+            for (_, kind), x in zip(spec, leaves)]
+    if container == "tuple":
+        return tuple(vals)
+    return {key: x for (key, _), x in zip(spec, vals)}
+
+
+def tree_zeros(state: str) -> Any:
+    """The value of a pytree state first set before it is read: zeros."""
+    return tree_value(state, [(0.0, 0.0, 0.0) if k == "V" else 0 for k in tree_leaf_kinds(state)])
+
+
+def tree_leaves(state: str, value) -> list:
+    """The leaves of a pytree state's value, in leaf order."""
+    return [value[key] for key, _ in PYTREE_STATES[state][1]]
 
 
 # Typed states: one state "y_<dtype>" per dtype JAX has with x64 off, some

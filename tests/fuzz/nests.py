@@ -4,16 +4,17 @@ library operations (``LIBRARY_NESTS``), custom functions with state in
 their body differentiated inside the uncurried function
 (``GRAD_INSIDE_NESTS``), custom functions whose rules touch states and
 keys themselves (``RULE_NESTS``), custom_jvp functions whose rules sow
-(``RULE_SOW_NESTS``) and custom_vjp functions whose fwds sow
-(``FWD_SOW_NESTS``).
+(``RULE_SOW_NESTS``), custom_vjp functions whose fwds sow
+(``FWD_SOW_NESTS``), and pytree-valued states in ``tx.scope`` blocks and in
+functions called in two scopes through every primitive (``SCOPE_NESTS``).
 """
 
 from __future__ import annotations
 
 from .model import (OTHER, SVARS, TYPED_DTYPES, TYPED_OPS, AddC, Assign, Bin, Bump, Ckpt, Cond,
                     CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred, Get, IPred, Jit, Mean, MulC,
-                    Program, Root, Scan, Set, SIdx, Sow, Switch, Un, Var, While, typed_adds,
-                    typed_inits, typed_kind, typed_shape)
+                    Program, Root, Scan, Scope, Set, SIdx, Sow, Switch, Tree, Un, Var, While,
+                    typed_adds, typed_inits, typed_kind, typed_shape)
 
 
 def _all_typed_bumps(uid: int) -> tuple:
@@ -199,4 +200,47 @@ FWD_SOW_NESTS = {
             (CustomVjp(2, (Assign("f1", Un("sin", Var("f1"))),),
                        rule=(Sow(3, "r3", Var("f1"), "c0", "clobber"),)),),
             (Assign("f0", MulC(Var("f0"), 0.5)),))),)),
+}
+
+
+def _trees(uid: int) -> tuple:
+    """Both pytree states (uids from ``uid``) read and updated, their leaves
+    mixed into the env, beside a float state and a key draw: in a ``Scope``
+    all but the key stream are renamed."""
+    return (Tree(uid, "pt", "update", (0.5, (1.0, -1.0, 0.25)), (Un("sin", Var("f0")), Var("v")),
+                 targets=("f1", None)),
+            Tree(uid + 1, "pd", "update", (127, (0.5, -0.5, 1.0)), (MulC(Var("v"), 0.9),), 64,
+                 ("f2", "v")),
+            Set("s0", Bin("avg", Var("f0"), Var("f1"))), Draw("f2"))
+
+
+def _fresh_trees(uid: int) -> tuple:
+    """Both pytree states set before they are read (first set: zeros)."""
+    return (Tree(uid, "pd", "set", es=(Var("v"),), arg="n"),
+            Tree(uid + 1, "pt", "set", es=(Mean(Var("v")), MulC(Var("v"), -0.5))),
+            Tree(uid + 2, "pt", "get", (1.5, (0.0, 1.0, -2.0)), targets=("f0", "v")))
+
+
+# Pytree-valued states and tx.scope through every primitive's carries: the
+# same states in scopes (nested ones, in loop bodies and branches) and
+# outside them, functions called in two scopes (one jitted function traced
+# for each), in the same scope twice and in none.
+SCOPE_NESTS = {
+    "scan_cond_switch_jit_ckpt": Program((
+        *_trees(100),
+        Scan(1, (Scope(2, "sa", (Cond(3, IPred("i1", 0, 2), ((Switch(4, SIdx("n", 0, 2), (
+            (Jit(5, (Ckpt(6, _trees(200), calls=2, scopes=("sb", None)),), calls=2,
+                 scopes=("sa", "sb")),),
+            (Scope(7, "sb", _fresh_trees(300)),))),), (Scope(8, "sa", _trees(400)),))),)),
+            Assign("f0", Un("sin", Var("x1")))),
+            2, False, (0.5, -1.0), Var("f1"), "f0", "f2"),
+        Jit(9, _fresh_trees(500), calls=2, scopes=("sa", "sa")))),
+    "while_fori_custom_root_eqxloop": Program((
+        Scope(1, "sb", (While(2, (Fori(3, (CustomJvp(4, _trees(100), calls=2,
+                                                     scopes=("sa", "sb")),), "n", 0, 2),),
+                              "state", 2, spred=("s1", 1.5, -0.37)),)),
+        CustomVjp(5, _fresh_trees(200), calls=2, scopes=(None, "sa")),
+        Root(6, _trees(300), scopes=("sa",)),
+        Scope(7, "sb", (EqxLoop(8, _fresh_trees(400), calls=2, scopes=("sa", None)),)),
+        Scope(9, "sa", (Scope(10, "sa", _trees(500)),)))),
 }

@@ -1,8 +1,11 @@
 """The eager reference interpreter.
 
 ``Reference`` runs a program's AST in float64 NumPy with Python control
-flow, a dict for the states (a typed state stays in its NumPy / ml_dtypes
-dtype, bit for bit) and per-site records for the sows; optionally planted,
+flow, a flat dict for the states keyed by full names (inside ``tx.scope``
+blocks the "/"-joined scopes and the name, "sa/sb/s0"; the key stream is
+never scoped; a typed state stays in its NumPy / ml_dtypes dtype, bit for
+bit; a pytree state is stored as its pytree, a tuple or a dict) and
+per-site records for the sows; optionally planted,
 or differentiated as JAX runs custom functions' rules (see its docstring).
 It is the semantics the checks compare taxpr's transformations of the
 rendered program with; a float predicate too close to its threshold raises
@@ -11,15 +14,21 @@ rendered program with; a float predicate too close to its threshold raises
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .analysis import append_slots, first_traced_inits, sow_names, states_of
-from .model import (ENV, FUNCTIONS, RNG, STATES, T, TYPED_STATES, AddC, Assign, Bin, Bump, Cond,
-                    Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred, Get, IdxF, IPred,
-                    Mean, MulC, Program, Root, Scan, Set, SIdx, Sow, Switch, Un, Var, VConst,
-                    While, np_dtype, sow_kind, typed_mix, typed_update, typed_value, var_kind)
+import taxpr as tx
+
+from .analysis import append_slots, call_prefixes, first_traced_inits, sow_names, states_of
+from .model import (ENV, FUNCTIONS, PYTREE_INT, PYTREE_STATES, RNG, STATES, T, TYPED_STATES, AddC,
+                    Assign, Bin, Bump, Cond, Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori,
+                    FPred, Get, IdxF, IPred, Mean, MulC, Program, Root, Scan, Scope, Set, SIdx,
+                    Sow, Switch, Tree, Un, Var, VConst, While, base_name, full_name, np_dtype,
+                    sow_kind, tree_leaf_kinds, tree_leaves, tree_value, tree_zeros, typed_mix,
+                    typed_update, typed_value, var_kind)
 
 
 # ---------------------------------------------------------------------------------
@@ -61,7 +70,8 @@ class Reference:
         self.diff = diff
         self.mode = "none" if states == "none" else ("example" if states is None else "given")
         self.cur = {} if states is None or states == "none" else {
-            k: _ref_state(k, v) for k, v in states.items()}
+            k: _ref_state(k, v) for k, v in flat_states(states).items()}
+        self.prefix: tuple = ()  # the scopes the program runs in now (``Scope``)
         self.state0: dict = {}
         self.plants = {k: _np(v) for k, v in (plants or {}).items()}
         self.clobber: dict = {}
@@ -111,12 +121,16 @@ class Reference:
         return bool(x > t)
 
     # -- state
+    # One flat dict keyed by full names: a state accessed inside ``tx.scope``
+    # ("sa") is another state, "sa/<name>"; the key stream is never scoped.
     def get(self, name, init):
         init = (0 if name == "cnt" else jax.random.key(0) if name == RNG
                 else typed_value(TYPED_STATES[name], init) if name in TYPED_STATES
+                else tree_value(name, init) if name in PYTREE_STATES
                 else _np(init))
         if self.mode == "none":
             return init
+        name = full_name(self.prefix, name)
         if name not in self.cur:
             self.cur[name] = init
             self.state0.setdefault(name, init)
@@ -125,8 +139,10 @@ class Reference:
     def set(self, name, value):
         if self.mode == "none":
             return
+        base, name = name, full_name(self.prefix, name)
         if name not in self.cur and self.mode == "example":
-            self.state0.setdefault(name, 0 if name == "cnt" else _zeros(STATES[name]))
+            self.state0.setdefault(name, 0 if base == "cnt" else tree_zeros(base)
+                                   if base in PYTREE_STATES else _zeros(STATES[base]))
         # (A typed state is read before it is set: never first set.)
         self.cur[name] = value
 
@@ -177,6 +193,11 @@ class Reference:
             self.set(s.state, y)
             if s.target:
                 env[s.target] = env[s.target] * 0.5 + typed_mix(d, y) * 0.25
+        elif isinstance(s, Tree):
+            self.tree(s, env, ienv)
+        elif isinstance(s, Scope):
+            with self.scope(s.name):
+                self.block(s.body, env, ienv, site)
         elif isinstance(s, Sow):
             value = self.ev(s.e, env, ienv)
             out = self.sow(s, value, env, ienv, site)
@@ -228,7 +249,9 @@ class Reference:
             b = min(max(self.ev(s.idx, env, ienv), 0), len(s.branches) - 1)
             self.branch(s.branches[b], env, ienv, site)
         elif isinstance(s, FUNCTIONS):
-            for c in range(s.calls):
+            outer = self.prefix
+            for c, prefix in enumerate(call_prefixes(s, outer)):
+                self.prefix = prefix  # the call's scope (its rule runs there too)
                 fsite = (idx, (*calls, (s.uid, c)))
                 diff = self.diff
                 if diff and isinstance(s, (CustomJvp, CustomVjp)):
@@ -246,8 +269,42 @@ class Reference:
                     self.branch(s.body, env, ienv, fsite)
                 finally:
                     self.diff = diff
+                    self.prefix = outer
         else:
             raise TypeError(s)
+
+    @contextlib.contextmanager
+    def scope(self, name):
+        """``with tx.scope(name)``: the states accessed inside are ``.../name/x``."""
+        outer = self.prefix
+        self.prefix = (*outer, name)
+        try:
+            yield
+        finally:
+            self.prefix = outer
+
+    def tree(self, s: Tree, env, ienv):
+        """A pytree state's get / update / set (``Tree``), leaf by leaf."""
+        kinds = tree_leaf_kinds(s.state)
+        if s.op == "set":
+            es = iter(s.es)
+            new = [np.int8(ienv[s.arg] % 5) if k == "i8" else self.ev(next(es), env, ienv)
+                   for k in kinds]
+            self.set(s.state, tree_value(s.state, new))
+            return
+        old = tree_leaves(s.state, self.get(s.state, s.init))
+        for k, x, target in zip(kinds, old, s.targets):
+            if target is None:
+                continue
+            if k == "i8":
+                env[target] = env[target] * 0.5 + typed_mix(PYTREE_INT, x) * 0.25
+            else:
+                env[target] = (env[target] + x) * 0.5
+        if s.op == "update":
+            es = iter(s.es)
+            new = [typed_update(PYTREE_INT, "add", x, s.arg) if k == "i8"
+                   else (x + self.ev(next(es), env, ienv)) * 0.5 for k, x in zip(kinds, old)]
+            self.set(s.state, tree_value(s.state, new))
 
     def branch(self, body, env, ienv, site):
         # A function body: its own copy of the env (in-place updates of the
@@ -269,7 +326,8 @@ class Reference:
                 if name not in self.state0:
                     self.state0[name] = (
                         jax.random.key(0) if kind == "K" else inits[name] if kind == "Y"
-                        else _np(inits[name]) if name in inits and name != "cnt"
+                        else inits.get(name, tree_zeros(base_name(name))) if kind == "P"
+                        else _np(inits[name]) if name in inits and kind != "I"
                         else (0 if kind == "I" else _zeros(kind)))
         final = {}
         if self.mode != "none":
@@ -299,12 +357,38 @@ def _is_key(x) -> bool:
     return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def flat_states(state: dict) -> dict:
+    """A state dict (``uncurry``'s, nested by scope in ``tx.StateScope``
+    dicts; or the reference's, flat already) as the reference keeps it: one
+    flat dict keyed by full names ("sa/sb/s0"). A pytree state's value (a
+    tuple, a plain dict) is one entry."""
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, tx.StateScope):
+            out.update((f"{key}/{k}", v) for k, v in flat_states(value).items())
+        else:
+            out[key] = value
+    return out
+
+
 def _ref_state(name: str, value):
-    """A state value given to the reference: a typed state keeps its dtype."""
-    if name in TYPED_STATES:
+    """A state value given to the reference (``name`` its full name): a
+    typed state (or leaf) keeps its dtype."""
+    base = base_name(name)
+    if base in TYPED_STATES:
         a = np.asarray(value)
-        assert a.dtype == np_dtype(TYPED_STATES[name]), f"state {name!r} is {a.dtype}"
+        assert a.dtype == np_dtype(TYPED_STATES[base]), f"state {name!r} is {a.dtype}"
         return a
+    if base in PYTREE_STATES:
+        leaves = []
+        for (key, kind), x in zip(PYTREE_STATES[base][1], tree_leaves(base, value)):
+            a = np.asarray(x)
+            if kind == "i8":
+                assert a.dtype == np_dtype(PYTREE_INT), f"state {name!r}[{key!r}] is {a.dtype}"
+                leaves.append(a)
+            else:
+                leaves.append(a.astype(np.float64) if a.shape else np.float64(a))
+        return tree_value(base, leaves)
     return _np(value)
 
 

@@ -1,8 +1,9 @@
 """Programs as Python source.
 
 ``to_source`` renders a ``Program`` as a function ``program(p0, p1, p2, pv,
-n)`` using raw JAX control flow, ``tx.get_state`` / ``tx.set_state``,
-``tx.next_key`` and ``h.sow``; ``build`` execs exactly that source (its
+n)`` using raw JAX control flow, ``tx.get_state`` / ``tx.set_state`` (of
+pytree-valued states too), ``with tx.scope(...)`` blocks, ``tx.next_key``
+and ``h.sow``; ``build`` execs exactly that source (its
 lines show in tracebacks), so a failing program prints as the code that
 failed. ``to_source_hoisted`` / ``build_hoisted`` render the same program
 with its inner functions defined once at module level (so that JAX's trace
@@ -16,10 +17,11 @@ import linecache
 
 from .analysis import rule_functions, takes_p0
 from .model import (ARGUMENTS_ONLY, CALL_WRAPPERS, CUSTOM_RULES, ENV, FUNCTION_KINDS, FUNCTIONS,
-                    MIX, NUMPY_DTYPES, OP_SOURCE, P0_USE, RULE_DEFS, FWD_SCALE, T, TYPED_STATES,
-                    AddC, Assign, Bin, Bump, Cond, Const, Draw, Fori, FPred, Get, IdxF, IPred, Mean,
-                    MulC, Program, RULE_SCALE, Scan, Set, SIdx, Sow, Switch, Un, Var, VConst,
-                    While, has_rule, rule_reads_env, rule_results, typed_kind, typed_shape)
+                    MIX, NUMPY_DTYPES, OP_SOURCE, P0_USE, PYTREE_INT, PYTREE_STATES, RULE_DEFS,
+                    FWD_SCALE, T, TYPED_STATES, AddC, Assign, Bin, Bump, Cond, Const, Draw, Fori,
+                    FPred, Get, IdxF, IPred, Mean, MulC, Program, RULE_SCALE, Scan, Scope, Set,
+                    SIdx, Sow, Switch, Tree, Un, Var, VConst, While, has_rule, rule_reads_env,
+                    rule_results, typed_kind, typed_shape)
 
 
 # ---------------------------------------------------------------------------------
@@ -132,6 +134,77 @@ def bump_lines(s: Bump, init_src: str) -> list[str]:
     return lines
 
 
+def _tree_init(state: str, init, style: str = "numpy") -> str:
+    """A pytree state's init (its leaves in leaf order) in ``style``
+    (``INIT_STYLES``): a tuple or dict of NumPy or JAX constants, or a
+    callable returning one."""
+    leaves = []
+    for (_, kind), x in zip(PYTREE_STATES[state][1], init):
+        if style == "numpy":
+            leaves.append(f"np.{PYTREE_INT}({int(x)})" if kind == "i8" else _npinit(x))
+            continue
+        if kind == "i8":
+            value, shape = f"jnp.{PYTREE_INT}({int(x)})", "()"
+        elif kind == "V":
+            value, shape = f"jnp.array([{', '.join(_f(v) for v in x)}], jnp.float32)", "(3,)"
+        else:
+            value, shape = f"jnp.float32({_f(x)})", "()"
+        dtype = f"jnp.{PYTREE_INT}" if kind == "i8" else "jnp.float32"
+        leaves.append(f"{value} * jnp.ones({shape}, {dtype})" if style == "ones" else value)
+    src = _tree_src(state, leaves)
+    return f"lambda: {src}" if style == "callable" else src
+
+
+def _tree_src(state: str, leaves: list) -> str:
+    """A pytree state's value from its leaves' source, in leaf order."""
+    container, spec = PYTREE_STATES[state]
+    if container == "tuple":
+        return f"({', '.join(leaves)})"
+    return "{" + ", ".join(f'"{key}": {x}' for (key, _), x in zip(spec, leaves)) + "}"
+
+
+def tree_lines(s: Tree, init_src: str) -> list[str]:
+    """The source lines of a ``Tree`` whose init renders as ``init_src``."""
+    spec = PYTREE_STATES[s.state][1]
+    t = f"t{s.uid}"
+    leaf = [f"{t}[{key!r}]".replace("'", '"') for key, _ in spec]
+    if s.op == "set":
+        es = iter(s.es)
+        new = [f"({s.arg} % 5).astype(jnp.{PYTREE_INT})" if kind == "i8" else rexpr(next(es))
+               for _, kind in spec]
+        return [f'tx.set_state("{s.state}", {_tree_src(s.state, new)})']
+    lines = [f'{t} = tx.get_state("{s.state}", {init_src})']
+    for (_, kind), x, target in zip(spec, leaf, s.targets):
+        if target is None:
+            continue
+        if kind == "i8":
+            mix = MIX["i"].format(y=x)
+            lines.append(f"{target} = {target} * 0.5 + {mix} * 0.25")
+        else:
+            lines.append(f"{target} = ({target} + {x}) * 0.5")
+    if s.op == "update":
+        es = iter(s.es)
+        new = [f"{x} + np.{PYTREE_INT}({s.arg})" if kind == "i8"
+               else f"({x} + {rexpr(next(es), False)}) * 0.5" for (_, kind), x in zip(spec, leaf)]
+        lines.append(f'tx.set_state("{s.state}", {_tree_src(s.state, new)})')
+    return lines
+
+
+def scope_lines(name: str, body: list) -> list[str]:
+    """``with tx.scope(name):`` around the (indented) lines ``body``."""
+    return [f'with tx.scope("{name}"):', *(body or ["    pass"])]
+
+
+def call_lines(s, call: str) -> list[str]:
+    """The lines calling function statement ``s`` (``call``, one line) once
+    per call, each in its own scope where ``s.scopes`` gives one."""
+    out = []
+    for c in range(s.calls):
+        sc = s.scopes[c] if s.scopes else None
+        out += scope_lines(sc, ["    " + call]) if sc else [call]
+    return out
+
+
 CNT_GET = 'tx.get_state("cnt", np.int32(0))'
 DRAW = "jax.random.uniform(tx.next_key(), minval=-1.0, maxval=1.0)"
 ENV_S = ", ".join(ENV)
@@ -155,6 +228,14 @@ def rstmt(s, ind: str, out: list) -> None:
         w(f"{s.target} = {DRAW}")
     elif isinstance(s, Bump):
         for line in bump_lines(s, _typed_init(TYPED_STATES[s.state], s.init, s.form)):
+            w(line)
+    elif isinstance(s, Tree):
+        for line in tree_lines(s, _tree_init(s.state, s.init) if s.op != "set" else ""):
+            w(line)
+    elif isinstance(s, Scope):
+        body: list = []
+        rblock(s.body, "    ", body)
+        for line in scope_lines(s.name, body):
             w(line)
     elif isinstance(s, Sow):
         tag = "T" if s.tag == T else "OTHER"
@@ -258,8 +339,8 @@ def rstmt(s, ind: str, out: list) -> None:
                     w(rule_install(s, f))
                 else:
                     w(rules.format(f=f))
-        for _ in range(s.calls):
-            w(f"{ENV_S} = {kind}{s.uid}({params})")
+        for line in call_lines(s, f"{ENV_S} = {kind}{s.uid}({params})"):
+            w(line)
     else:
         raise TypeError(s)
 
@@ -409,6 +490,15 @@ class _Hoisted:
         elif isinstance(s, Bump):
             for line in bump_lines(s, self.typed_init(s)):
                 w(line)
+        elif isinstance(s, Tree):
+            init = _tree_init(s.state, s.init, self.init_style) if s.op != "set" else ""
+            for line in tree_lines(s, init):
+                w(line)
+        elif isinstance(s, Scope):
+            body: list = []
+            self.block(s.body, "    ", body, scope)
+            for line in scope_lines(s.name, body):
+                w(line)
         elif isinstance(s, (Assign, Set, Sow, Draw)):
             rstmt(s, ind, out)
         elif isinstance(s, Scan):
@@ -496,8 +586,8 @@ class _Hoisted:
                 elif rules:
                     self.defs.append(rules.format(f=f))
             self.defs.append("")
-            for _ in range(s.calls):
-                w(f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})")
+            for line in call_lines(s, f"{ENV_S} = {kind}{s.uid}({ENV_S}, {ex})"):
+                w(line)
         else:
             raise TypeError(s)
 

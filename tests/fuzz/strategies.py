@@ -7,8 +7,11 @@ and functions called twice, once per name; only clobber modes inside
 ``while`` / traced ``fori``; every cond branch sows the same names (appends
 and strict sows only as identical tails of every branch, missing clobber
 names padded in); an append name encodes its inner scan lengths so that its
-sows stack. ``arguments`` draws a program's arguments ``(p0, p1, p2, pv,
-n)``; ``ARGS`` and ``ARGS2`` are fixed ones.
+sows stack. Pytree states (``Tree``) and ``tx.scope`` blocks (``Scope``)
+are one entry each of the statement kinds drawn from, and a quarter of the
+function statements have their calls in scopes (the same function object in
+two scopes, or in one twice). ``arguments`` draws a program's arguments
+``(p0, p1, p2, pv, n)``; ``ARGS`` and ``ARGS2`` are fixed ones.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from typing import Optional
 import numpy as np
 from hypothesis import strategies as st
 
-from .analysis import children, rule_sows, sow_names, sows, states_of, uses_state
-from .model import (ARGUMENTS_ONLY, CLOBBER_NAMES, FUNCTION_KINDS, OTHER, RNG, STATES,
-                    STRICT_NAMES, SVARS, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES, AddC, Assign,
-                    Bin, Bump, Cond, Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori, FPred,
-                    Get, IdxF, IPred, Mean, MulC, Program, Root, Scan, Set, SIdx, Sow, Switch,
-                    Un, Var, VConst, While, append_name, sow_kind, typed_adds, typed_inits,
-                    typed_kind, typed_shape, var_kind)
+from .analysis import (call_prefixes, children, rule_sows, sow_names, sows, states_of,
+                       uses_state)
+from .model import (ARGUMENTS_ONLY, CLOBBER_NAMES, FUNCTION_KINDS, FUNCTIONS, OTHER, PYTREE_INT,
+                    PYTREE_STATES, RNG, SCOPE_NAMES, STATES, STRICT_NAMES, SVARS, T, TYPED_DTYPES,
+                    TYPED_OPS, TYPED_STATES, AddC, Assign, Bin, Bump, Cond, Const, CustomJvp,
+                    CustomVjp, Draw, EqxLoop, Fori, FPred, Get, IdxF, IPred, Mean, MulC, Program,
+                    Root, Scan, Scope, Set, SIdx, Sow, Switch, Tree, Un, Var, VConst, While,
+                    append_name, base_name, full_name, sow_kind, tree_leaf_kinds, typed_adds,
+                    typed_inits, typed_kind, typed_shape, var_kind)
 
 MAX_DEPTH = 4
 
@@ -51,10 +56,10 @@ COEFS = (1.0, -0.5, 0.5, 0.25, -1.0, 0.75)
 # Thresholds away from the values simple programs compute (a value within
 # 1e-3 of its threshold makes the example ambiguous and discarded).
 THRESH = (0.1, 0.61, -0.37, 0.23, -0.13)
-SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "bump")
+SIMPLE_KINDS = ("assign", "sow", "get", "set", "sow", "draw", "bump", "tree", "bump")
 # Repeats weight the choice (the first entries are what shrinking tends to).
 STMT_KINDS = (*SIMPLE_KINDS, "scan", "cond", "scan", "jit", "fori", "while", "switch", "ckpt",
-              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp", "root", "eqxloop")
+              "scan", "sow", "get", "while", "cond", "cjvp", "cvjp", "scope", "root", "eqxloop")
 # The derivative checks' programs (allow "custom_rules"): custom functions
 # three times as often, so that rule statements run differentiated.
 STMT_KINDS_CUSTOM = (*STMT_KINDS, "cjvp", "cvjp", "cjvp", "cvjp")
@@ -188,6 +193,8 @@ class Gen:
             return Draw(self.pick(SVARS))
         if k == "bump":
             return self.bump(ctx)
+        if k == "tree":
+            return self.tree(ctx)
         uid = self.next_uid()
         sub = dataclasses.replace(ctx, depth=ctx.depth + 1)
         if k == "scan":
@@ -256,8 +263,16 @@ class Gen:
                 return Cond(uid, self.pred(ctx), bodies)
             return Switch(uid, SIdx(self.pick(ctx.ivars), self.int_(0, 2), self.pick((3, 2, 4))),
                           bodies)
+        if k == "scope":
+            return Scope(uid, self.pick(SCOPE_NAMES), self.block(sub, 3))
         if k in FUNCTION_KINDS.values():
             calls = self.pick((1, 2))
+            scopes = ()
+            if self.int_(0, 3) == 0:
+                # Its calls in scopes (the same function object in two
+                # scopes keeps two states), some maybe in none.
+                scopes = tuple(self.pick((*SCOPE_NAMES, None)) for _ in range(calls))
+                scopes = scopes if any(scopes) else ()
             sub = dataclasses.replace(sub, no_strict=ctx.no_strict or calls > 1)
             if k in ARGUMENTS_ONLY:  # reads only its arguments (see rblock)
                 sub = dataclasses.replace(sub, fvars=(), ivars=("n",))
@@ -265,7 +280,7 @@ class Gen:
                 sub = dataclasses.replace(sub, no_strict=True, in_while=True)
             body = self.block(sub, 3)
             kinds = {kind: cls for cls, kind in FUNCTION_KINDS.items()}
-            return kinds[k](uid, body, calls)
+            return kinds[k](uid, body, calls, scopes=scopes)
         raise AssertionError(k)
 
     def bump(self, ctx: Ctx, ops_without: tuple = ()) -> Bump:
@@ -284,12 +299,34 @@ class Gen:
         return Bump(self.next_uid(), f"y_{d}", init, self.pick(("scalar", "array", "callable")),
                     op, arg, target)
 
+    def tree(self, ctx: Ctx) -> Tree:
+        """A pytree state's get, update or set (``Tree``)."""
+        state = self.pick(tuple(PYTREE_STATES))
+        op = self.pick(("update", "get", "set", "update"))
+        kinds = tree_leaf_kinds(state)
+        init = targets = es = ()
+        arg = None
+        if op != "set":
+            init = tuple(self.pick(typed_inits(PYTREE_INT)) if k == "i8"
+                         else tuple(self.pick(CONSTS) for _ in range(3)) if k == "V"
+                         else self.pick(CONSTS) for k in kinds)
+            targets = tuple((self.pick(SVARS) if k in ("S", "i8") else "v")
+                            if self.draw(st.booleans()) else None for k in kinds)
+        if op != "get":
+            es = tuple(self.expr(k, ctx) for k in kinds if k != "i8")
+            if "i8" in kinds:
+                arg = (self.pick(typed_adds(PYTREE_INT)) if op == "update"
+                       else self.pick(ctx.ivars))
+        return Tree(self.next_uid(), state, op, init, es, arg, targets)
+
     def add_rules(self, body: tuple) -> tuple:
         """``body`` with rule statements (``CustomJvp.rule``) drawn for some of
         its custom functions, once the whole program is known: they touch
         only states the program uses outside any rule (the undifferentiated
         trace, where no rule runs, fixes the states ``pure`` takes and
-        returns: a state only a rule uses is an error, docs/limitations.md).
+        returns: a state only a rule uses is an error, docs/limitations.md),
+        in every tx.scope its function is called in (the rule runs in the
+        call's scope).
         Not in a function nested in a custom_vjp, custom_root or equinox
         loop, nor in the fwd of a custom_vjp whose body uses no state (clear
         StateErrors: ``test_rule_statements_where_taxpr_cannot_thread_them_raise``).
@@ -297,18 +334,26 @@ class Gen:
         sows (``rule_sow``), in programs with or without state, and
         sometimes a custom_vjp's fwd sows too."""
         kinds = states_of(Program(body))
-        typed = sorted(k for k, v in kinds.items() if v == "Y")
         draws = RNG in kinds
         sown = sow_names(Program(body)) if "rule_sows" in self.allow else None
         self.sown_elsewhere = set() if sown is None else set(sown)
-        if not typed and not draws and sown is None:
+        if not draws and sown is None and not {"Y", "P"} & set(kinds.values()):
             return body
 
-        def rule(sows_ok: bool, taken: set) -> tuple:
-            """1 or 2 statements: state effects, or (``sows_ok``) sows of
-            names not ``taken``, or both."""
+        def usable(kind: str, prefixes: list) -> list:
+            """The (base) names of the states of ``kind`` ("Y" typed, "P"
+            pytree) that the program uses outside rules in every scope of
+            ``prefixes``: a rule run in those scopes may touch them (a rule
+            runs in the tx.scope of its function's call)."""
+            bases = sorted({base_name(k) for k, v in kinds.items() if v == kind})
+            return [b for b in bases if all(kinds.get(full_name(p, b)) == kind for p in prefixes)]
+
+        def rule(sows_ok: bool, taken: set, typed: list, pytrees: list) -> tuple:
+            """1 or 2 statements: state effects (of the states ``typed``,
+            ``pytrees`` and the key stream), or (``sows_ok``) sows of names
+            not ``taken``, or both."""
             count = self.int_(1, 2)
-            kind = ("state" if not sows_ok else "sows" if not (typed or draws)
+            kind = ("state" if not sows_ok else "sows" if not (typed or draws or pytrees)
                     else self.pick(("state", "sows", "mixed", "state")))
             out = []
             for _ in range(count):
@@ -316,29 +361,39 @@ class Gen:
                     out.append(self.rule_sow(taken,
                                              used=bool(kinds) or self.draw(st.booleans())))
                 else:
-                    out.append(Draw("_") if draws and not (typed and self.draw(st.booleans()))
-                               else self.typed_bump(self.pick(typed)))
+                    effect = self.pick(tuple(e for e, ok in (
+                        ("draw", draws), ("bump", typed), ("tree", pytrees)) if ok))
+                    out.append(Draw("_") if effect == "draw" else self.typed_bump(
+                        self.pick(typed)) if effect == "bump" else self.rule_tree(
+                        self.pick(pytrees)))
             return tuple(out)
 
-        def visit(stmts, inside: bool) -> tuple:
+        def visit(stmts, inside: bool, prefixes: list) -> tuple:
+            """``prefixes``: the scopes ``stmts`` may run in."""
             out = []
             for s in stmts:
+                calls = (list(dict.fromkeys(c for p in prefixes for c in call_prefixes(s, p)))
+                         if isinstance(s, FUNCTIONS) else prefixes)
                 if isinstance(s, (Cond, Switch)):
-                    s = dataclasses.replace(s, branches=tuple(visit(b, inside)
+                    s = dataclasses.replace(s, branches=tuple(visit(b, inside, prefixes)
                                                               for b in s.branches))
+                elif isinstance(s, Scope):
+                    s = dataclasses.replace(s, body=visit(s.body, inside,
+                                                          [(*p, s.name) for p in prefixes]))
                 elif children(s):
                     s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
-                        s, (CustomVjp, Root, EqxLoop))))
+                        s, (CustomVjp, Root, EqxLoop)), calls))
                 sows_ok = sown is not None and isinstance(s, CustomJvp)
                 # The names a rule may not sow: its function's own.
                 own = (sow_names(Program(s.body)).keys() if isinstance(s, (CustomJvp, CustomVjp))
                        else set())
+                typed, pytrees = usable("Y", calls), usable("P", calls)
                 if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
                         and (isinstance(s, CustomJvp) or uses_state(s.body))
-                        and (typed or draws or sows_ok)
+                        and (typed or draws or pytrees or sows_ok)
                         and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
                     nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
-                    s = dataclasses.replace(s, rule=rule(sows_ok, own | nested))
+                    s = dataclasses.replace(s, rule=rule(sows_ok, own | nested, typed, pytrees))
                 if (sown is not None and isinstance(s, CustomVjp) and not inside
                         and self.int_(0, 2) < 2):  # a fwd that sows (often)
                     s = dataclasses.replace(s, rule=(*s.rule, *(
@@ -347,7 +402,7 @@ class Gen:
                 out.append(s)
             return tuple(out)
 
-        return visit(body, False)
+        return visit(body, False, [()])
 
     def rule_sow(self, taken, used: bool) -> Sow:
         """A sow in a custom_jvp rule or a custom_vjp fwd (clobber or
@@ -395,6 +450,19 @@ class Gen:
         arg = self.pick(typed_adds(d)) if op == "add" else None
         return Bump(self.next_uid(), state, init, self.pick(("scalar", "array", "callable")),
                     op, arg)
+
+    def rule_tree(self, state: str) -> Tree:
+        """An update of the pytree state ``state`` that reads nothing of the
+        env (its float leaves averaged with constants, no targets): a rule
+        statement."""
+        kinds = tree_leaf_kinds(state)
+        init = tuple(self.pick(typed_inits(PYTREE_INT)) if k == "i8"
+                     else tuple(self.pick(CONSTS) for _ in range(3)) if k == "V"
+                     else self.pick(CONSTS) for k in kinds)
+        es = tuple(VConst(tuple(self.pick(CONSTS) for _ in range(3))) if k == "V"
+                   else Const(self.pick(CONSTS)) for k in kinds if k != "i8")
+        arg = self.pick(typed_adds(PYTREE_INT)) if "i8" in kinds else None
+        return Tree(self.next_uid(), state, "update", init, es, arg, (None,) * len(kinds))
 
     def pad_branches(self, bodies: list, ctx: Ctx) -> None:
         """Every branch must sow the same (non-append) names: prepend the
