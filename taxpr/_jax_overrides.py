@@ -13,7 +13,9 @@ lowers to the same StableHLO with and without taxpr
 | batching rule of ``cond`` | ``_guards._cond_batching_rule`` | a batched index runs every branch for every example: tags there get a per-example guard | JAX's rule for a cond without tags, or with an unbatched index |
 | batching rule of ``while`` | ``_guards._while_batching_rule`` | a batched predicate runs the body while any example runs: tags there get a guard (also equinox's loops, which reduce the predicate over the batch) | JAX's rule otherwise |
 | partial-eval rule of ``cond`` (``JaxprTrace``) | ``primitives._tag._cond_partial_eval`` | a ``cond`` whose branches hold kept tags is staged whole (JAX dropped a staged cond without used outputs, and a ``set_state`` with it) | JAX's rule otherwise |
+| partial-eval rule of ``while`` (``JaxprTrace``, around the staging scope below) | ``primitives._tag._while_partial_eval`` | while a loop is split, a ``while`` of known inputs holding kept tags is staged whole (not hoisted out of a scan) | JAX's rule otherwise |
 | partial-eval rule of ``checkpoint`` | ``primitives._tag._remat_partial_eval`` | while a loop is split, a checkpoint holding kept tags is staged whole (not hoisted out of a scan, not run by both parts of a while) | JAX's rule otherwise |
+| ``partial_eval_jaxpr_custom`` rule of ``while`` (``checkpoint``'s partial evaluation, a scan's) | ``primitives._tag._while_partial_eval_custom`` | a ``while`` holding kept tags is staged whole: JAX's rule runs a known loop and then the whole loop again (the tags twice), and fails on a kept tag whose known output feeds the carry | JAX's rule otherwise |
 | partial-eval rules of ``while`` and ``scan``; ``loops._scan_known_hoisting`` | the same rule in a staging scope (``_in_staging_scope``) | inside them, kept tags with known inputs are staged: eager runs them once per step | the rules themselves, unchanged |
 | ``ad.linearize_from_jvp`` | the same function in a scope that evaluates known kept tags | a custom_jvp rule under ``grad`` must keep its primal outputs known | the function itself, unchanged |
 | ``JaxprTrace.process_custom_jvp_call`` / ``process_custom_vjp_call`` | ``_unhoisted_custom_call`` | while a loop is split, a custom function holding kept tags stays in the loop | the methods themselves, unchanged |
@@ -56,13 +58,16 @@ def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
 
 def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
     """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
-    ``wrapper(original, trace, *tracers, **params)``."""
+    ``wrapper(original, trace, *tracers, **params)`` (around a rule taxpr
+    already wrapped with another wrapper, too)."""
     original = pe.custom_partial_eval_rules[prim]
-    if getattr(original, "_taxpr_wrapped", False):
+    wrappers = getattr(original, "_taxpr_wrappers", frozenset())
+    if wrapper.__qualname__ in wrappers:
         return
     rule = lambda trace, *tracers, **params: wrapper(  # noqa: E731
         original, trace, *tracers, **params)
     rule._taxpr_wrapped = True
+    rule._taxpr_wrappers = wrappers | {wrapper.__qualname__}
     pe.custom_partial_eval_rules[prim] = rule
 
 
@@ -225,6 +230,18 @@ def install_rules_in_call_scope(wrap_rules: Callable[[tuple], tuple | None]) -> 
         cls.bind_with_trace = bind_with_trace
 
 
+def wrap_partial_eval_custom_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s ``partial_eval_jaxpr_custom`` rule by
+    ``wrapper(original, saveable, unks_in, inst_in, eqn)``."""
+    original = pe.partial_eval_jaxpr_custom_rules[prim]
+    if getattr(original, "_taxpr_wrapped", False):
+        return
+    rule = lambda saveable, unks_in, inst_in, eqn: wrapper(  # noqa: E731
+        original, saveable, unks_in, inst_in, eqn)
+    rule._taxpr_wrapped = True
+    pe.partial_eval_jaxpr_custom_rules[prim] = rule
+
+
 def install() -> None:
     """Make every replacement of the table above (once)."""
     from . import _guards
@@ -233,7 +250,10 @@ def install() -> None:
     wrap_batching_rule(_compat.while_p, _guards._while_batching_rule)
     wrap_partial_eval_rule(_compat.cond_p, _tag._cond_partial_eval)
     wrap_partial_eval_rule(_compat.remat_p, _tag._remat_partial_eval)
+    wrap_partial_eval_custom_rule(_compat.while_p, _tag._while_partial_eval_custom)
     install_known_kept_tag_scopes(_tag.holds_kept_tags)
+    # Around the while rule's staging scope: it reads the enclosing one.
+    wrap_partial_eval_rule(_compat.while_p, _tag._while_partial_eval)
     install_custom_vjp_scopes(_tag._scoped_fwd_bwd, _tag.current_scope_key)
     from ._state._scope import rules_in_call_scope
     install_rules_in_call_scope(rules_in_call_scope)

@@ -404,14 +404,10 @@ def _check_rule_sows(program):
     check_vmap(program, ARGS, ARGS2, with_reap=True)
 
 
-# ---- where taxpr disagrees with the eager semantics (strict xfails) -------------------
-
-@pytest.mark.xfail(strict=True, reason=(
-    "taxpr bug: jax.grad inside reap (or uncurry) of a jax.checkpoint around equinox's "
-    "checkpointed while_loop whose body sows is an AssertionError in JAX's partial evaluation "
-    "of the while loop (jax/_src/lax/control_flow/loops.py, _while_partial_eval_custom: "
-    "'assert not num_res'), though jax.grad of the function works"))
 def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
+    # jax.grad inside a harvest of a jax.checkpoint around equinox's
+    # checkpointed while_loop: the checkpoint's partial evaluation splits the
+    # loop with the sow; the sow runs once, as eagerly.
     eqxi = pytest.importorskip("equinox.internal")
 
     def program(x):
@@ -426,6 +422,21 @@ def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
     x = np.float32(0.5)
     assert float(jax.grad(program)(x)) == float(jnp.cos(x))
     assert float(h.reap(jax.grad(program), tag=T)(x)["c"]) == float(jnp.sin(x))
+
+    def counted(x):  # the same loop counting its steps in a state
+        @jax.checkpoint
+        def ck(x):
+            def body(c):
+                tx.set_state("n", tx.get_state("n", np.int32(0)) + 1)
+                return c[0] + 1, jnp.sin(c[1])
+            return eqxi.while_loop(lambda c: c[0] < 2, body, (jnp.int32(0), x), max_steps=2,
+                                   kind="checkpointed")[1]
+        return ck(x)
+
+    pure, state0 = tx.uncurry(jax.grad(counted), x)
+    g, state1 = pure(state0, x)
+    assert float(g) == pytest.approx(float(jnp.cos(jnp.sin(x)) * jnp.cos(x)), rel=1e-6)
+    assert int(state1["n"]) == 2
 
 
 def test_custom_jvp_rule_counting_and_drawing_under_jvp_and_grad_of_pure():

@@ -98,6 +98,7 @@ def test_import_taxpr_replaces_only_what_its_overrides_module_lists():
     always = {"batching.fancy_primitive_batchers[cond]", "batching.fancy_primitive_batchers[while]",
               "pe.custom_partial_eval_rules[cond]", "pe.custom_partial_eval_rules[remat2]",
               "pe.custom_partial_eval_rules[while]", "pe.partial_eval_jaxpr_custom_rules[scan]",
+              "pe.partial_eval_jaxpr_custom_rules[while]",
               "pe.JaxprTrace.process_custom_jvp_call", "pe.JaxprTrace.process_custom_vjp_call"}
     # where JAX has them (scan's JaxprTrace rule is wrapped where it lacks
     # the hoisting function)
@@ -107,6 +108,7 @@ def test_import_taxpr_replaces_only_what_its_overrides_module_lists():
     from taxpr import _jax_overrides
     for listed in ("batching rule of ``cond``", "batching rule of ``while``",
                    "partial-eval rule of ``cond``", "partial-eval rule of ``checkpoint``",
+                   "partial-eval rule of ``while``", "``partial_eval_jaxpr_custom`` rule of ``while``",
                    "``ad.linearize_from_jvp``", "``loops._scan_known_hoisting``",
                    "``JaxprTrace.process_custom_jvp_call``"):
         assert listed in _jax_overrides.__doc__, listed

@@ -825,6 +825,45 @@ def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
     return original(trace, *tracers, jaxpr=jaxpr, **params)
 
 
+def _while_partial_eval(original, trace, *tracers, body_jaxpr, cond_jaxpr, **params):
+    """While a loop is split, a ``while`` whose inputs are all known and
+    whose body or predicate holds kept tags is staged whole: JAX's rule
+    evaluates it as known, and a differentiated scan then hoists it out of
+    its loop (run once instead of every step)."""
+    params = dict(body_jaxpr=body_jaxpr, cond_jaxpr=cond_jaxpr, **params)
+    if (_jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop()
+            and all(t.pval.is_known() for t in tracers)
+            and holds_kept_tags((*body_jaxpr.effects, *cond_jaxpr.effects))):
+        tracers = [trace.instantiate_const(t) for t in tracers]
+        return trace.default_process_primitive(_compat.while_p, tracers, params)
+    return original(trace, *tracers, **params)
+
+
+def _while_partial_eval_custom(original, saveable, unks_in, inst_in, eqn):
+    """``partial_eval_jaxpr_custom`` (a ``checkpoint``'s partial evaluation,
+    a differentiated scan's) of a ``while`` whose body or predicate holds
+    kept tags. JAX's rule splits the body into a known loop and runs the
+    whole loop again as the staged part, so the tags would run twice; and a
+    kept tag in the known part whose output feeds the carry would have to be
+    a per-step residual, which a while cannot save (JAX asserts). A loop
+    whose inputs are all known is known whole (it runs once, in the known
+    part, as a known effectful equation would); one with unknown inputs is
+    staged whole, as JAX's rule does for an unknown predicate, where
+    partial evaluation stages kept tags (not while JAX linearizes from a
+    JVP: its primal outputs must stay known, and JAX's rule applies)."""
+    params = eqn.params
+    if not holds_kept_tags((*params["body_jaxpr"].effects, *params["cond_jaxpr"].effects)):
+        return original(saveable, unks_in, inst_in, eqn)
+    n_carry = len(eqn.outvars)
+    if not any(unks_in):
+        return eqn, None, [False] * n_carry, [False] * n_carry, []
+    if _jax_overrides.staging_known_kept_tags():
+        residuals = [x for x, inst in zip(eqn.invars, inst_in)
+                     if type(x) is core.Var and not inst]
+        return None, eqn, [True] * n_carry, [True] * n_carry, residuals
+    return original(saveable, unks_in, inst_in, eqn)
+
+
 def holds_kept_tags(effects) -> bool:
     """Whether a jaxpr with these effects holds kept tags."""
     return any(isinstance(e, TagEffect) for e in effects)

@@ -408,7 +408,19 @@ _LOOP_INVARIANT_BODIES = {
         lambda f: _count_and_store(S, f, f))(f) * 0.0 + c,
     "checkpoint_of_the_carry": lambda S, f, c: S.checkpoint(
         lambda f, c: _count_and_store(S, f, c))(f, c),
+    "while_of_a_constant": lambda S, f, c: _while_of_a_constant(S, f) * 0.0 + c,
+    "checkpoint_of_a_while_of_a_constant": lambda S, f, c: S.checkpoint(
+        lambda f: _while_of_a_constant(S, f))(f) * 0.0 + c,
 }
+
+
+def _while_of_a_constant(S, f):
+    """A while loop (two steps) over loop-invariant values whose body
+    counts and stores (not differentiated: JAX has no reverse mode for a
+    while loop)."""
+    f = lax.stop_gradient(f)
+    return S.while_loop(lambda a: a[0] < 2, lambda a: (a[0] + 1, a[1] + _count_and_store(S, f, f)),
+                        (jnp.int32(0), f32(0.0)))[1]
 
 
 _DIFFERENTIATIONS = {
@@ -436,6 +448,32 @@ def test_state_written_in_loop_invariant_work_of_a_differentiated_scan_matches_e
         ref = Eager(s0)
         assert_close(out, _scan_with_body(ref, body_fn, x))
         assert_states(s1, ref.state)
+
+
+@pytest.mark.parametrize("how", sorted(_DIFFERENTIATIONS))
+def test_a_checkpointed_while_loop_with_state_differentiated_inside_matches_eager(how):
+    # A checkpoint's partial evaluation splits a while loop (here with a
+    # traced trip count) with partial_eval_jaxpr_custom: a loop of known
+    # values holding state runs once, as eagerly (JAX's rule runs a known
+    # loop and the whole loop again, and fails on a tag whose known output
+    # is a carry).
+    def f(S, x, k):
+        def body(c):
+            i, y = c
+            S.set("n", S.get("n", jnp.int32(0)) + 1)
+            return i + 1, y * S.get("s", f32(1.5))
+        y = S.while_loop(lambda c: c[0] < k, body, (jnp.int32(0), f32(1.0)))[1]
+        return jnp.sin(x) * y
+
+    differentiate = _DIFFERENTIATIONS[how]
+    pure, s0 = tx.uncurry(lambda x, k: differentiate(
+        jax.checkpoint(lambda x: f(TX, x, k)))(x), f32(0.5), 3)
+    for x, k in ((f32(0.5), 3), (f32(-1.0), 0)):
+        out, s1 = pure(s0, x, k)
+        ref = Eager(s0)
+        assert_close(out, f(ref, x, k))
+        assert_states(s1, ref.state)
+        assert int(s1["n"]) == k
 
 
 def _counted_custom_jvp():
