@@ -414,3 +414,43 @@ def test_scopes_around_vmap_and_sows_which_keep_their_names():
     reaped = h.reap(lambda xs: pure(s0, xs)[0], tag="acts")(X[0])
     assert list(reaped) == ["y"]
     assert_close(reaped["y"], X[0] * 2.0)
+
+
+def test_scopes_inside_and_around_a_shard_map():
+    # One layer used in two scopes inside a shard_map body (a statistic made
+    # the same on every shard by psum), inside a scope around the shard_map:
+    # three levels of names, each state as a Python run over the shards.
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    def layer(xs, scale):
+        total = lax.psum(xs.sum(0), "d")  # the same on every shard
+        tx.set_state("sum", tx.get_state("sum", jnp.zeros(2)) + total)
+        tx.set_state("calls", tx.get_state("calls", i32(0)) + 1)
+        return xs * scale
+
+    def body(xs):
+        with tx.scope("first"):
+            xs = layer(xs, 2.0)
+        with tx.scope("second"):
+            return layer(xs, 3.0)
+
+    def fn(xs):
+        with tx.scope("net"):
+            return shard_map()(body, mesh=cpu_mesh("d"), in_specs=P("d"), out_specs=P("d"))(xs)
+
+    xs = jnp.arange(16.0).reshape(8, 2)
+    pure, s0 = tx.uncurry(fn, xs)
+    assert sorted(s0) == ["net"] and sorted(s0["net"]) == ["first", "second"]
+    state = s0
+    sums = {"first": np.zeros(2), "second": np.zeros(2)}
+    for step in range(2):
+        x = np.asarray(xs) + step
+        out, state = jax.jit(pure)(state, x)
+        assert_close(out, x * 6.0)
+        sums["first"] += x.sum(0)  # each layer sums its input
+        sums["second"] += (x * 2.0).sum(0)
+        for scope in ("first", "second"):
+            assert int(state["net"][scope]["calls"]) == step + 1
+            assert_close(state["net"][scope]["sum"], sums[scope])
