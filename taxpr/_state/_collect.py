@@ -18,6 +18,7 @@ from .._inject import guarded_place
 from ..primitives._tag import guarding_tags, is_guarded, meta, tag_p, user_params
 from ._ops import GET, SET, LeafName, StateError, StateOp, is_state_tag
 from ._replicated import is_unchecked_shard_map, replicated_sets
+from ._scope import scope_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +122,24 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         if (op is GET and not info.read) or (op is SET and not info.written):
             states[name] = dataclasses.replace(info, read=info.read or op is GET,
                                                written=info.written or op is SET)
+    _check_scopes_and_states_apart(first)
     return dict(sorted(states.items()))
+
+
+def _check_scopes_and_states_apart(first: dict[str, tuple]) -> None:
+    """A ``tx.scope`` may not have a state's name beside it (the state dict
+    would need both under one key): the error names both places."""
+    places = {getattr(name, "state", name): at for name, at in first.items()}
+    for name, at in places.items():
+        parts = scope_path(name)
+        for i in range(1, len(parts)):
+            scope = "/".join(parts[:i])
+            if scope in places:
+                raise StateError(
+                    f"taxpr: {scope!r} is both a state and a tx.scope: "
+                    f"{_describe_site(_site(*places[scope]))}, and "
+                    f"{_describe_site(_site(*at))} inside tx.scope({parts[i - 1]!r}); give one "
+                    f"of them another name")
 
 
 def tree_paths(tree: Any) -> list[str]:

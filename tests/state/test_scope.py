@@ -320,8 +320,21 @@ def test_a_scope_and_a_state_sharing_a_name_is_an_error():
             tx.set_state("mean", x)
         return tx.set_state("bn1", x)
 
-    with pytest.raises(tx.StateError, match="'bn1' is both a state and a tx.scope"):
+    with pytest.raises(tx.StateError, match=r"'bn1' is both a state and a tx.scope: "
+                                            r"set_state\('bn1'\) at <top level>, and "
+                                            r"set_state\('bn1/mean'\) at <top level> inside "
+                                            r"tx.scope\('bn1'\)"):
         tx.uncurry(fn, f32(1.0))
+
+    def in_scan(xs):  # the places are named through nested primitives
+        with tx.scope("bn1"):
+            lax.scan(lambda c, x: (c, tx.set_state("mean", x)), 0.0, xs)
+        tx.get_state("bn1", f32(0.0))
+        return xs
+
+    with pytest.raises(tx.StateError, match=r"get_state\('bn1'\) at <top level>, and "
+                                            r"set_state\('bn1/mean'\) at scan\[length=3\]"):
+        tx.uncurry(in_scan, XS)
 
 
 def test_a_missing_scoped_state_is_named():
