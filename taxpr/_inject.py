@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator, NamedTuple
 
+import equinox as eqx
 import jax
 from jax._src import core
 
@@ -318,6 +319,29 @@ def guarded_place(params: dict) -> str:
         return "a cond/while"
     inner = " (inside " + ", inside ".join(places[1:]) + ")" if len(places) > 1 else ""
     return places[0] + inner
+
+
+class SplitArguments(NamedTuple):
+    """A call's ``(args, kwargs)`` split for tracing: the leaves JAX traces
+    (``leaves``, flattened to ``tree``) and the static rest (``static``)."""
+
+    leaves: list
+    tree: Any
+    static: Any
+
+    def rebuild(self, dyn: Any) -> Any:
+        """``(args, kwargs)`` again from the traced leaves' pytree ``dyn``."""
+        return eqx.combine(dyn, self.static)
+
+
+def split_arguments(args: tuple, kwargs: dict,
+                    traced: Callable[[Any], bool] = eqx.is_array) -> SplitArguments:
+    """Split ``(args, kwargs)`` as ``equinox.filter_jit`` does: the leaves
+    ``traced`` selects (arrays) are traced, the others (an equinox module's
+    activation function, a string) are static."""
+    dyn, static = eqx.partition((args, kwargs), traced)
+    leaves, tree = jax.tree_util.tree_flatten(dyn)
+    return SplitArguments(leaves, tree, static)
 
 
 def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",

@@ -30,7 +30,6 @@ import contextvars
 import sys
 from typing import Any, Callable
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax._src import core
@@ -39,7 +38,7 @@ from jax.interpreters import ad, mlir
 from jax.sharding import get_abstract_mesh
 
 from . import _compat, _jaxpr
-from ._inject import trace_program
+from ._inject import SplitArguments, trace_program
 from ._state import StateError, collect_states, is_state_tag, per_signature, stream_pure_jaxpr
 from ._state._ops import read as read_state, write as write_state
 
@@ -236,11 +235,11 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
     key = _as_typed_key(key, stream)
     impl = jax.random.key_impl(key)
 
-    def trace(static: Any, avals: tuple, tree: Any) -> tuple[Any, Any]:
+    def trace(split: SplitArguments, avals: tuple) -> tuple[Any, Any]:
         with _stream_impl(stream, impl):
             closed, out_tree = trace_program(
-                fn, tree, avals, getattr(fn, "__name__", "fn"),
-                rebuild=lambda d: eqx.combine(d, static), consumes=is_state_tag)
+                fn, split.tree, avals, getattr(fn, "__name__", "fn"),
+                rebuild=split.rebuild, consumes=is_state_tag)
         states = collect_states(closed)  # also checks the stream is used consistently
         if stream in states and states[stream].dtype != key.dtype:
             raise StateError(

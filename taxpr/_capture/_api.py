@@ -5,12 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, NamedTuple
 
-import equinox as eqx
 import jax
 import numpy as np
 
 from .. import _jaxpr
-from .._inject import inject, trace_program
+from .._inject import inject, split_arguments, trace_program
 from ..harvest import _transforms as _harvest
 from ..harvest._plants import PlantRows
 from . import _rewrite, _sites
@@ -23,11 +22,11 @@ class _Traced:
     static, as ``equinox.filter_jit`` and ``uncurry`` treat them)."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict):
-        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
-        self.leaves, dyn_tree = jax.tree_util.tree_flatten(dyn)
+        split = split_arguments(args, kwargs)
+        self.leaves = split.leaves
         self.closed, self.out_tree = trace_program(
-            fn, dyn_tree, [_jaxpr.abstractify(x) for x in self.leaves],
-            name=getattr(fn, "__name__", "fn"), rebuild=lambda d: eqx.combine(d, static))
+            fn, split.tree, [_jaxpr.abstractify(x) for x in self.leaves],
+            name=getattr(fn, "__name__", "fn"), rebuild=split.rebuild)
         self.sites = _sites.list_sites(self.closed)
 
     def run(self, rewritten: Any) -> Callable:

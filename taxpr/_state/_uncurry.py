@@ -6,14 +6,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _jaxpr
 from .._expand import expand_for
-from .._inject import check_no_hidden_tags, trace_program
+from .._inject import SplitArguments, check_no_hidden_tags, split_arguments, trace_program
 from ..primitives._tag import keep_tags, recording_tags
 from . import _dicts
 from ._collect import collect_states, first_differences, tree_paths
@@ -27,10 +26,10 @@ from ._rewrite import keep_written_outputs, pure_jaxpr
 class _Traced:
     """One traced signature of ``uncurry``'s function."""
 
-    def __init__(self, fn: Callable, static: Any, dyn_avals, dyn_tree):
+    def __init__(self, fn: Callable, split: SplitArguments, dyn_avals):
         self.closed, self.out_tree = trace_program(
-            fn, dyn_tree, dyn_avals, getattr(fn, "__name__", "fn"),
-            rebuild=lambda dyn: eqx.combine(dyn, static), consumes=is_state_tag)
+            fn, split.tree, dyn_avals, getattr(fn, "__name__", "fn"),
+            rebuild=split.rebuild, consumes=is_state_tag)
         self.states = collect_states(self.closed)
         self.pure = pure_jaxpr(self.closed, self.states)
 
@@ -49,7 +48,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         ``pure(state, *args, **kwargs) -> (out, new_state)`` is an ordinary
         JAX function (jit, vmap, grad, scan all apply).
     """
-    traced = per_signature(lambda static, avals, tree: _Traced(fn, static, avals, tree))
+    traced = per_signature(lambda split, avals: _Traced(fn, split, avals))
     t0, leaves0 = traced(example_args, example_kwargs)
     state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
 
@@ -140,8 +139,8 @@ def _names_in(state: dict) -> list[str]:
     return sorted("/".join(map(str, keys)) for keys, _ in _dicts.state_keys(state))
 
 
-def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
-    """A cache of ``make(static, avals, dyn_tree)`` per call signature, as
+def per_signature(make: Callable[[SplitArguments, tuple], Any]) -> Callable:
+    """A cache of ``make(split, avals)`` per call signature, as
     ``equinox.filter_jit`` keys it: array leaves of ``(args, kwargs)`` are
     traced (their avals count), other leaves are static (hashed, or by id).
 
@@ -151,15 +150,14 @@ def per_signature(make: Callable[[Any, tuple, Any], Any]) -> Callable:
     cache: dict = {}
 
     def lookup(args: tuple, kwargs: dict) -> tuple[Any, list]:
-        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
-        leaves, tree = jax.tree_util.tree_flatten(dyn)
-        avals = tuple(_jaxpr.abstractify(x) for x in leaves)
-        static_leaves, static_tree = jax.tree_util.tree_flatten(static)
-        key = (tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
+        split = split_arguments(args, kwargs)
+        avals = tuple(_jaxpr.abstractify(x) for x in split.leaves)
+        static_leaves, static_tree = jax.tree_util.tree_flatten(split.static)
+        key = (split.tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = make(static, avals, tree)
-        return hit, leaves
+            hit = cache[key] = make(split, avals)
+        return hit, split.leaves
 
     return lookup
 

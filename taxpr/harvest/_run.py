@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
+import equinox as eqx
 import jax
 import numpy as np
 from jax._src import core
@@ -15,7 +16,7 @@ from jax._src.interpreters import partial_eval as pe
 from .. import _jaxpr
 from .._engine import Engine, format_path
 from .._find import dissolve_tags
-from .._inject import trace_program
+from .._inject import split_arguments, trace_program
 from ..primitives._tag import meta, tag_p
 from ._checks import _Filter, _check, _disp, _is_sow, _site_aval
 from ._plants import (_MISSING, PlantRows, _lookup_plant, _plant_for_feed, _plant_value, _Site,
@@ -26,15 +27,19 @@ from ._sow import _RETYPE
 
 def _flat_trace(fn: Callable, args, kwargs, retype: dict, select: "_Filter"):
     """Trace ``fn``; while tracing, the sows named in ``retype`` produce the
-    given types (added to those an enclosing plant's trace asked for)."""
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    given types (added to those an enclosing plant's trace asked for).
+    Leaves of the arguments that JAX can trace (arrays, Python and NumPy
+    scalars) are traced, as oryx traces them; other leaves (an equinox
+    module's activation function, a string) are static."""
+    split = split_arguments(args, kwargs, eqx.is_array_like)
     token = _RETYPE.set({**_RETYPE.get(), **retype})
     try:
-        closed, out_tree = trace_program(fn, tree, [_jaxpr.abstractify(x) for x in leaves],
-                                         consumes=select)
+        closed, out_tree = trace_program(fn, split.tree,
+                                         [_jaxpr.abstractify(x) for x in split.leaves],
+                                         rebuild=split.rebuild, consumes=select)
     finally:
         _RETYPE.reset(token)
-    return closed, out_tree, leaves
+    return closed, out_tree, split.leaves
 
 
 def _nest_dict(flat: dict) -> dict:

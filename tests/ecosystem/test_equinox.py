@@ -968,3 +968,44 @@ def test_kv_cache_of_layers_stacked_with_filter_vmap_under_scan():
         want = eqx.combine(layer, static).full(want)
     close(outs, want, rtol=1e-4, atol=1e-5)
     assert int(state["pos"]) == _STEPS
+
+
+# --- harvest of functions taking equinox modules ------------------------------
+
+def _sowing_mlp():
+    """An MLP (its activation functions are pytree leaves that are not
+    arrays) and a forward pass sowing the hidden layer."""
+    model = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(1))
+
+    def forward(m, x):
+        hidden = h.sow(m.activation(m.layers[0](x)), tag="mlp", name="hidden", mode="clobber")
+        return m.layers[1](hidden)
+
+    return model, forward
+
+
+def test_harvest_of_a_function_taking_an_equinox_module():
+    # The module's non-array leaves are static, as eqx.filter_jit treats them;
+    # its arrays (and the input) are traced.
+    model, forward = _sowing_mlp()
+    x = jnp.arange(2.0)
+    hidden = jax.nn.relu(model.layers[0](x))
+    out, reaped = h.call_and_reap(forward, tag="mlp")(model, x)
+    close(out, model.layers[1](hidden))
+    close(reaped["hidden"], hidden)
+    close(h.reap(forward, tag="mlp")(model, x)["hidden"], hidden)
+    planted = jnp.ones(4)
+    close(h.plant(forward, tag="mlp")({"hidden": planted}, model, x), model.layers[1](planted))
+    out, reaped = h.harvest(forward, tag="mlp")({"hidden": planted}, model, x)
+    close(out, model.layers[1](planted))
+    assert reaped == {}
+    # jitted and vmapped with equinox, differentiated with respect to the module
+    xs = jnp.arange(6.0).reshape(3, 2)
+    _, reaped = eqx.filter_jit(h.call_and_reap(
+        lambda m, xs: eqx.filter_vmap(forward, in_axes=(None, 0))(m, xs), tag="mlp"))(model, xs)
+    close(reaped["hidden"], jax.nn.relu(jax.vmap(model.layers[0])(xs)))
+    grads = eqx.filter_grad(lambda m: h.plant(forward, tag="mlp")({"hidden": planted}, m, x).sum())(
+        model)
+    want = eqx.filter_grad(lambda m: m.layers[1](planted).sum())(model)
+    close(grads.layers[1].weight, want.layers[1].weight)
+    close(grads.layers[0].weight, jnp.zeros_like(model.layers[0].weight))  # planted over
