@@ -44,31 +44,36 @@ def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
     **params)`` too."""
     from jax._src.interpreters import batching
     if hasattr(batching, "fancy_primitive_batchers") and prim in batching.fancy_primitive_batchers:
-        original = batching.fancy_primitive_batchers[prim]
-        if getattr(original, "_taxpr_wrapped", False):
-            return
-        rule = lambda axis_data, args, dims, **params: wrapper(  # noqa: E731
-            original, axis_data, args, dims, **params)
-        rule._taxpr_wrapped = True
-        batching.fancy_primitive_batchers[prim] = rule
+        _wrap_rule(batching.fancy_primitive_batchers, prim, wrapper)
         return
     raise NotImplementedError(  # a JAX without axis-data batching rules
         f"taxpr: cannot find the batching rule of {prim}")
 
 
-def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
-    """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
-    ``wrapper(original, trace, *tracers, **params)`` (around a rule taxpr
-    already wrapped with another wrapper, too)."""
-    original = pe.custom_partial_eval_rules[prim]
+def _wrap_rule(table: dict, prim: Any, wrapper: Callable) -> None:
+    """Replace ``table[prim]`` by ``wrapper(original, *args, **kwargs)``
+    (around a rule taxpr already wrapped with another wrapper, too; once
+    per wrapper)."""
+    original = table[prim]
     wrappers = getattr(original, "_taxpr_wrappers", frozenset())
     if wrapper.__qualname__ in wrappers:
         return
-    rule = lambda trace, *tracers, **params: wrapper(  # noqa: E731
-        original, trace, *tracers, **params)
+    rule = lambda *args, **kwargs: wrapper(original, *args, **kwargs)  # noqa: E731
     rule._taxpr_wrapped = True
     rule._taxpr_wrappers = wrappers | {wrapper.__qualname__}
-    pe.custom_partial_eval_rules[prim] = rule
+    table[prim] = rule
+
+
+def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
+    ``wrapper(original, trace, *tracers, **params)``."""
+    _wrap_rule(pe.custom_partial_eval_rules, prim, wrapper)
+
+
+def wrap_partial_eval_custom_rule(prim: Any, wrapper: Callable) -> None:
+    """Replace ``prim``'s ``partial_eval_jaxpr_custom`` rule by
+    ``wrapper(original, saveable, unks_in, inst_in, eqn)``."""
+    _wrap_rule(pe.partial_eval_jaxpr_custom_rules, prim, wrapper)
 
 
 # ---- where partial evaluation must stage kept tags whose inputs are known -----
@@ -228,18 +233,6 @@ def install_rules_in_call_scope(wrap_rules: Callable[[tuple], tuple | None]) -> 
 
         bind_with_trace._taxpr_wrapped = True
         cls.bind_with_trace = bind_with_trace
-
-
-def wrap_partial_eval_custom_rule(prim: Any, wrapper: Callable) -> None:
-    """Replace ``prim``'s ``partial_eval_jaxpr_custom`` rule by
-    ``wrapper(original, saveable, unks_in, inst_in, eqn)``."""
-    original = pe.partial_eval_jaxpr_custom_rules[prim]
-    if getattr(original, "_taxpr_wrapped", False):
-        return
-    rule = lambda saveable, unks_in, inst_in, eqn: wrapper(  # noqa: E731
-        original, saveable, unks_in, inst_in, eqn)
-    rule._taxpr_wrapped = True
-    pe.partial_eval_jaxpr_custom_rules[prim] = rule
 
 
 def install() -> None:
