@@ -1,6 +1,7 @@
 """taxpr inside flax nnx: a model whose `__call__` uses taxpr state,
 `nnx.scan` over stacked layers with a state counter and a sow, and
-`nnx.Dropout` with keys from `tx.next_key`.
+`nnx.Dropout` with keys from `tx.next_key`, and a harvest of a function
+taking an nnx module.
 
 References: Python loops over the layers with a dict, keys threaded by hand.
 """
@@ -179,3 +180,18 @@ def test_dropout_keys_from_next_key():
     _, k2 = jax.random.split(kk)
     g_want = jax.grad(lambda m: m(X, k1, k2).sum())(model)
     close(g.l1.kernel[...], g_want.l1.kernel[...])
+
+
+def test_harvest_of_a_function_taking_an_nnx_module():
+    # The module is an argument (its arrays traced, the rest static, as
+    # for uncurry): reap its hidden value and plant over it.
+    linear = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+    def forward(m, x):
+        return jnp.tanh(h.sow(m(x), tag="nnx", name="pre", mode="clobber")).sum()
+
+    out, reaped = h.call_and_reap(forward, tag="nnx")(linear, X)
+    close(reaped["pre"], linear(X))
+    close(out, jnp.tanh(linear(X)).sum())
+    planted = jnp.ones((2, 2))
+    close(h.plant(forward, tag="nnx")({"pre": planted}, linear, X), np.tanh(1.0) * 4)
