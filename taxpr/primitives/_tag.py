@@ -794,6 +794,13 @@ def _tag_partial_eval(trace, *tracers, **params):
 pe.custom_partial_eval_rules[tag_p] = _tag_partial_eval
 
 
+def _staged_whole(trace, prim, tracers, params: dict):
+    """``prim`` bound as one staged equation, all its inputs made unknown
+    (the partial evaluator keeps an effectful one)."""
+    tracers = [trace.instantiate_const(t) for t in tracers]
+    return trace.default_process_primitive(prim, tracers, params)
+
+
 def _cond_partial_eval(original, trace, index, *operands, branches, **params):
     """Partial evaluation stages a ``cond`` whose branches hold kept tags
     whole. JAX's rule (index known) splits each branch into a known and a
@@ -804,10 +811,9 @@ def _cond_partial_eval(original, trace, index, *operands, branches, **params):
     Not while JAX linearizes from a JVP (as ``_tag_partial_eval``): there
     JAX's split keeps the known kept tags in its known ``cond``."""
     if index.pval.is_known() and _jax_overrides.staging_known_kept_tags() and any(
-            isinstance(e, TagEffect) for b in branches for e in b.jaxpr.effects):
-        tracers = [trace.instantiate_const(t) for t in (index, *operands)]
-        return trace.default_process_primitive(
-            _compat.cond_p, tracers, dict(branches=branches, **params))
+            holds_kept_tags(b.effects) for b in branches):
+        return _staged_whole(trace, _compat.cond_p, (index, *operands),
+                             dict(branches=branches, **params))
     return original(trace, index, *operands, branches=branches, **params)
 
 
@@ -817,11 +823,9 @@ def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
     body with ``partial_eval_jaxpr_custom``, which puts a tag with known inputs
     in the known part: hoisted out of a scan (run once) or run by a while's
     known loop and again by its staged loop (twice)."""
-    if _jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop() and any(
-            isinstance(e, TagEffect) for e in jaxpr.effects):
-        tracers = [trace.instantiate_const(t) for t in tracers]
-        return trace.default_process_primitive(
-            _compat.remat_p, tracers, dict(jaxpr=jaxpr, **params))
+    if (_jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop()
+            and holds_kept_tags(jaxpr.effects)):
+        return _staged_whole(trace, _compat.remat_p, tracers, dict(jaxpr=jaxpr, **params))
     return original(trace, *tracers, jaxpr=jaxpr, **params)
 
 
@@ -834,8 +838,7 @@ def _while_partial_eval(original, trace, *tracers, body_jaxpr, cond_jaxpr, **par
     if (_jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop()
             and all(t.pval.is_known() for t in tracers)
             and holds_kept_tags((*body_jaxpr.effects, *cond_jaxpr.effects))):
-        tracers = [trace.instantiate_const(t) for t in tracers]
-        return trace.default_process_primitive(_compat.while_p, tracers, params)
+        return _staged_whole(trace, _compat.while_p, tracers, params)
     return original(trace, *tracers, **params)
 
 
