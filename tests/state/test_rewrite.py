@@ -474,6 +474,13 @@ def test_a_checkpointed_while_loop_with_state_differentiated_inside_matches_eage
         assert_close(out, f(ref, x, k))
         assert_states(s1, ref.state)
         assert int(s1["n"]) == k
+    # jitted (a second call hits the trace cache) and vmapped over x: each
+    # example's loop counts its steps once, the state is not batched
+    xs = jnp.array([0.5, -1.0, 2.0], f32)
+    for _ in range(2):
+        outs, s1 = jax.jit(jax.vmap(pure, in_axes=(None, 0, None), out_axes=(0, None)))(s0, xs, 3)
+        assert_close(outs, jnp.stack([f(Eager(s0), x, 3) for x in xs]))
+        assert int(s1["n"]) == 3
 
 
 def _counted_custom_jvp():
