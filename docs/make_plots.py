@@ -177,6 +177,8 @@ HEADLINE_ROWS: list[tuple[str, str, list[str]]] = [
      ["dispatch jit, 20 tags / none"]),
     ("dispatch of `jax.jit(jax.grad(f))`, tags left in / no tags", "{}",
      ["dispatch jit(grad), 20 tags / none"]),
+    ("dispatch of `jax.jit(jax.value_and_grad)` of `uncurry`'s pure function, tags left in / "
+     "no tags", "{}", ["dispatch jit(value_and_grad) of uncurry's pure, 20 tags / none"]),
     ("`inject` / `make_jaxpr`, 1,600 tags", "{}", ["inject/make_jaxpr, 1600 tags"]),
     ("`inject` / `make_jaxpr`, 10,000 tags", "{}", ["inject/make_jaxpr, 10000 tags"]),
     ("`inject`, nested scans, time at depth 8 / depth 4", "{}", ["inject nested scan t8/t4"]),
@@ -276,11 +278,14 @@ def dispatch_table(runs: list[dict]) -> str:
     heads = [f"JAX {r['jax']} (Python {r['python'].rsplit('.', 1)[0]})" for r in runs]
     lines = ["| jitted function | " + " | ".join(heads) + " |",
              "|---|" + "---|" * len(runs)]
-    for label, key in (("`jax.jit(f)`", "jit"), ("`jax.jit(jax.grad(f))`", "jit_grad")):
+    for label, key in (("`jax.jit(f)`", "jit"), ("`jax.jit(jax.grad(f))`", "jit_grad"),
+                       ("`jax.jit(jax.value_and_grad)` of `uncurry`'s pure function",
+                        "uncurry_jit_grad")):
         cells = []
         for r in runs:
-            d = r["benches"]["bench_dispatch"][key]
-            cells.append(f"{d['tags_us']:.1f} us / {d['plain_us']:.1f} us = "
+            d = r["benches"]["bench_dispatch"].get(key)
+            cells.append("not measured in this run" if d is None else
+                         f"{d['tags_us']:.1f} us / {d['plain_us']:.1f} us = "
                          f"**{d['ratio']:.2f}x**")
         lines.append(f"| {label}, tags / no tags | " + " | ".join(cells) + " |")
     lines.append("")

@@ -32,8 +32,8 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
-from .primitives._tag import (keep_tags, meta, site_key, tag_cotangent_p, tag_p, tag_tangent_p,
-                              user_params)
+from .primitives._tag import (evaluated_here, keep_tags, keeping_tags, meta, site_key,
+                              tag_cotangent_p, tag_p, tag_tangent_p, user_params)
 
 
 class InjectError(ValueError):
@@ -51,6 +51,13 @@ def describe_tag(params: dict) -> str:
 
 def _describe(params: dict, path: Sequence[str]) -> str:
     return f"{describe_tag(params)} at {format_path(path)}"
+
+
+def _evaluated(closed: Any) -> Callable:
+    """``closed`` (a threaded call or rule, bound when JAX differentiates the
+    rewritten program) as a function that binds it as ``evaluated_here``
+    says then: the tags left in it plain outside every transformation."""
+    return lambda *args: _jaxpr.jaxpr_as_fun(evaluated_here(closed))(*args)
 
 
 def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> Any:
@@ -1003,7 +1010,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
                                    level.context)
     feeds, collects = engine.pass_channels(level, threaded)
-    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
+    threaded_fn = _evaluated(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
     user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
@@ -1026,9 +1033,13 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
-        if zeros in cache:
-            return cache[zeros]
-        jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
+        key = (zeros, keeping_tags())  # what is left in it is kept or plain
+        if key in cache:
+            return cache[key]
+        # Traced keeping its tags (as the function's are): this layer threads
+        # them, and a rule of an inner layer's rewrite holds tags for it.
+        with keep_tags():
+            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
         _reject_rule_sites(engine, jvp_jaxpr, level.path + ("custom_jvp[jvp rule]",))
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
@@ -1042,8 +1053,8 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
                          for a, z in zip(in_avals, zeros)]
             user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
-            res = (core.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals[user], *user_t)
-                   if rule is None else None)
+            res = (_evaluated(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))(
+                *primals[user], *user_t) if rule is None else None)
             # Tangents through ctx / fed values only, the original inputs
             # held as constants: a custom_vjp in the function that does not
             # depend on ctx is then not differentiated (JAX has no forward
@@ -1057,7 +1068,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                 # The rule's tags act on ctx after the function's; what they
                 # write is a constant (tangent zero), other entries keep theirs.
                 n_res = len(_jaxpr.jaxpr_parts(jvp_jaxpr).outvars)
-                rule_fn = _jaxpr.jaxpr_as_fun(rule)
+                rule_fn = _evaluated(rule)
                 args = [*primals[user], *user_t]
                 ctx_body = list(outs[n_out:n_out + n])
                 r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
@@ -1078,7 +1089,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         closed = _jaxpr.trace_flat(f, [*in_avals, *nz_avals])
         n_rest = len(_jaxpr.jaxpr_parts(threaded).outvars) - n_out
         result = (*_jaxpr.open_with_constvars(closed), [False] * (n_out + n_rest))
-        cache[zeros] = result
+        cache[key] = result
         return result
 
     ctx_out = engine.fresh_ctx()
@@ -1133,7 +1144,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
     n = len(engine.ctx_avals)
     k = len(in_avals)
     cache: dict = {}
-    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
+    threaded_fn = _evaluated(threaded)
     out_tangent_avals = [v.aval.to_tangent_aval() for v in _jaxpr.jaxpr_parts(threaded).outvars]
 
     def jvp_through_ctx(ctx_zeros: tuple) -> Callable:
@@ -1144,8 +1155,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
         a custom_vjp in it would fail)."""
         live = _dependence.dependence(threaded, [not z for z in ctx_zeros]
                                       + [False] * (k - n)).outputs
-        pruned = _jaxpr.jaxpr_as_fun(threaded if all(live) else
-                                     _jaxpr.dce_closed(threaded, live))
+        pruned = _evaluated(threaded if all(live) else _jaxpr.dce_closed(threaded, live))
         wrt = [i for i, z in enumerate(ctx_zeros) if not z]
 
         def jvp(primals, tangents):
@@ -1159,7 +1169,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
         by_function = all(zeros[user]) or _DIFFERENTIATING_CTX_ONLY.get()
-        key = (zeros, by_function)
+        key = (zeros, by_function, keeping_tags())
         if key in cache:
             return cache[key]
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
@@ -1191,10 +1201,12 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
                 rule = _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, user.stop - user.start,
                                     path, context)
-                rule_fn = _jaxpr.jaxpr_as_fun(rule)
+                rule_fn = _evaluated(rule)
             else:  # a rule without sites runs as JAX runs it, ctx passing by
+                user_rule = _evaluated(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))
+
                 def rule_fn(*a):
-                    return [*core.eval_jaxpr(jvp_jaxpr, jvp_consts, *a[n:]), *a[:n]]
+                    return [*user_rule(*a[n:]), *a[:n]]
 
             ctx_jvp = jvp_through_ctx(zeros[:n]) if ctx_t_in else None
 
@@ -1304,7 +1316,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     # Extra inputs (ctx, fed values) and outputs (ctx, collected values).
     n_x, n_y = n + len(feeds), n + len(collects)
     rest_avals = [*engine.ctx_avals, *(v.aval for v in collects)]
-    threaded_fn = _jaxpr.jaxpr_as_fun(threaded)
+    threaded_fn = _evaluated(threaded)
     user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
     in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals, *(v.aval for v in feeds)]
     n_prims = n_all - nc
@@ -1334,13 +1346,15 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
 
     def fwd_jaxpr_thunk(*nonzeros):
         nonzeros = tuple(nonzeros)
-        if nonzeros in fwd_cache:
-            return fwd_cache[nonzeros]
+        key = (nonzeros, keeping_tags())
+        if key in fwd_cache:
+            return fwd_cache[key]
         # A speculative trace (harvest looking for sows) differentiates every
         # input: it neither checks nor records what JAX differentiates, and
         # its result is not cached for JAX's own call.
         speculative = _SPECULATIVE.get()
-        fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
+        with keep_tags():  # as the JVP rule of a custom_jvp
+            fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
         if not speculative:
             differentiated_ctx.update(i for i in range(n_x) if nonzeros[n_all + i])
         if threads_fwd:
@@ -1348,12 +1362,12 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                                 level.context)
             if not speculative:
                 _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
-            rule_fn = _jaxpr.jaxpr_as_fun(rule)
+            rule_fn = _evaluated(rule)
 
             def f(*primals):
                 return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
         elif fwd_after_function:
-            rule_fn = _jaxpr.jaxpr_as_fun(
+            rule_fn = _evaluated(
                 _thread_rule(engine, eqn, fwd_jaxpr, fwd_consts, n_prims, fwd_path,
                              level.context))
 
@@ -1369,12 +1383,13 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             def f(*primals):
                 # The fwd's residuals and outputs (JAX's outputs of a
                 # differentiated call), the function's ctx and collected values.
-                res_and_outs = core.eval_jaxpr(fwd_jaxpr, fwd_consts, *primals[nc:nc + n_prims])
+                res_and_outs = _evaluated(_jaxpr.close_traced(fwd_jaxpr, fwd_consts))(
+                    *primals[nc:nc + n_prims])
                 return [*res_and_outs, *threaded_fn(*primals)[n_out:]]
 
         result = _jaxpr.open_with_constvars(_jaxpr.trace_flat(f, in_avals))
         if not speculative:
-            fwd_cache[nonzeros] = result
+            fwd_cache[key] = result
         return result
 
     out_avals = [v.aval for v in eqn.outvars]
@@ -1443,12 +1458,13 @@ def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
         log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
         return [*(c for c in cts if not _is_symbolic_zero(c)), *log_leaves]
 
-    closed = trace_in(context, flat, [])
+    with keep_tags():  # as the JVP rule of a custom_jvp
+        closed = trace_in(context, flat, [])
     n_outs = len(_jaxpr.jaxpr_parts(closed).outvars)
     if engine.has_selected(closed):
         outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)
     else:
-        outs = _jaxpr.jaxpr_as_fun(closed)()
+        outs = _evaluated(closed)()
     given = iter(outs)
     cts = [next(given) if c is None else c for c in shape["cts"]]
     return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
@@ -1486,7 +1502,7 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
             f"({k!r}) that its function's forward pass does not: a backward pass replays the "
             f"forward pass, and a value of its own cannot be reaped or planted")
     feeds = [v for k, _ in channels.feeds for v in fed[k]]
-    outs = _jaxpr.jaxpr_as_fun(threaded)(*ctx_and_feeds[:n], *feeds)
+    outs = _evaluated(threaded)(*ctx_and_feeds[:n], *feeds)
     return list(outs[:n_outs])
 
 

@@ -454,3 +454,132 @@ def test_prng_key_under_grad_and_vmap():
     np.testing.assert_allclose(got, jax.vmap(lambda k: jax.random.normal(k, X.shape))(keys))
     got = jax.jit(jax.vmap(jax.grad(fk), in_axes=(0, None)))(jnp.stack([X, X]), k)
     np.testing.assert_allclose(got, jnp.stack([want, want]))
+
+
+def _sows_in_every_body(x):
+    """Sows (nothing reaps them) at the top level and inside a scan, a cond
+    and a checkpoint under jit, around a state counter."""
+    from taxpr import harvest as hv
+
+    x = hv.sow(jnp.sin(x), tag="log", name="top")
+    x = jax.lax.scan(lambda c, _: (hv.sow(c * 0.5, tag="log", name="scan", mode="clobber"),
+                                   None), x, None, length=2)[0]
+    x = jax.lax.cond(x[0] > 0, lambda v: hv.sow(v + 1.0, tag="log", name="cond"),
+                     lambda v: hv.sow(v - 1.0, tag="log", name="cond"), x)
+    x = jax.jit(jax.checkpoint(lambda v: hv.sow(jnp.cos(v), tag="log", name="ckpt")))(x)
+    tx.set_state("n", tx.get_state("n", jnp.int32(0)) + 1)
+    return _custom_vjp_sowing(_custom_jvp_sowing(x)).sum()
+
+
+@jax.custom_jvp
+def _custom_jvp_sowing(x):
+    """3x, sowing in its function and in its rule (which calls it)."""
+    from taxpr import harvest as hv
+
+    return hv.sow(x * 3.0, tag="log", name="jvp_fn", mode="clobber")
+
+
+@_custom_jvp_sowing.defjvp
+def _(primals, tangents):
+    from taxpr import harvest as hv
+
+    (x,), (dx,) = primals, tangents
+    return _custom_jvp_sowing(x), hv.sow(dx * 3.0, tag="log", name="jvp_t", mode="clobber")
+
+
+@jax.custom_vjp
+def _custom_vjp_sowing(x):
+    """x squared, sowing in its function, its fwd and its bwd."""
+    from taxpr import harvest as hv
+
+    return hv.sow(x * x, tag="log", name="vjp_fn", mode="clobber")
+
+
+def _vjp_fwd(x):
+    from taxpr import harvest as hv
+
+    hv.sow(x, tag="log", name="vjp_fwd", mode="clobber")
+    return _custom_vjp_sowing(x), x
+
+
+def _vjp_bwd(x, ct):
+    from taxpr import harvest as hv
+
+    return (hv.sow(2.0 * x * ct, tag="log", name="vjp_bwd", mode="clobber"),)
+
+
+_custom_vjp_sowing.defvjp(_vjp_fwd, _vjp_bwd)
+
+
+def _without_sows(x):
+    x = jnp.sin(x)
+    x = x * 0.25
+    x = jnp.where(x[0] > 0, x + 1.0, x - 1.0)
+    return ((jnp.cos(x) * 3.0) ** 2).sum()
+
+
+def test_tags_a_transformation_leaves_are_plain_outside_every_transformation():
+    # A model with sows trained through uncurry without reaping them: the
+    # sows stay in `pure`, plain (no effect reaches a top-level jit, so its
+    # fast dispatch path stays on, and jax.export takes it), and an
+    # enclosing transformation still finds them.
+    from taxpr import harvest as hv
+
+    pure, s0 = tx.uncurry(_sows_in_every_body, X)
+    value_grad = jax.value_and_grad(lambda x: pure(s0, x)[0])
+    for program in (jax.make_jaxpr(pure)(s0, X), jax.make_jaxpr(jax.jit(pure))(s0, X),
+                    jax.make_jaxpr(value_grad)(X),
+                    jax.make_jaxpr(jax.jit(tx.seed(lambda x: pure(s0, x)[0],
+                                                   jax.random.key(0))))(X)):
+        check(program)
+        assert not program.effects, program
+    assert len(tx.find_tags(jax.make_jaxpr(pure)(s0, X))) >= 4
+    exported = jax.export.export(jax.jit(pure))(s0, X)
+    assert not exported.ordered_effects and not exported.unordered_effects
+    # The values, against the program without sows.
+    for _ in range(2):  # jitted twice: a warm cache
+        (out, s1) = jax.jit(pure)(s0, X)
+        np.testing.assert_allclose(out, _without_sows(X), rtol=1e-6)
+        assert int(s1["n"]) == 1
+        v, g = jax.jit(value_grad)(X)
+        want_v, want_g = jax.value_and_grad(_without_sows)(X)
+        np.testing.assert_allclose(v, want_v, rtol=1e-6)
+        np.testing.assert_allclose(g, want_g, rtol=1e-6)
+    # Inside another transformation (a reap of `pure`, itself jitted and
+    # differentiated), the sows left in `pure` are still kept and reaped.
+    reaped = jax.jit(hv.reap(lambda x: jax.grad(lambda y: pure(s0, y)[0])(x), tag="log"))(X)
+    assert {"top", "scan", "cond", "ckpt", "jvp_fn", "vjp_fn", "vjp_fwd"} <= set(reaped)
+    np.testing.assert_allclose(reaped["top"], np.sin(X), rtol=1e-6)
+    ckpt = np.cos(np.sin(X) * 0.25 + np.where(np.sin(X)[0] * 0.25 > 0, 1.0, -1.0))
+    np.testing.assert_allclose(reaped["ckpt"], ckpt, rtol=1e-6)
+    np.testing.assert_allclose(reaped["vjp_fwd"], 3.0 * ckpt, rtol=1e-6)
+
+
+def test_tags_a_reap_leaves_are_plain_outside_it():
+    from taxpr import harvest as hv
+
+    def f(x):
+        # Sows of tag "a" and "b", and of "log" in custom functions' bodies
+        # and rules (run when JAX differentiates the reap's result).
+        y = hv.sow(jnp.sin(x), tag="a", name="s") * hv.sow(x, tag="b", name="t")
+        return _custom_vjp_sowing(_custom_jvp_sowing(y))
+
+    reap_a = hv.call_and_reap(f, tag="a")
+    loss = jax.grad(lambda x: reap_a(x)[0].sum())
+    program = jax.make_jaxpr(jax.jit(loss))(X)
+    check(program)
+    assert not program.effects and len(tx.find_tags(program)) >= 1
+    want = jax.grad(lambda x: ((jnp.sin(x) * x * 3.0) ** 2).sum())(X)
+    np.testing.assert_allclose(jax.jit(loss)(X), want, rtol=1e-5)
+    # An enclosing reap of the other tags finds the sows left in.
+    got = hv.reap(lambda x: reap_a(x)[1]["s"], tag="b")(X)
+    np.testing.assert_allclose(got["t"], X)
+    got = hv.reap(loss, tag="log")(X)
+    np.testing.assert_allclose(got["vjp_fwd"], np.sin(X) * X * 3.0, rtol=1e-6)
+    np.testing.assert_allclose(got["jvp_fn"], np.sin(X) * X * 3.0, rtol=1e-6)
+
+
+def test_every_tag_effect_is_equal_as_jax_export_rebuilds_it():
+    from taxpr.primitives._tag import TagEffect, tag_effect
+
+    assert TagEffect() == tag_effect and hash(TagEffect()) == hash(tag_effect)

@@ -16,6 +16,9 @@ Design (see docs/semantics.md, "How tags stay alive"):
   evaluation never drops, duplicates (``grad`` of ``checkpoint``) or hoists
   (``grad`` of ``scan``) them, also when their inputs are not
   differentiated.
+* A transformation's result binds the tags it leaves (not its own) kept
+  inside another transformation's trace, which may consume them, and plain
+  elsewhere (``evaluated_here``), as if traced there.
 * The tangent goes through ``tag_tangent_p`` (and the cotangent through
   ``tag_cotangent_p``) so that ``inject`` can give it the derivative of the
   injected program.
@@ -28,6 +31,7 @@ import contextvars
 import functools
 import itertools
 import sys
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
@@ -126,6 +130,33 @@ def keeping_tags() -> bool:
     return bool(_KEEP.value)
 
 
+# closed jaxpr -> its plain version (None: it holds no kept tag).
+_PLAIN_VERSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def evaluated_here(closed: Any) -> Any:
+    """A transformation's rewritten program ``closed``, as its call binds it
+    now: as it is inside another taxpr transformation's trace (which may
+    consume the tags left in it), else with those tags plain, as if traced
+    outside (an effect reaching a top-level ``jax.jit`` turns off JAX's
+    fast dispatch path, and ``jax.export`` refuses it)."""
+    if _KEEP.value:
+        return closed
+    try:
+        plain = _PLAIN_VERSIONS[closed]
+    except KeyError:
+        plain = _traverse.map_jaxpr(closed, _plain_tag)
+        plain = _PLAIN_VERSIONS[closed] = None if plain is closed else plain
+    return closed if plain is None else plain
+
+
+def _plain_tag(eqn, path, env):
+    if eqn.primitive is tag_p and meta(eqn.params).kept:
+        return [eqn.replace(params=with_meta(eqn.params, kept=False),
+                            effects=effects.no_effects)]
+    return None
+
+
 # Traces a library makes to analyse a body: flax's ``nn.scan`` traces its
 # body once more (as "flax scan") to find which variables are
 # loop-invariant, by dead-code elimination of that trace, and evaluates what
@@ -162,7 +193,15 @@ def _keeping_here(params: dict) -> bool:
 
 
 class TagEffect(effects.Effect):
-    """Keeps a tag alive through partial evaluation (see module docstring)."""
+    """Keeps a tag alive through partial evaluation (see module docstring).
+    Every instance is equal (``jax.export`` serializes an effect by its
+    class and rebuilds it with a nullary constructor)."""
+
+    def __eq__(self, other):
+        return type(other) is TagEffect
+
+    def __hash__(self):
+        return hash(TagEffect)
 
     def __repr__(self):
         return "TagEffect"
