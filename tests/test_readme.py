@@ -53,6 +53,8 @@ QUOTED_FIGURES = {
     "dropout MLP": "dropout MLP 6 layers SGD step: run time taxpr/hand",
     "`tx.inject` / `jax.make_jaxpr`": "inject/make_jaxpr, 10000 tags",
     "dispatch of `jax.jit(f)`": "dispatch jit, 20 tags / none",
+    "dispatch of `jax.jit(jax.value_and_grad)`": "dispatch jit(value_and_grad) of uncurry's pure, "
+                                                 "20 tags / none",
     "`tx.capture` of a scan-over-layers model": "capture: run time / hand-written sows (jit, "
                                                 "scan of 8 layers)",
 }
