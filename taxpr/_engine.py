@@ -32,7 +32,7 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _compat, _dependence, _jaxpr, _per_example, _replay, _traverse
 from ._find import TAG_PRIMITIVES, is_selected
-from .primitives._tag import (evaluated_here, keep_tags, keeping_tags, meta, site_key,
+from .primitives._tag import (evaluated_fun, keep_tags, keeping_tags, meta, site_key,
                               tag_cotangent_p, tag_p, tag_tangent_p, user_params)
 
 
@@ -51,13 +51,6 @@ def describe_tag(params: dict) -> str:
 
 def _describe(params: dict, path: Sequence[str]) -> str:
     return f"{describe_tag(params)} at {format_path(path)}"
-
-
-def _evaluated(closed: Any) -> Callable:
-    """``closed`` (a threaded call or rule, bound when JAX differentiates the
-    rewritten program) as a function that binds it as ``evaluated_here``
-    says then: the tags left in it plain outside every transformation."""
-    return lambda *args: _jaxpr.jaxpr_as_fun(evaluated_here(closed))(*args)
 
 
 def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> Any:
@@ -1010,7 +1003,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     threaded = engine.thread_jaxpr(call, level.path + (_label(subs, "call_jaxpr"),), 0, n_out,
                                    level.context)
     feeds, collects = engine.pass_channels(level, threaded)
-    threaded_fn = _evaluated(threaded)
+    threaded_fn = evaluated_fun(threaded)
     user_jvp = p["jvp_jaxpr_fun"]
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
     user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
@@ -1053,7 +1046,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
                          for a, z in zip(in_avals, zeros)]
             user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
-            res = (_evaluated(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))(
+            res = (evaluated_fun(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))(
                 *primals[user], *user_t) if rule is None else None)
             # Tangents through ctx / fed values only, the original inputs
             # held as constants: a custom_vjp in the function that does not
@@ -1068,7 +1061,7 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                 # The rule's tags act on ctx after the function's; what they
                 # write is a constant (tangent zero), other entries keep theirs.
                 n_res = len(_jaxpr.jaxpr_parts(jvp_jaxpr).outvars)
-                rule_fn = _evaluated(rule)
+                rule_fn = evaluated_fun(rule)
                 args = [*primals[user], *user_t]
                 ctx_body = list(outs[n_out:n_out + n])
                 r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
@@ -1144,7 +1137,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
     n = len(engine.ctx_avals)
     k = len(in_avals)
     cache: dict = {}
-    threaded_fn = _evaluated(threaded)
+    threaded_fn = evaluated_fun(threaded)
     out_tangent_avals = [v.aval.to_tangent_aval() for v in _jaxpr.jaxpr_parts(threaded).outvars]
 
     def jvp_through_ctx(ctx_zeros: tuple) -> Callable:
@@ -1155,7 +1148,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
         a custom_vjp in it would fail)."""
         live = _dependence.dependence(threaded, [not z for z in ctx_zeros]
                                       + [False] * (k - n)).outputs
-        pruned = _evaluated(threaded if all(live) else _jaxpr.dce_closed(threaded, live))
+        pruned = evaluated_fun(threaded if all(live) else _jaxpr.dce_closed(threaded, live))
         wrt = [i for i, z in enumerate(ctx_zeros) if not z]
 
         def jvp(primals, tangents):
@@ -1201,9 +1194,9 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
                 rule = _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, user.stop - user.start,
                                     path, context)
-                rule_fn = _evaluated(rule)
+                rule_fn = evaluated_fun(rule)
             else:  # a rule without sites runs as JAX runs it, ctx passing by
-                user_rule = _evaluated(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))
+                user_rule = evaluated_fun(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))
 
                 def rule_fn(*a):
                     return [*user_rule(*a[n:]), *a[:n]]
@@ -1316,7 +1309,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     # Extra inputs (ctx, fed values) and outputs (ctx, collected values).
     n_x, n_y = n + len(feeds), n + len(collects)
     rest_avals = [*engine.ctx_avals, *(v.aval for v in collects)]
-    threaded_fn = _evaluated(threaded)
+    threaded_fn = evaluated_fun(threaded)
     user_fwd, user_bwd, user_out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
     in_avals = [*(v.aval for v in eqn.invars), *engine.ctx_avals, *(v.aval for v in feeds)]
     n_prims = n_all - nc
@@ -1362,12 +1355,12 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
                                 level.context)
             if not speculative:
                 _reject_differentiated_ctx(engine, rule, nonzeros[n_all:n_all + n], fwd_path)
-            rule_fn = _evaluated(rule)
+            rule_fn = evaluated_fun(rule)
 
             def f(*primals):
                 return rule_fn(*primals[n_all:n_all + n], *primals[nc:nc + n_prims])
         elif fwd_after_function:
-            rule_fn = _evaluated(
+            rule_fn = evaluated_fun(
                 _thread_rule(engine, eqn, fwd_jaxpr, fwd_consts, n_prims, fwd_path,
                              level.context))
 
@@ -1383,7 +1376,7 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             def f(*primals):
                 # The fwd's residuals and outputs (JAX's outputs of a
                 # differentiated call), the function's ctx and collected values.
-                res_and_outs = _evaluated(_jaxpr.close_traced(fwd_jaxpr, fwd_consts))(
+                res_and_outs = evaluated_fun(_jaxpr.close_traced(fwd_jaxpr, fwd_consts))(
                     *primals[nc:nc + n_prims])
                 return [*res_and_outs, *threaded_fn(*primals)[n_out:]]
 
@@ -1464,7 +1457,7 @@ def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
     if engine.has_selected(closed):
         outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)
     else:
-        outs = _evaluated(closed)()
+        outs = evaluated_fun(closed)()
     given = iter(outs)
     cts = [next(given) if c is None else c for c in shape["cts"]]
     return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
@@ -1502,7 +1495,7 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
             f"({k!r}) that its function's forward pass does not: a backward pass replays the "
             f"forward pass, and a value of its own cannot be reaped or planted")
     feeds = [v for k, _ in channels.feeds for v in fed[k]]
-    outs = _evaluated(threaded)(*ctx_and_feeds[:n], *feeds)
+    outs = evaluated_fun(threaded)(*ctx_and_feeds[:n], *feeds)
     return list(outs[:n_outs])
 
 

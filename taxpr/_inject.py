@@ -16,7 +16,7 @@ from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag
                       format_path, inline, trace_in)
 from ._find import Predicate
 from ._expand import expand_for, hidden_tags, keeps_a_function
-from .primitives._tag import (evaluated_here, is_guarded, keep_tags, meta, n_values,
+from .primitives._tag import (evaluated_fun, is_guarded, keep_tags, meta, n_values,
                               recording_tags, tag_cotangent_p, tag_p, user_params)
 
 class Injected(NamedTuple):
@@ -537,7 +537,7 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
             hit = (inject(closed, injector, spec, predicate), out_tree)
             cache[key] = hit
         new, out_tree = hit
-        outs = _jaxpr.jaxpr_as_fun(evaluated_here(new))(*ctx_leaves, *arg_leaves)
+        outs = evaluated_fun(new)(*ctx_leaves, *arg_leaves)
         n_out = out_tree.num_leaves
         return (jax.tree_util.tree_unflatten(out_tree, outs[:n_out]),
                 jax.tree_util.tree_unflatten(ctx_tree, outs[n_out:]))

@@ -37,9 +37,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import get_abstract_mesh
 
-from . import _compat, _jaxpr
+from . import _compat
 from ._inject import SplitArguments, trace_program
-from .primitives._tag import evaluated_here
+from .primitives._tag import evaluated_fun
 from ._state import StateError, collect_states, is_state_tag, per_signature, stream_pure_jaxpr
 from ._state._ops import read as read_state, write as write_state
 
@@ -254,7 +254,7 @@ def seed(fn: Callable, key: Any, stream: str = DEFAULT_STREAM) -> Callable:
 
     def seeded(*args, **kwargs):
         (pure, out_tree), leaves = traced(args, kwargs)
-        outs = _jaxpr.jaxpr_as_fun(evaluated_here(pure))(key, *leaves)
+        outs = evaluated_fun(pure)(key, *leaves)
         return jax.tree_util.tree_unflatten(out_tree, outs[:out_tree.num_leaves])
 
     return seeded

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _jaxpr
 from .._inject import inject, split_arguments, trace_program
-from ..primitives._tag import evaluated_here
+from ..primitives._tag import evaluated_fun
 from ..harvest import _transforms as _harvest
 from ..harvest._plants import PlantRows
 from . import _rewrite, _sites
@@ -33,7 +33,7 @@ class _Traced:
     def run(self, rewritten: Any) -> Callable:
         """``rewritten`` (this program with sows inserted) as a function of
         the dynamic leaves returning the flat outputs."""
-        fun = _jaxpr.jaxpr_as_fun(evaluated_here(rewritten))
+        fun = evaluated_fun(rewritten)
         return lambda *leaves: list(fun(*leaves))
 
     def unflatten(self, outs) -> Any:
@@ -161,7 +161,7 @@ def _with_row_buffers(rewritten: Any, buffers: dict) -> Callable:
 
     injected = inject(rewritten, write, buffers,
                       predicate=lambda params, shape: _rewrite.ROWS_PARAM in params)
-    fun = _jaxpr.jaxpr_as_fun(evaluated_here(injected))
+    fun = evaluated_fun(injected)
     initial = jax.tree_util.tree_leaves(buffers)
     return lambda *leaves: list(fun(*initial, *leaves))
 

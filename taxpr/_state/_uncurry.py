@@ -13,7 +13,7 @@ import numpy as np
 from .. import _jaxpr
 from .._expand import expand_for
 from .._inject import SplitArguments, check_no_hidden_tags, split_arguments, trace_program
-from ..primitives._tag import evaluated_here, keep_tags, recording_tags
+from ..primitives._tag import evaluated_fun, keep_tags, recording_tags
 from . import _dicts
 from ._collect import collect_states, first_differences, tree_paths
 from ._dicts import lookup, merge, nest
@@ -62,7 +62,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
                 raise StateError(
                     f"taxpr: state {n!r} must be {info.dtype.name}{list(info.shape)}, got "
                     f"{jnp.result_type(v).name}{list(np.shape(v))}")
-        outs = _jaxpr.jaxpr_as_fun(evaluated_here(t.pure))(*(flat[n] for n in names), *leaves)
+        outs = evaluated_fun(t.pure)(*(flat[n] for n in names), *leaves)
         n_out = t.out_tree.num_leaves
         # Entries this call path does not use pass through unchanged, as
         # they would in a dict (e.g. the state of a whole training run).

@@ -17,7 +17,7 @@ from .. import _jaxpr
 from .._engine import Engine, format_path
 from .._find import dissolve_tags
 from .._inject import split_arguments, trace_program
-from ..primitives._tag import evaluated_here, meta, tag_p
+from ..primitives._tag import evaluated_fun, meta, tag_p
 from ._checks import _Filter, _check, _disp, _is_sow, _site_aval
 from ._plants import (_MISSING, PlantRows, _lookup_plant, _plant_for_feed, _plant_value, _Site,
                       _stack_occurrences, _strict_check, _unflatten_value)
@@ -169,7 +169,7 @@ def _run(fn: Callable, spec: _HarvestSpec, plants: dict, args, kwargs):
     feeds = []
     for key, avals in chans.feeds:
         feeds.extend(_plant_for_feed(key, avals, planted_values, sites, chans.feeds))
-    outs = _jaxpr.jaxpr_as_fun(evaluated_here(threaded))(*ctx_leaves, *leaves, *feeds)
+    outs = evaluated_fun(threaded)(*ctx_leaves, *leaves, *feeds)
     n_out = out_tree.num_leaves
     out = jax.tree_util.tree_unflatten(out_tree, outs[:n_out])
     ctx_out = outs[n_out:n_out + len(ctx_leaves)]

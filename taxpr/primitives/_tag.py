@@ -150,6 +150,12 @@ def evaluated_here(closed: Any) -> Any:
     return closed if plain is None else plain
 
 
+def evaluated_fun(closed: Any) -> Callable:
+    """``closed`` as a function that binds ``evaluated_here(closed)`` when it
+    is called (a rule JAX runs later may run in another keep mode)."""
+    return lambda *args: _jaxpr.jaxpr_as_fun(evaluated_here(closed))(*args)
+
+
 def _plain_tag(eqn, path, env):
     if eqn.primitive is tag_p and meta(eqn.params).kept:
         return [eqn.replace(params=with_meta(eqn.params, kept=False),
