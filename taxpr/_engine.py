@@ -53,6 +53,11 @@ def _describe(params: dict, path: Sequence[str]) -> str:
     return f"{describe_tag(params)} at {format_path(path)}"
 
 
+# Path labels of the derivative rules JAX traces when it differentiates a
+# custom function (a custom_jvp rule, a custom_vjp fwd or bwd).
+_RULE_SUFFIXES = ("[rule]", "[jvp rule]", "[fwd]", "[bwd]")
+
+
 def trace_in(context: Callable | None, fn: Callable, avals: Sequence[Any]) -> Any:
     """``fn`` traced to a closed jaxpr, inside ``context()`` (a shard_map
     body's tracing context) when given."""
@@ -459,12 +464,20 @@ class Engine:
                             continue
                         held = (describe_tag(user_params(inner.params)) if inner is not None
                                 else "selected tags in its derivative rule")
+                        # In a derivative rule JAX runs when the result is
+                        # differentiated from outside, the primitive's own
+                        # implementation cannot stand in for a thread rule.
+                        in_rule = any(p.endswith(_RULE_SUFFIXES) for p in level.path)
                         raise NotImplementedError(
                             f"taxpr: cannot thread a context through primitive "
                             f"'{prim.name}' at {format_path(level.path)}: it holds {held} "
-                            f"and taxpr has no rule for it. Register one "
-                            f"with taxpr.register_thread_rule(primitive, rule) (see "
-                            f"'Adding a primitive' in taxpr's documentation, docs/extending.md)")
+                            f"and taxpr has no rule for it. "
+                            + ("It is in a derivative rule JAX runs when the transformed "
+                               "function is differentiated from outside: take the derivative "
+                               "inside the transformed function instead (docs/limitations.md), "
+                               "or register a rule" if in_rule else "Register one")
+                            + " with taxpr.register_thread_rule(primitive, rule) (see "
+                            "'Adding a primitive' in taxpr's documentation, docs/extending.md)")
                     ctx = rule(self, eqn, level, ctx, subs)
                     continue
                 if prim is _replay.replay_read_p:  # left by another layer's replay

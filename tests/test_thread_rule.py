@@ -118,6 +118,33 @@ def test_unregistered_primitive_without_implementation_says_how_to_register(regi
         tx.make_jaxpr(f)(jnp.float32(1.0))
 
 
+def test_unregistered_primitive_in_a_rule_run_from_outside_says_to_differentiate_inside(
+        registry):
+    # A custom_jvp whose rule solves with the matrix kept in state (as an
+    # implicit-function rule does): differentiated from outside `pure`, JAX
+    # runs the rule after the rewrite, where custom_linear_solve has no rule.
+    @jax.custom_jvp
+    def scaled(b):
+        return b * tx.get_state("diag", lambda: jnp.array([2.0, 3.0, 4.0]))
+
+    @scaled.defjvp
+    def _(primals, tangents):
+        (b,), (db,) = primals, tangents
+        return scaled(b), solve_with_state(db) * 0.0 + db * tx.get_state(
+            "diag", lambda: jnp.array([2.0, 3.0, 4.0]))
+
+    pure, state0 = tx.uncurry(lambda b: scaled(b).sum(), B)
+    with pytest.raises(NotImplementedError,
+                       match=r"'custom_linear_solve' at custom_jvp\[jvp rule\]: it holds "
+                             r"tag\(op=state\.get, name='diag'\).*differentiated from outside: "
+                             r"take the derivative inside the transformed function instead"):
+        jax.grad(lambda b: pure(state0, b)[0])(B)
+    # Inside, JAX runs the rule while taxpr traces: the derivative is right.
+    pure_g, state0 = tx.uncurry(jax.grad(lambda b: scaled(b).sum()), B)
+    g, _ = pure_g(state0, B)
+    np.testing.assert_allclose(g, [2.0, 3.0, 4.0])
+
+
 def test_registered_rule_threads_state_reads_through_custom_linear_solve(solve_rule):
     pure = _pure(solve_with_state, B)
     (x,), state = pure(STATE0, B)
