@@ -545,6 +545,13 @@ def test_tags_a_transformation_leaves_are_plain_outside_every_transformation():
         want_v, want_g = jax.value_and_grad(_without_sows)(X)
         np.testing.assert_allclose(v, want_v, rtol=1e-6)
         np.testing.assert_allclose(g, want_g, rtol=1e-6)
+    # vmapped over a batch of inputs: plain too, each row as alone.
+    xs = jnp.stack([X, -X])
+    batched = jax.jit(jax.vmap(pure, in_axes=(None, 0)))
+    assert not jax.make_jaxpr(batched)(s0, xs).effects
+    outs, s_b = batched(s0, xs)
+    np.testing.assert_allclose(outs, jax.vmap(_without_sows)(xs), rtol=1e-6)
+    np.testing.assert_array_equal(s_b["n"], [1, 1])
     # Inside another transformation (a reap of `pure`, itself jitted and
     # differentiated), the sows left in `pure` are still kept and reaped.
     reaped = jax.jit(hv.reap(lambda x: jax.grad(lambda y: pure(s0, y)[0])(x), tag="log"))(X)
