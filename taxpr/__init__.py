@@ -39,6 +39,7 @@ from ._state import (
     StateInfo as StateInfo,
     StateNotUncurriedWarning as StateNotUncurriedWarning,
     get_state as get_state,
+    grad as grad,
     load_state as load_state,
     make_jaxpr as make_jaxpr,
     make_jaxpr_with_states as make_jaxpr_with_states,
@@ -49,6 +50,7 @@ from ._state import (
     split_states as split_states,
     StateScope as StateScope,
     uncurry as uncurry,
+    value_and_grad as value_and_grad,
 )
 from ._random import next_key as next_key, seed as seed
 from ._typed import (
@@ -71,10 +73,11 @@ _COMPATIBILITY_NAMES = {
 
 __all__ = [
     "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
-    "dissolve_tags", "find_tags", "fix_inputs", "get_state", "harvest", "inject", "injected", "ir", "iter_tags",
+    "dissolve_tags", "find_tags", "fix_inputs", "get_state", "grad", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",
     "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
+    "value_and_grad",
 ]
 
 

@@ -23,6 +23,7 @@ Modules, each importing only those above it:
 * ``_rewrite``: the rewrite into a pure function (the engine's hooks);
 * ``_initial``: initial values, with or without running the program;
 * ``_uncurry``: ``uncurry`` / ``make_jaxpr``, traced once per signature;
+* ``_grad``: ``value_and_grad`` / ``grad``, derivatives through states;
 * ``_checkpoint``: ``save_state`` / ``load_state`` (NumPy ``.npz``).
 """
 
@@ -40,6 +41,7 @@ from ._ops import (
     is_state_tag as is_state_tag,
     set_state as set_state,
 )
+from ._grad import grad as grad, value_and_grad as value_and_grad
 from ._scope import scope as scope
 from ._rewrite import stream_pure_jaxpr as stream_pure_jaxpr
 from ._uncurry import (

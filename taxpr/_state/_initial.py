@@ -138,8 +138,17 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
         # A fresh array, as the example run gives: the init may be the
         # user's own array (or a const of the program), and state0 may be
         # donated.
-        result[n] = value if isinstance(value, core.Tracer) else value.copy()
+        result[n] = value if isinstance(value, core.Tracer) else _fresh_copy(value)
     return result
+
+
+def _fresh_copy(value: jax.Array) -> jax.Array:
+    """A copy of ``value``; of a typed key, through its key data (inside a
+    trace the copy is a tracer, which a key array cannot wrap directly)."""
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(jax.random.key_data(value).copy(),
+                                        impl=jax.random.key_impl(value))
+    return value.copy()
 
 
 def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:

@@ -51,6 +51,13 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
     traced = per_signature(lambda split, avals: _Traced(fn, split, avals))
     t0, leaves0 = traced(example_args, example_kwargs)
     state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
+    return pure_of(traced), state0
+
+
+def pure_of(traced: Callable) -> Callable:
+    """``uncurry``'s pure function of ``(state, *args, **kwargs)`` for the
+    per-signature traces ``traced`` (a ``per_signature`` lookup of
+    ``_Traced``)."""
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
@@ -70,7 +77,7 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         used = list(dict.fromkeys(_state_of(n) for n in names))
         return jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]), merge(state, new, used)
 
-    return pure, state0
+    return pure
 
 
 def _state_of(name: str) -> str:
