@@ -517,3 +517,23 @@ def test_reap_and_plant_after_warm_up_match_eager(warm, under_grad):
     assert_close(planted, fn(X, Y))
     _, reaped2 = h.call_and_reap(fn, tag="t")(X, Y)
     assert_close(reaped2, reaped)
+
+
+def test_uncurry_inside_jit_of_a_function_drawing_keys():
+    # The key stream's initial value is a typed key, copied fresh for
+    # state0: inside a trace the copy is a tracer.
+    def noisy(x):
+        return x * jax.random.normal(tx.next_key(), x.shape)
+
+    def outer(x):
+        pure, state0 = tx.uncurry(noisy, x)
+        out, state = pure(state0, x)
+        return out, jax.random.key_data(state["rng"])
+
+    x = jnp.ones(3)
+    eager = outer(x)
+    for got in (jax.jit(outer)(x), tx.seed(outer, jax.random.key(5))(x)):
+        np.testing.assert_array_equal(got[0], eager[0])
+        np.testing.assert_array_equal(got[1], eager[1])
+    key, sub = jax.random.split(jax.random.key(0))
+    np.testing.assert_array_equal(eager[0], jax.random.normal(sub, (3,)))
