@@ -13,7 +13,7 @@ eager Python with a dict.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 
