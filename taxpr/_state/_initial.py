@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
+from jax._src.debugging import debug_callback_p
 
 from .. import _compat, _jaxpr
 from .._engine import format_path
+from .._find import dissolve_tags
 from .._inject import InjectPolicy, inject_with
 from .. import _traverse
 from ..primitives._tag import is_guarded, meta, tag_p
@@ -41,6 +43,8 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
         check_per_shard=False,
         # a bwd's replay of the forward pass is never a first use
         replays=False))
+    if any(isinstance(a, core.Tracer) for a in args):
+        init = _without_effects_of_its_own(init)
     leaves = jax.tree_util.tree_leaves(zeros)
     n_out = len(_jaxpr.jaxpr_parts(closed).outvars)
     # Only (initial, seen) of each state are needed: the program's outputs
@@ -73,6 +77,21 @@ def initial_states(closed: Any, states: dict[str, StateInfo], args: Sequence[Any
         else:
             result[n] = unreached_init(chain, path, n, args)
     return result
+
+
+def _without_effects_of_its_own(program: Any) -> Any:
+    """The example run of ``program`` as it may be traced into an enclosing
+    program (``uncurry`` or ``tx.value_and_grad`` called inside a trace):
+    there it runs every time the enclosing program does, so the effects it
+    would repeat are taken out. Its tags are plain (an enclosing reap would
+    collect its sows a second time) and its ``jax.debug`` callbacks, which
+    have no outputs, are dropped."""
+    program = dissolve_tags(program)
+
+    def rewrite(eqn, path, env):
+        return [] if eqn.primitive is debug_callback_p else None
+
+    return _traverse.map_jaxpr(program, rewrite)
 
 
 def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],

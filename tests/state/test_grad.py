@@ -263,3 +263,27 @@ def test_under_jit_inside_the_function():
         np.testing.assert_allclose(value, value_ref, rtol=1e-6)
         np.testing.assert_allclose(grad, grad_ref, rtol=1e-6)
         np.testing.assert_allclose(state["h"], h, rtol=1e-6)
+
+
+def test_a_first_use_in_a_branch_does_not_repeat_sows_or_callbacks():
+    # The initial value of "c" needs a run of the function (its first use is
+    # in a cond branch); that run is inside the enclosing trace.
+    calls = []
+
+    def fun(x, p):
+        c0 = jnp.full(2, 2.0, jnp.float32)
+        y = lax.cond(p > 0, lambda x: x * tx.get_state("c", c0), lambda x: x, x)
+        tx.set_state("c", y)
+        jax.debug.callback(lambda: calls.append(1))
+        y = h.sow(y, tag="t", name="y", mode="append")
+        return (y * tx.get_state("c", c0)).sum()  # (2 x) . (2 x)
+
+    x, p = np.array([1.0, 2.0], np.float32), f32(1.0)
+    pure, s0 = tx.uncurry(tx.value_and_grad(fun), x, p)
+    calls.clear()
+    ((value, grad), s1), reaps = h.call_and_reap(pure, tag="t")(s0, x, p)
+    jax.effects_barrier()
+    assert float(value) == 20.0 and grad.tolist() == [8.0, 16.0]
+    assert s1["c"].tolist() == [2.0, 4.0]
+    assert reaps["y"].tolist() == [[2.0, 4.0]]
+    assert len(calls) == 1

@@ -537,3 +537,35 @@ def test_uncurry_inside_jit_of_a_function_drawing_keys():
         np.testing.assert_array_equal(got[1], eager[1])
     key, sub = jax.random.split(jax.random.key(0))
     np.testing.assert_array_equal(eager[0], jax.random.normal(sub, (3,)))
+
+
+@pytest.mark.parametrize("around", ["uncurry", "reap"])
+def test_uncurry_inside_a_trace_does_not_repeat_the_effects_of_its_example_run(around):
+    # The first use of "c" is in a cond branch, so uncurry runs the function
+    # once to find its initial value; traced inside another function, that
+    # run is part of the enclosing program and must not sow or call back
+    # a second time.
+    calls = []
+
+    def inner(x, p):
+        c0 = jnp.full(2, 2.0, jnp.float32)
+        y = lax.cond(p > 0, lambda x: x * tx.get_state("c", c0), lambda x: x, x)
+        tx.set_state("c", y)
+        jax.debug.callback(lambda: calls.append(1))
+        return h.sow(y, tag="t", name="y", mode="append").sum()
+
+    def outer(x, p):
+        pure, state0 = tx.uncurry(inner, x, p)
+        out, state = pure(state0, x, p)
+        return out, state["c"]
+
+    x, p = jnp.array([1.0, 2.0]), f32(1.0)
+    if around == "uncurry":
+        opure, ostate0 = tx.uncurry(outer, x, p)
+        ((out, c), _), reaps = h.call_and_reap(opure, tag="t")(ostate0, x, p)
+    else:
+        (out, c), reaps = h.call_and_reap(outer, tag="t")(x, p)
+    jax.effects_barrier()
+    assert float(out) == 6.0 and c.tolist() == [2.0, 4.0]
+    assert reaps["y"].tolist() == [[2.0, 4.0]]
+    assert len(calls) == 1
