@@ -108,8 +108,8 @@ from taxpr import harvest as h
 from fuzz import checks as fuzz_checks
 from fuzz.analysis import blocks, insert, rule_sows, sow_names
 from fuzz.cases import (_as_users_run_case, _derivative_case, _disable_jit_case,
-                        _grad_inside_case, _harvest_case, _raw_case, _reap_case, _uncurry_case,
-                        _vmap_case, _vmap_inside_case)
+                        _grad_inside_case, _harvest_case, _raw_case, _reap_case,
+                        _tx_grad_inside_case, _uncurry_case, _vmap_case, _vmap_inside_case)
 from fuzz.checks import (VIOLATIONS, assert_dict_close, assert_outs_close, check_derivatives,
                          check_grad_inside, check_harvest, check_reap,
                          check_stateful_rules_differentiated, check_uncurry, check_vmap,
@@ -182,6 +182,13 @@ def test_grad_inside_matches_reference(data):
 
 
 @_seeded
+@ci_settings(SHARES["tx_grad_inside"])
+@given(st.data())
+def test_tx_value_and_grad_inside_matches_reference(data):
+    _tx_grad_inside_case(data)
+
+
+@_seeded
 @ci_settings(SHARES["raw"])
 @given(st.data())
 def test_raw_reap_matches_reference(data):
@@ -245,6 +252,7 @@ test_long_vmap = _long_test(_vmap_case, "vmap")
 test_long_vmap_inside = _long_test(_vmap_inside_case, "vmap_inside")
 test_long_derivatives = _long_test(_derivative_case, "derivatives")
 test_long_grad_inside = _long_test(_grad_inside_case, "grad_inside")
+test_long_tx_grad_inside = _long_test(_tx_grad_inside_case, "tx_grad_inside")
 test_long_raw_reap = _long_test(_raw_case, "raw")
 test_long_disable_jit = _long_test(_disable_jit_case, "disable_jit")
 
@@ -590,6 +598,7 @@ CI_TESTS = {
     "check_vmap_inside": (test_vmap_inside_with_batched_predicates_matches_reference,),
     "check_derivatives": (test_derivatives_match_finite_differences,),
     "check_grad_inside": (test_grad_inside_matches_reference,),
+    "check_tx_grad_inside": (test_tx_value_and_grad_inside_matches_reference,),
     "check_raw_reap": (test_raw_reap_matches_reference,),
     "check_as_users_run": (test_programs_as_users_run_them_match_reference,),
 }
@@ -673,5 +682,5 @@ def test_the_long_profile_runs_the_requested_number_of_programs_in_all():
     # profile (its tests share it), not a number per test.
     long_tests = [v for k, v in globals().items() if k.startswith("test_long_")]
     counts = [t._hypothesis_internal_use_settings.max_examples for t in long_tests]
-    assert len(long_tests) == 10
+    assert len(long_tests) == 11
     assert LONG_EXAMPLES <= sum(counts) < LONG_EXAMPLES + len(long_tests)

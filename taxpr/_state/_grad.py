@@ -78,10 +78,9 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         by_state: dict[str, list] = {}
         for name, info in t.states.items():
             by_state.setdefault(_state_of(name), []).append(info)
-        # The states' values now (a state fun only sets needs no read).
-        current = nest({name: read(name, lookup(initial, name))
-                        if any(info.read for info in infos) else lookup(initial, name)
-                        for name, infos in by_state.items()})
+        # The states' values now; also of a state fun only sets: where it
+        # does not set it (a branch not taken), the value passes through.
+        current = nest({name: read(name, lookup(initial, name)) for name in by_state})
         pure = pure_of(traced)
 
         def with_states_as_aux(*a, **kw):

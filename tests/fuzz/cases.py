@@ -10,8 +10,8 @@ from hypothesis import assume, event, strategies as st
 
 from .analysis import sow_names, stateful_custom_rules, walk
 from .checks import (WARM_UPS, check_as_users_run, check_derivatives, check_grad_inside,
-                     check_harvest, check_raw_reap, check_reap, check_uncurry, check_vmap,
-                     check_vmap_inside, run_check)
+                     check_harvest, check_raw_reap, check_reap, check_tx_grad_inside,
+                     check_uncurry, check_vmap, check_vmap_inside, run_check)
 from .model import Fori, Root, While, not_differentiated
 from .render import INIT_STYLES
 from .strategies import F32, arguments, programs
@@ -69,12 +69,16 @@ def _derivative_case(data):
     run_check(check_derivatives, program, args, seed, variant)
 
 
-def _grad_inside_case(data):
+def _grad_inside_case(data, check=check_grad_inside):
     # Reverse mode does not go through while loops (fori with traced bounds).
     program = data.draw(programs(allow=DERIVATIVE_FEATURES))
     assume(not any(isinstance(s, (While, Fori, Root)) for s in walk(program.body)))
     args = data.draw(arguments())
-    run_check(check_grad_inside, program, args)
+    run_check(check, program, args)
+
+
+def _tx_grad_inside_case(data):
+    _grad_inside_case(data, check_tx_grad_inside)
 
 
 def _raw_case(data):

@@ -32,7 +32,7 @@ def ci_settings(n: int):
 # "as_users_run": each program is warmed up, uncurried, run eagerly and
 # jitted (about 0.5 s each on a 2-core machine).
 SHARES = {"uncurry": 120, "uncurry_jit": 50, "reap": 100, "harvest": 90, "raw": 40, "vmap": 50,
-          "derivatives": 50, "grad_inside": 40, "vmap_inside": 30, "as_users_run": 40,
+          "derivatives": 50, "grad_inside": 40, "tx_grad_inside": 40, "vmap_inside": 30, "as_users_run": 40,
           "disable_jit": 30}
 
 
