@@ -1,7 +1,8 @@
 """taxpr inside equinox: `eqx.internal` loops and `nondifferentiable`,
 `filter_vmap` with axis names, `nn.BatchNorm`, `nn.Dropout`,
-`filter_checkpoint`, `filter_custom_jvp/vjp`, and `filter_jit` of every
-taxpr transformation.
+`filter_checkpoint`, `filter_custom_jvp/vjp`, `filter_jit` of every
+taxpr transformation, and a GRU cell trained by truncated backpropagation
+through time with `tx.value_and_grad` (optax).
 
 References: Python loops with a dict, keys threaded by hand, equinox's own
 state threaded by hand.
@@ -1009,3 +1010,66 @@ def test_harvest_of_a_function_taking_an_equinox_module():
     want = eqx.filter_grad(lambda m: m.layers[1](planted).sum())(model)
     close(grads.layers[1].weight, want.layers[1].weight)
     close(grads.layers[0].weight, jnp.zeros_like(model.layers[0].weight))  # planted over
+
+
+# --- tx.value_and_grad: truncated backpropagation through time ---------------
+
+def test_gru_trained_with_its_hidden_state_in_a_state_by_truncated_bptt():
+    # An equinox GRU cell trained with optax over chunks of a sequence: the
+    # hidden state lives in a state across chunks (taxpr threads it), each
+    # chunk's loss is differentiated through the hidden state within the
+    # chunk (tx.value_and_grad) and not into earlier chunks (the state's
+    # value before the call is a constant). Reference: the same loop with
+    # the hidden state carried by hand and stop_gradient at chunk starts.
+    optax = pytest.importorskip("optax")
+    cell = eqx.nn.GRUCell(2, 3, key=jax.random.key(0))
+    params, static = eqx.partition(cell, eqx.is_array)
+    opt = optax.adam(0.05)
+    xs = jnp.sin(jnp.linspace(0.0, 6.0, 24)).reshape(4, 3, 2)  # 4 chunks of 3 steps
+    targets = jnp.cos(jnp.linspace(0.0, 6.0, 36)).reshape(4, 3, 3)
+
+    def chunk_loss(params, xs, ys):
+        cell = eqx.combine(params, static)
+
+        def step(loss, xy):
+            h = cell(xy[0], tx.get_state("h", lambda: jnp.zeros(3)))
+            tx.set_state("h", h)
+            return loss + jnp.sum((h - xy[1]) ** 2), None
+        return jax.lax.scan(step, 0.0, (xs, ys))[0]
+
+    def train(params, xs, targets):
+        def chunk(carry, xy):
+            params, opt_state = carry
+            loss, g = tx.value_and_grad(chunk_loss)(params, *xy)
+            updates, opt_state = opt.update(g, opt_state)
+            return (eqx.apply_updates(params, updates), opt_state), loss
+        return jax.lax.scan(chunk, (params, opt.init(params)), (xs, targets))
+
+    def by_hand(params, xs, targets):
+        def loss_from(params, h, xs, ys):
+            cell = eqx.combine(params, static)
+
+            def step(carry, xy):
+                loss, h = carry
+                h = cell(xy[0], h)
+                return (loss + jnp.sum((h - xy[1]) ** 2), h), None
+            (loss, h), _ = jax.lax.scan(step, (0.0, h), (xs, ys))
+            return loss, h
+
+        opt_state, h, losses = opt.init(params), jnp.zeros(3), []
+        for c in range(xs.shape[0]):
+            (loss, h), g = jax.value_and_grad(loss_from, has_aux=True)(
+                params, jax.lax.stop_gradient(h), xs[c], targets[c])
+            updates, opt_state = opt.update(g, opt_state)
+            params = eqx.apply_updates(params, updates)
+            losses.append(loss)
+        return params, jnp.stack(losses), h
+
+    pure, state0 = tx.uncurry(train, params, xs, targets)
+    ((trained, _), losses), state = eqx.filter_jit(pure)(state0, params, xs, targets)
+    trained_ref, losses_ref, h_ref = by_hand(params, xs, targets)
+    close(losses, losses_ref)
+    close(state["h"], h_ref)
+    for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(trained_ref)):
+        close(a, b)
+    assert float(losses[-1]) < float(losses[0])

@@ -287,3 +287,17 @@ def test_a_first_use_in_a_branch_does_not_repeat_sows_or_callbacks():
     assert s1["c"].tolist() == [2.0, 4.0]
     assert reaps["y"].tolist() == [[2.0, 4.0]]
     assert len(calls) == 1
+
+
+def test_a_state_set_only_in_a_branch_not_taken_keeps_its_value():
+    def fun(x, p):
+        def set_it(x):
+            tx.set_state("s", x)
+            return x
+        return lax.cond(p > 0, set_it, lambda x: x, x) ** 2
+
+    pure, s0 = tx.uncurry(tx.value_and_grad(fun), f32(3.0), f32(1.0))
+    assert float(s0["s"]) == 0.0  # only ever set: zeros, as uncurry gives
+    for p, want in ((-1.0, 5.0), (1.0, 3.0)):
+        (value, grad), s1 = pure({"s": f32(5.0)}, f32(3.0), f32(p))
+        assert (float(value), float(grad), float(s1["s"])) == (9.0, 6.0, want)
