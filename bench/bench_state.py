@@ -18,7 +18,14 @@ Three parts, each measured as ratios within one process:
   ratio for ``tx.make_jaxpr`` (trace, discovery and rewrite only) is a
   second figure.
 
-For ``rnn`` and ``mlp``, three figures compare ``jax.jit`` of the taxpr
+* ``tbptt``: the RNN trained by truncated backpropagation through time:
+  a ``lax.scan`` over 4 chunks of the sequence, each an SGD step whose
+  gradient ``tx.value_and_grad`` takes through the hidden state within the
+  chunk (the hidden state a taxpr state carried across chunks), against
+  the same training written by hand (the hidden state a carry, cut from the
+  gradient by ``stop_gradient`` at each chunk's start).
+
+For ``rnn``, ``mlp`` and ``tbptt``, three figures compare ``jax.jit`` of the taxpr
 function with ``jax.jit`` of the hand-written one:
 
 * optimized HLO instruction count, taxpr / hand-written (target == 1): the
@@ -291,6 +298,63 @@ def bench_mlp(reps: int, calls: int, compile_reps: int) -> dict:
                                        compile_reps)}
 
 
+# -- (d) truncated backpropagation through time with tx.value_and_grad ----------------
+
+TBPTT_CHUNKS, TBPTT_LR = 4, 1e-2
+
+
+def _chunk_loss_stateful(params, xs):
+    ys = rnn_stateful(params, xs)
+    return jnp.mean((ys[1:] - xs[:-1]) ** 2)
+
+
+def make_tbptt_stateful():
+    """Chunks of a sequence, each an SGD step differentiated through the
+    hidden state within the chunk (``tx.value_and_grad``); the hidden state
+    carries over between chunks in a taxpr state."""
+    def train(params, chunks):
+        def chunk(params, xs):
+            value, g = tx.value_and_grad(_chunk_loss_stateful)(params, xs)
+            return jax.tree_util.tree_map(lambda p, d: p - TBPTT_LR * d, params, g), value
+        return lax.scan(chunk, params, chunks)
+    return train
+
+
+def make_tbptt_reference():
+    """The same training written by hand: the hidden state a carry, cut from
+    the gradient at each chunk's start."""
+    rnn = make_rnn_reference()
+
+    def train(state, params, chunks):
+        def chunk(carry, xs):
+            params, h = carry
+
+            def loss(params):
+                ys, new = rnn({"h": lax.stop_gradient(h)}, params, xs)
+                return jnp.mean((ys[1:] - xs[:-1]) ** 2), new["h"]
+
+            (value, h), g = jax.value_and_grad(loss, has_aux=True)(params)
+            return (jax.tree_util.tree_map(lambda p, d: p - TBPTT_LR * d, params, g), h), value
+        (params, h), values = lax.scan(chunk, (params, state["h"]), chunks)
+        return (params, values), {"h": h}
+    return train
+
+
+def bench_tbptt(steps: int, reps: int, calls: int, compile_reps: int) -> dict:
+    kp, kx = jax.random.split(jax.random.key(2))
+    params = rnn_params(kp)
+    chunks = jax.random.normal(kx, (TBPTT_CHUNKS, steps // TBPTT_CHUNKS, RNN_BATCH, RNN_IN))
+    t_uncurry, (pure, state0) = timed(tx.uncurry, make_tbptt_stateful(), params, chunks)
+    ref = make_tbptt_reference()
+    args = (state0, params, chunks)
+    assert _close(jax.jit(pure)(*args), jax.jit(ref)(*args), 1e-4), "TBPTT results differ"
+    return {"steps": steps, "chunks": TBPTT_CHUNKS, "uncurry_s": t_uncurry,
+            "hlo": compare_hlo(pure, ref, *args),
+            "runtime": compare_runtime(pure, ref, args, reps, calls),
+            "compile": compare_compile(lambda: lambda s, p, c: pure(s, p, c),
+                                       make_tbptt_reference, args, compile_reps)}
+
+
 # -- (c) uncurry of nested scans -----------------------------------------------------
 
 def nested_scan_fn(depth: int, length: int):
@@ -355,7 +419,7 @@ def _model_figures(label: str, r: dict) -> list[dict]:
 def run(quick: bool = False) -> dict:
     """Measure the cost of taxpr state.
 
-    Returns ``{"jax", "rnn", "mlp", "nested_scan", "figures"}``; ``figures``
+    Returns ``{"jax", "rnn", "mlp", "tbptt", "nested_scan", "figures"}``; ``figures``
     are ``{name, value, target, pass}`` rows for ``bench/run.py``'s table.
     """
     if quick:
@@ -365,11 +429,14 @@ def run(quick: bool = False) -> dict:
     out: dict = {"jax": jax.__version__}
     out["rnn"] = bench_rnn(steps, reps, rnn_calls, creps)
     out["mlp"] = bench_mlp(reps, mlp_calls, creps)
+    out["tbptt"] = bench_tbptt(steps // 4, reps, rnn_calls, creps)
     out["nested_scan"] = bench_nested(max_depth, 2, nreps)
     ns = out["nested_scan"]
     out["figures"] = [
         *_model_figures(f"RNN scan {steps}", out["rnn"]),
         *_model_figures("MLP running stats SGD step", out["mlp"]),
+        *_model_figures(f"RNN truncated BPTT, tx.value_and_grad, {steps // 4} steps",
+                        out["tbptt"]),
         {"name": f"uncurry nested scan {ns['ratio_key']}", "value": ns["ratio"],
          "target": f"<= {DEPTH_TARGET}", "pass": ns["ratio"] <= DEPTH_TARGET},
         {"name": f"tx.make_jaxpr nested scan {ns['ratio_key']}",
@@ -382,7 +449,7 @@ def run(quick: bool = False) -> dict:
 def main(argv: list[str]) -> None:
     res = run(quick="--quick" in argv)
     print(f"jax {res['jax']}")
-    for key in ("rnn", "mlp"):
+    for key in ("rnn", "mlp", "tbptt"):
         r = res[key]
         h, rt, c = r["hlo"], r["runtime"], r["compile"]
         print(f"  {key}: uncurry {r['uncurry_s'] * 1e3:.1f} ms")
