@@ -301,3 +301,14 @@ def test_a_state_set_only_in_a_branch_not_taken_keeps_its_value():
     for p, want in ((-1.0, 5.0), (1.0, 3.0)):
         (value, grad), s1 = pure({"s": f32(5.0)}, f32(3.0), f32(p))
         assert (float(value), float(grad), float(s1["s"])) == (9.0, 6.0, want)
+
+
+def test_grad_of_grad_differentiates_twice_through_the_state():
+    def f(x):
+        tx.set_state("h", tx.get_state("h", f32(1.0)) * x)
+        return tx.get_state("h", f32(1.0)) ** 3  # (h x)^3: second derivative 6 h^3 x
+
+    pure, _ = tx.uncurry(tx.grad(tx.grad(f)), f32(2.0))
+    for h0 in (1.0, 2.0):
+        g2, s1 = pure({"h": f32(h0)}, f32(2.0))
+        assert (float(g2), float(s1["h"])) == (6 * h0 ** 3 * 2.0, h0 * 2.0)
