@@ -197,6 +197,12 @@ HEADLINE_ROWS: list[tuple[str, str, list[str]]] = [
      ["MLP running stats SGD step: HLO instructions"]),
     ("MLP: run time", "{}", ["MLP running stats SGD step: run time"]),
     ("MLP: compile time", "{}", ["MLP running stats SGD step: compile time"]),
+    ("RNN trained by truncated BPTT, gradients by `tx.value_and_grad` through the hidden "
+     "state in a state (500 steps in 4 chunks): HLO instructions, uncurry / hand-written",
+     "{counts}", ["RNN truncated BPTT, tx.value_and_grad, 500 steps: HLO instructions"]),
+    ("truncated BPTT: run time", "{}", ["RNN truncated BPTT, tx.value_and_grad, 500 steps: run time"]),
+    ("truncated BPTT: compile time", "{}",
+     ["RNN truncated BPTT, tx.value_and_grad, 500 steps: compile time"]),
     ("dropout MLP (`tx.next_key`), SGD step: HLO instructions, uncurry / keys threaded by hand",
      "{counts}", ["dropout MLP 6 layers SGD step: HLO instructions"]),
     ("dropout MLP: run time, forward and SGD step", "{}, {}",

@@ -50,6 +50,8 @@ def test_quickstart_has_two_commands():
 # bench/results.json each quotes, rounded to two decimals.
 QUOTED_FIGURES = {
     "RNN in `lax.scan`": "RNN scan 2000: run time taxpr/hand",
+    "RNN trained by truncated BPTT": "RNN truncated BPTT, tx.value_and_grad, 500 steps: run time "
+                                     "taxpr/hand",
     "dropout MLP": "dropout MLP 6 layers SGD step: run time taxpr/hand",
     "`tx.inject` / `jax.make_jaxpr`": "inject/make_jaxpr, 10000 tags",
     "dispatch of `jax.jit(f)`": "dispatch jit, 20 tags / none",
