@@ -245,8 +245,9 @@ class RulePolicy:
         return None
 
     def check(self, rule: Any, path: tuple[str, ...]) -> None:
-        """Called with a threaded rule before it runs: raise for tags left in
-        it that the layer owns but could not thread."""
+        """Called with a threaded rule, or a traced custom_vjp bwd, before it
+        runs: raise for tags left in it that the layer owns but could not
+        thread."""
 
 
 class Hooks:
@@ -1466,6 +1467,7 @@ def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
 
     with keep_tags():  # as the JVP rule of a custom_jvp
         closed = trace_in(context, flat, [])
+    engine.hooks.rules.check(closed, path)
     n_outs = len(_jaxpr.jaxpr_parts(closed).outvars)
     if engine.has_selected(closed):
         outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)

@@ -15,7 +15,7 @@ from .._engine import THREAD_RULES, format_path, in_custom_vjp
 from .._find import TagSite, tag_shape
 from .. import _traverse
 from .._inject import guarded_place
-from ..primitives._tag import guarding_tags, is_guarded, meta, tag_p, user_params
+from ..primitives._tag import guarding_tags, is_guarded, keeping_tags, meta, tag_p, user_params
 from ._ops import GET, SET, LeafName, StateError, StateOp, is_state_tag
 from ._replicated import is_unchecked_shard_map, replicated_sets
 from ._scope import scope_path
@@ -212,7 +212,23 @@ def _walk_program(closed: Any) -> tuple[list, list]:
     return sites, unchecked_sets
 
 
-def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
+def left_to_enclosing_transformation(name: str, path: tuple[str, ...],
+                                     names: Any) -> bool:
+    """Whether an access to state ``name`` in the custom_vjp bwd at ``path``
+    is left a tag for the transformation whose trace JAX runs the bwd in: a
+    state the function never touches (not among ``names``, the states
+    threaded), where the pure function is differentiated inside another
+    taxpr transformation's trace (``tx.value_and_grad``, ``uncurry`` inside
+    ``uncurry``). That transformation threads it where the backward pass
+    runs, as eagerly (a gradient norm the bwd logs). Elsewhere the bwd runs
+    after the pure function returned its states, and the access is an
+    error."""
+    return (keeping_tags() and names is not None and name not in names
+            and any(p.startswith("custom_vjp[bwd]") for p in path))
+
+
+def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True,
+                       names: Any = None) -> Any:
     """``closed`` with the fwd and bwd of its ``custom_vjp`` functions whose
     body uses no state, and the rules of the ``custom_jvp`` functions inside
     those, checked when JAX runs them: state accesses there are an error
@@ -235,7 +251,8 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
 
     ``threads_custom_jvps``: whether the engine threads every ``custom_jvp``
     outside a ``custom_vjp`` (it does when there are states to thread);
-    False: their rules are checked too.
+    False: their rules are checked too. ``names``: the states threaded (see
+    ``left_to_enclosing_transformation``).
     """
     custom = (_compat.custom_jvp_call_p, _compat.custom_vjp_call_p)
     if not any(e.primitive in custom for e, _ in _traverse.iter_eqns(closed)):
@@ -285,7 +302,9 @@ def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True) -> Any:
 
         def bwd(*args):
             with guarding_tags(lambda params, value: rule_error(
-                    params["name"], params["op"], bwd_at) if is_state_tag(params) else None):
+                    params["name"], params["op"], bwd_at)
+                    if is_state_tag(params) and not left_to_enclosing_transformation(
+                        params["name"], bwd_at, names) else None):
                 return bwd_call(*args)
         bwd_call = user_bwd.call_wrapped
         return [eqn.replace(params=dict(

@@ -42,8 +42,9 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
 
     ``fun`` is differentiated as ``pure`` is from outside (custom derivative
     rules run in the function's place with the states threaded; see the
-    state docs): a state only a ``custom_vjp`` bwd sets is an error here,
-    where ``jax.value_and_grad`` inside the function sets it.
+    state docs). A state only a ``custom_vjp`` bwd sets (a logged gradient
+    norm) is set where the backward pass runs, inside a transformation that
+    threads states; outside every transformation it is an error naming it.
 
     Arguments:
         fun: a function that may use ``get_state`` / ``set_state``,

@@ -14,7 +14,7 @@ from .._engine import Hooks, RulePolicy, format_path
 from .._inject import InjectPolicy, inject_with
 from .. import _traverse
 from ..primitives._tag import tag_p
-from ._collect import StateInfo, rule_error, guard_custom_rules
+from ._collect import StateInfo, guard_custom_rules, left_to_enclosing_transformation, rule_error
 from ._ops import GET, SET, StateError, is_state_tag
 from ._replicated import replicated_sets
 
@@ -106,9 +106,14 @@ class _StateRules(RulePolicy):
         if self.names is None:
             return
         for eqn, sub in _traverse.iter_eqns(rule, path):
-            if (eqn.primitive is tag_p and is_state_tag(eqn.params) and eqn.params["op"] is SET
+            if not (eqn.primitive is tag_p and is_state_tag(eqn.params)
                     and eqn.params["name"] not in self.names):
-                name = eqn.params["name"]
+                continue
+            name, op = eqn.params["name"], eqn.params["op"]
+            if any(p.startswith("custom_vjp[bwd]") for p in sub):
+                if not left_to_enclosing_transformation(name, sub, self.names):
+                    raise rule_error(name, op, sub)
+            elif op is SET:
                 raise StateError(
                     f"taxpr: state {name!r}: set_state({name!r}) at {format_path(sub)} is in a "
                     f"derivative rule, and the function itself never touches {name!r}, so "
@@ -170,7 +175,7 @@ def pure_jaxpr(closed: Any, states: dict[str, StateInfo]) -> Any:
     names = jax.tree_util.tree_leaves({n: n for n in ctx})
     # A state read only in a derivative rule is not among them: it reads its
     # init there (nothing in the program writes it).
-    return inject_with(guard_custom_rules(closed, threads_custom_jvps=bool(names)),
+    return inject_with(guard_custom_rules(closed, threads_custom_jvps=bool(names), names=ctx),
                        _state_injector, ctx,
                        lambda p, _shape=None: is_state_tag(p) and p["name"] in ctx,
                        InjectPolicy(hooks=_StateHooks(names), direct=_state_direct(names),

@@ -219,19 +219,42 @@ def test_a_custom_jvp_rule_reads_the_state_as_it_stands():
         assert (float(value), float(grad)) == (9.0, 18.0 * scale)
 
 
-def test_a_state_only_a_bwd_sets_is_an_error_naming_it():
+@pytest.mark.parametrize("body_uses_state", [False, True])
+def test_a_state_a_bwd_sets_is_set_where_the_backward_pass_runs(body_uses_state):
+    # A gradient logged by a custom_vjp bwd: the bwd runs inside the
+    # enclosing uncurry's trace, which threads the state it sets.
     @jax.custom_vjp
     def logged(x):
-        return x
+        if body_uses_state:
+            tx.set_state("n", tx.get_state("n", np.int32(0)) + 1)
+        return jnp.sin(x)
 
-    logged.defvjp(lambda x: (x, None), lambda _, ct: (tx.set_state("gnorm", ct) * 1.0,))
+    def bwd(x, ct):
+        tx.set_state("gnorm", jnp.abs(ct))
+        return (jnp.cos(x) * ct,)
+
+    logged.defvjp(lambda x: (logged(x), x), bwd)
 
     def loss(x):
         tx.set_state("s", logged(x))
-        return tx.get_state("s", f32(0.0)) ** 2
+        return tx.get_state("s", f32(0.0)) ** 2  # sin(x)^2
 
+    x = f32(0.5)
+    pure, s0 = tx.uncurry(tx.value_and_grad(loss), x)
+    assert float(s0["gnorm"]) == 0.0  # only ever set: zeros
+    for run in (pure, jax.jit(pure)):
+        (value, grad), s1 = run(s0, x)
+        np.testing.assert_allclose(value, np.sin(x) ** 2, rtol=1e-6)
+        np.testing.assert_allclose(grad, 2 * np.sin(x) * np.cos(x), rtol=1e-6)
+        np.testing.assert_allclose(s1["gnorm"], 2 * np.sin(x), rtol=1e-6)  # d loss / d sin(x)
+        assert int(s1.get("n", 1)) == 1
+    # Outside every transformation there is nothing to set it in: an error
+    # naming the state and the bwd, as for jax.grad of pure from outside.
     with pytest.raises(tx.StateError, match=r"set_state\('gnorm'\) at custom_vjp\[bwd\]"):
-        tx.uncurry(tx.value_and_grad(loss), f32(1.0))
+        tx.value_and_grad(loss)(x)
+    plain, p0 = tx.uncurry(loss, x)
+    with pytest.raises(tx.StateError, match=r"set_state\('gnorm'\) at custom_vjp\[bwd\]"):
+        jax.grad(lambda x: plain(p0, x)[0])(x)
 
 
 def test_without_states_it_is_jax_value_and_grad():
