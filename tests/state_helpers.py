@@ -199,6 +199,18 @@ def check_vmap_over_states(pure, state0, args, reference):
         assert_close(tree_map(lambda a: a[i], news), want)
 
 
+def sow_after_a_first_use_in_a_branch(x, p, calls: list):
+    """Reads state "c" first in a cond branch (so ``uncurry`` runs the
+    function once to find its initial value, 2), sets it to the branch's
+    value, appends to ``calls`` from a ``jax.debug.callback`` and returns
+    that value sown as "y" (tag "t", append mode)."""
+    c0 = jnp.full(2, 2.0, jnp.float32)
+    y = lax.cond(p > 0, lambda x: x * tx.get_state("c", c0), lambda x: x, x)
+    tx.set_state("c", y)
+    jax.debug.callback(lambda: calls.append(1))
+    return tx.harvest.sow(y, tag="t", name="y", mode="append")
+
+
 def jax_still_works():
     assert float(jax.jit(lambda x: x * 2)(1.0)) == 2.0
     assert float(jax.grad(lambda x: jnp.sin(x) * x)(0.0)) == 0.0

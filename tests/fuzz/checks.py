@@ -586,6 +586,26 @@ def check_derivatives(program, args, seed: int, variant: str):
                                    err_msg=f"{variant}: grad vs finite differences")
 
 
+def _assert_grads_match_finite_differences(program, args, state, grads, what: str) -> None:
+    """``grads`` (w.r.t. the four float arguments) against central finite
+    differences of the float64 reference from ``state``, along a random
+    direction."""
+    eps = 1e-5
+    rng = np.random.default_rng(0)
+    floats = [np.asarray(a, np.float64) for a in args[:4]]
+    tangents = [rng.uniform(-1, 1, np.shape(x)) for x in floats]
+
+    def f_ref(xs):
+        out, _, _, _ = reference(program, (*xs, args[4]), state)
+        return float(_objective(out, {}))
+
+    fd = (f_ref([x + eps * t for x, t in zip(floats, tangents)])
+          - f_ref([x - eps * t for x, t in zip(floats, tangents)])) / (2 * eps)
+    dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
+    np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
+                               err_msg=f"{what} vs finite differences")
+
+
 def check_grad_inside(program, args):
     """``jax.value_and_grad`` inside the uncurried function (taxpr rewrites
     the differentiated program, custom_vjp bwds recomputing their function
@@ -631,20 +651,7 @@ def check_grad_inside(program, args):
         # differentiated function are not propagated (docs/limitations.md).
         _event("grad inside: value and states checked")
         return "value and states"
-    eps = 1e-5
-    rng = np.random.default_rng(0)
-    floats = [np.asarray(a, np.float64) for a in args[:4]]
-    tangents = [rng.uniform(-1, 1, np.shape(x)) for x in floats]
-
-    def f_ref(xs):
-        out, _, _, _ = reference(program, (*xs, args[4]), state)
-        return float(_objective(out, {}))
-
-    fd = (f_ref([x + eps * t for x, t in zip(floats, tangents)])
-          - f_ref([x - eps * t for x, t in zip(floats, tangents)])) / (2 * eps)
-    dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
-    np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
-                               err_msg="grad inside vs finite differences")
+    _assert_grads_match_finite_differences(program, args, state, grads, "grad inside")
     _event("grad inside: value, states and gradient checked")
     return "value, states and gradient"
 
@@ -691,20 +698,8 @@ def check_tx_grad_inside(program, args):
     if stateful_custom_rules(program) or any(not_differentiated(s) for s in stmts):
         _event("tx grad inside: value and states checked")
         return "value and states"
-    eps = 1e-5
-    rng = np.random.default_rng(0)
-    floats = [np.asarray(a, np.float64) for a in args[:4]]
-    tangents = [rng.uniform(-1, 1, np.shape(x)) for x in floats]
-
-    def f_ref(xs):
-        out, _, _, _ = reference(program, (*xs, args[4]), state)
-        return float(_objective(out, {}))
-
-    fd = (f_ref([x + eps * t for x, t in zip(floats, tangents)])
-          - f_ref([x - eps * t for x, t in zip(floats, tangents)])) / (2 * eps)
-    dot = sum(float(np.sum(np.asarray(g) * t)) for g, t in zip(grads, tangents))
-    np.testing.assert_allclose(dot, fd, rtol=2e-3, atol=2e-3,
-                               err_msg="tx.value_and_grad inside vs finite differences")
+    _assert_grads_match_finite_differences(program, args, state, grads,
+                                           "tx.value_and_grad inside")
     if any(isinstance(s, (Set, Bump)) for s in stmts):
         _event("tx grad inside: gradient through states checked")
     _event("tx grad inside: value, states and gradient checked")

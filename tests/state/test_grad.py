@@ -18,6 +18,7 @@ import taxpr as tx
 from taxpr import harvest as h
 
 from helpers import check
+from state_helpers import sow_after_a_first_use_in_a_branch
 
 f32 = np.float32
 
@@ -294,12 +295,8 @@ def test_a_first_use_in_a_branch_does_not_repeat_sows_or_callbacks():
     calls = []
 
     def fun(x, p):
-        c0 = jnp.full(2, 2.0, jnp.float32)
-        y = lax.cond(p > 0, lambda x: x * tx.get_state("c", c0), lambda x: x, x)
-        tx.set_state("c", y)
-        jax.debug.callback(lambda: calls.append(1))
-        y = h.sow(y, tag="t", name="y", mode="append")
-        return (y * tx.get_state("c", c0)).sum()  # (2 x) . (2 x)
+        y = sow_after_a_first_use_in_a_branch(x, p, calls)
+        return (y * tx.get_state("c", jnp.zeros(2))).sum()  # (2 x) . (2 x)
 
     x, p = np.array([1.0, 2.0], np.float32), f32(1.0)
     pure, s0 = tx.uncurry(tx.value_and_grad(fun), x, p)

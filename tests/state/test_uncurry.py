@@ -23,7 +23,7 @@ from taxpr import harvest as h
 
 from helpers import check
 from state_helpers import (TX, Eager, assert_close, assert_states, f32, i32, jax_still_works,
-                           perturb, straight, tree_leaves)
+                           perturb, sow_after_a_first_use_in_a_branch, straight, tree_leaves)
 
 
 # ---- the state dict of pure --------------------------------------------------------------
@@ -548,11 +548,7 @@ def test_uncurry_inside_a_trace_does_not_repeat_the_effects_of_its_example_run(a
     calls = []
 
     def inner(x, p):
-        c0 = jnp.full(2, 2.0, jnp.float32)
-        y = lax.cond(p > 0, lambda x: x * tx.get_state("c", c0), lambda x: x, x)
-        tx.set_state("c", y)
-        jax.debug.callback(lambda: calls.append(1))
-        return h.sow(y, tag="t", name="y", mode="append").sum()
+        return sow_after_a_first_use_in_a_branch(x, p, calls).sum()
 
     def outer(x, p):
         pure, state0 = tx.uncurry(inner, x, p)
