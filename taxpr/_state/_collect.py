@@ -224,7 +224,12 @@ def left_to_enclosing_transformation(name: str, path: tuple[str, ...],
     after the pure function returned its states, and the access is an
     error."""
     return (keeping_tags() and names is not None and name not in names
-            and any(p.startswith("custom_vjp[bwd]") for p in path))
+            and in_custom_vjp_bwd(path))
+
+
+def in_custom_vjp_bwd(path: tuple[str, ...]) -> bool:
+    """Whether ``path`` is inside a custom_vjp's bwd."""
+    return any(p.startswith("custom_vjp[bwd]") for p in path)
 
 
 def guard_custom_rules(closed: Any, threads_custom_jvps: bool = True,
@@ -322,7 +327,7 @@ def _reject_state_in_rule(rule_jaxpr: Any, path: tuple[str, ...]) -> None:
 
 def rule_error(name: str, op: StateOp, path: tuple[str, ...]) -> StateError:
     where = f"{op.kind}_state({name!r}) at {format_path(path)}"
-    if any(p.startswith("custom_vjp[bwd]") for p in path):
+    if in_custom_vjp_bwd(path):
         return StateError(
             f"taxpr: state {name!r}: {where} is in a custom_vjp backward pass, which runs "
             f"after uncurry's pure function has returned its states (under jax.grad from "

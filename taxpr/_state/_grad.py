@@ -21,7 +21,7 @@ from ._dicts import lookup, nest
 from ._initial import initial_states
 from ._ops import read, write
 from ._scope import current_scope
-from ._uncurry import _state_of, _Traced, nest_states, per_signature, pure_of
+from ._uncurry import nest_states, pure_of, state_of, traced_per_signature
 
 
 def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
@@ -64,8 +64,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         scope = current_scope()
         traced = traced_by_scope.get(scope)
         if traced is None:
-            traced = traced_by_scope[scope] = per_signature(
-                lambda split, avals: _Traced(fun, split, avals))
+            traced = traced_by_scope[scope] = traced_per_signature(fun)
         return traced
 
     @functools.wraps(fun)
@@ -78,7 +77,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         initial = nest_states(initial_states(t.closed, t.states, leaves), t.states)
         by_state: dict[str, list] = {}
         for name, info in t.states.items():
-            by_state.setdefault(_state_of(name), []).append(info)
+            by_state.setdefault(state_of(name), []).append(info)
         # The states' values now; also of a state fun only sets: where it
         # does not set it (a branch not taken), the value passes through.
         current = nest({name: read(name, lookup(initial, name)) for name in by_state})
@@ -107,6 +106,10 @@ def grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False,
          holomorphic: bool = False, allow_int: bool = False) -> Callable:
     """``jax.grad`` of a function that uses states, with the derivative
     flowing through them: ``value_and_grad`` without the value.
+
+    Arguments:
+        fun, argnums, has_aux, holomorphic, allow_int: as for
+            ``value_and_grad``.
 
     Returns:
         A function with ``fun``'s arguments returning ``grads``, or

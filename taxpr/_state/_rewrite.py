@@ -14,7 +14,8 @@ from .._engine import Hooks, RulePolicy, format_path
 from .._inject import InjectPolicy, inject_with
 from .. import _traverse
 from ..primitives._tag import tag_p
-from ._collect import StateInfo, guard_custom_rules, left_to_enclosing_transformation, rule_error
+from ._collect import (StateInfo, guard_custom_rules, in_custom_vjp_bwd,
+                       left_to_enclosing_transformation, rule_error)
 from ._ops import GET, SET, StateError, is_state_tag
 from ._replicated import replicated_sets
 
@@ -110,7 +111,7 @@ class _StateRules(RulePolicy):
                     and eqn.params["name"] not in self.names):
                 continue
             name, op = eqn.params["name"], eqn.params["op"]
-            if any(p.startswith("custom_vjp[bwd]") for p in sub):
+            if in_custom_vjp_bwd(sub):
                 if not left_to_enclosing_transformation(name, sub, self.names):
                     raise rule_error(name, op, sub)
             elif op is SET:

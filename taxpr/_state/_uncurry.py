@@ -48,16 +48,21 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         ``pure(state, *args, **kwargs) -> (out, new_state)`` is an ordinary
         JAX function (jit, vmap, grad, scan all apply).
     """
-    traced = per_signature(lambda split, avals: _Traced(fn, split, avals))
+    traced = traced_per_signature(fn)
     t0, leaves0 = traced(example_args, example_kwargs)
     state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
     return pure_of(traced), state0
 
 
+def traced_per_signature(fn: Callable) -> Callable:
+    """``fn`` traced, its states found and made pure once per call signature
+    (a ``per_signature`` lookup of ``_Traced``)."""
+    return per_signature(lambda split, avals: _Traced(fn, split, avals))
+
+
 def pure_of(traced: Callable) -> Callable:
     """``uncurry``'s pure function of ``(state, *args, **kwargs)`` for the
-    per-signature traces ``traced`` (a ``per_signature`` lookup of
-    ``_Traced``)."""
+    per-signature traces ``traced`` (``traced_per_signature``)."""
 
     def pure(state: dict, *args, **kwargs):
         t, leaves = traced(args, kwargs)
@@ -74,13 +79,15 @@ def pure_of(traced: Callable) -> Callable:
         # Entries this call path does not use pass through unchanged, as
         # they would in a dict (e.g. the state of a whole training run).
         new = nest_states(dict(zip(names, outs[n_out:])), t.states)
-        used = list(dict.fromkeys(_state_of(n) for n in names))
+        used = list(dict.fromkeys(state_of(n) for n in names))
         return jax.tree_util.tree_unflatten(t.out_tree, outs[:n_out]), merge(state, new, used)
 
     return pure
 
 
-def _state_of(name: str) -> str:
+def state_of(name: str) -> str:
+    """The state an array-level name belongs to (a pytree state's leaf
+    names its state)."""
     return name.state if isinstance(name, LeafName) else name
 
 
@@ -108,7 +115,7 @@ def flat_states(state: dict, states: dict) -> dict:
     """The user's state dict as ``{name: array}`` per array of ``states``
     (a pytree-valued state's arrays by key path), checked for missing
     states and structures (the error names the state and the leaf)."""
-    wanted = list(dict.fromkeys(_state_of(n) for n in states))
+    wanted = list(dict.fromkeys(state_of(n) for n in states))
     values: dict = {}
     for n in wanted:
         try:
