@@ -1188,13 +1188,26 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
                              for a, z in zip(in_avals, zeros)]
 
         if by_function:
+            # Tangents through ctx and fed values only (consts and inputs
+            # held, as for a rule: JAX differentiates a custom function's
+            # inputs). A ctx leaf the function hands on unchanged passes its
+            # tangent through without differentiating the body (which may
+            # hold what JAX cannot differentiate: a library's nextafter).
+            passing = [j for j in range(n) if not zeros[j]
+                       and _passes_through(engine, threaded, j, j, n_out + j)]
+            wrt = [i for i, z in enumerate(zeros)
+                   if not z and not n <= i < user.stop and i not in passing]
+
             def f(*args):
                 primals, per_input = tangents_of(args)
-                # Tangents through ctx and fed values only (consts held, as
-                # for a rule: JAX differentiates a custom function's inputs).
-                through = [_zeros(a.to_tangent_aval()) if n <= i < user.stop else t
-                           for i, (t, a) in enumerate(zip(per_input, in_avals))]
-                outs, outs_t = jax.jvp(threaded_fn, list(primals), through)
+                if wrt:
+                    outs, outs_t = jax.jvp(_of_some_inputs(threaded_fn, primals, wrt),
+                                           [primals[i] for i in wrt], [per_input[i] for i in wrt])
+                else:
+                    outs, outs_t = threaded_fn(*primals), list(map(_zeros, out_tangent_avals))
+                outs_t = list(outs_t)
+                for j in passing:
+                    outs_t[n_out + j] = _add_ct(outs_t[n_out + j], per_input[j])
                 return [*outs, *outs_t]
         else:
             # A rule defined without symbolic zeros gets them instantiated.
@@ -1419,9 +1432,11 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             # differentiated only w.r.t. the ctx leaves JAX differentiates,
             # so a function JAX cannot reverse (a while loop under equinox's
             # or diffrax's checkpointing) is left to the user's bwd.
+            handed_on = {i for i in differentiated_ctx if i < n and _passes_through(
+                engine, threaded, i, n_all + i, n_out + i)}
             return _compat.custom_vjp_bwd_result(
                 _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals,
-                                 rest_avals, nc, n_all, differentiated_ctx),
+                                 rest_avals, nc, n_all, differentiated_ctx, handed_on),
                 logs)
         _, vjp_fn = jax.vjp(threaded_fn, *primals)
         via_ctx = vjp_fn([*map(_zeros_like_ct, out_avals), *map(_instantiate, ct_rest, rest_avals)])
@@ -1514,6 +1529,18 @@ def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_th
     return list(outs[:n_outs])
 
 
+def _passes_through(engine, threaded, leaf: int, in_index: int, out_index: int) -> bool:
+    """Whether ``threaded`` (a result of ``thread_jaxpr``) hands ctx leaf
+    ``leaf`` (its input ``in_index``, output ``out_index``) on unchanged,
+    also through the nested calls that thread it: no site writes it and no
+    other output depends on it. Its derivative there is the identity."""
+    if leaf in engine.writes(threaded):
+        return False
+    n_in = len(_jaxpr.jaxpr_parts(threaded).invars)
+    dep = _dependence.dependence(threaded, [j == in_index for j in range(n_in)])
+    return not any(d for k, d in enumerate(dep.outputs) if k != out_index)
+
+
 def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> None:
     """Derivatives w.r.t. ctx entries that a threaded custom_vjp fwd reads
     (a state differentiated from outside, read inside the function) would
@@ -1521,13 +1548,17 @@ def _reject_differentiated_ctx(engine, rule, nonzeros: Sequence[bool], path) -> 
     VJPs (equinox's checkpointed loops, diffrax's adjoints) do not provide:
     rather than a zero gradient, an error naming the entry."""
     # A ctx entry the fwd hands on unchanged is not read: its derivative is
-    # the identity, which the function's VJP gives.
+    # the identity, which the function's VJP gives. Handed on directly, or
+    # through nested calls that thread it (the fwd calling its function,
+    # whose body uses another state): no site writes it and no other output
+    # depends on it.
     invars, outvars = _jaxpr.jaxpr_parts(rule).invars, _jaxpr.jaxpr_parts(rule).outvars
     n = len(nonzeros)
     handed_on = {len(outvars) - n + i for i in range(n) if outvars[len(outvars) - n + i] is invars[i]}
     used = _jaxpr.used_invars(rule, [i not in handed_on for i in range(len(outvars))])[:n]
     for i, (nz, u, aval) in enumerate(zip(nonzeros, used, engine.ctx_avals)):
-        if nz and u and _inexact(aval):
+        if (nz and u and _inexact(aval)
+                and not _passes_through(engine, rule, i, i, len(outvars) - n + i)):
             raise NotImplementedError(
                 f"taxpr: differentiating w.r.t. {engine.hooks.describe_ctx(i)}, which the "
                 f"custom_vjp function at {format_path(path)} reads, is not supported: the "
@@ -1550,7 +1581,7 @@ def _of_some_inputs(fn: Callable, inputs, positions) -> Callable:
 
 
 def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals, rest_avals,
-                     nc, n_all, differentiated: set[int]):
+                     nc, n_all, differentiated: set[int], handed_on: set[int] = frozenset()):
     """The cotangents of a custom_vjp's inputs ``[*consts, *args, *ctx,
     *feeds]`` where what the function adds to ctx or collects is a constant
     w.r.t. its args (a fwd ran in its place, as eagerly; or no cotangent
@@ -1558,12 +1589,19 @@ def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals
     from the VJP of the threaded function ``threaded_fn(*consts, *args, *ctx,
     *feeds) -> (*outputs, *ctx, *collects)`` w.r.t. those JAX differentiates
     (``differentiated``, positions after the args), taken only where a
-    nonzero cotangent flows there."""
+    nonzero cotangent flows there. A ctx leaf the function hands on
+    unchanged (``handed_on``) takes its output's cotangent, without
+    differentiating the function (which JAX may not reverse: a while loop
+    under a library's checkpointing)."""
     in_avals = [core.typeof(p) for p in primals]
     held = [_zeros_like_ct(a) for a in in_avals[:nc]]
     args_ct = [_instantiate(c, a) for c, a in zip(user_cts, in_avals[nc:n_all])]
-    wrt = [i for i in sorted(differentiated) if _inexact(in_avals[n_all + i])]
     ctx_ct = [_zeros_like_ct(a) for a in in_avals[n_all:]]
+    for i in handed_on:
+        if _inexact(in_avals[n_all + i]):
+            ctx_ct[i] = _instantiate(ct_rest[i], rest_avals[i])
+    wrt = [i for i in sorted(differentiated)
+           if _inexact(in_avals[n_all + i]) and i not in handed_on]
     if not wrt or (all(map(_is_zero_ct, ct_outs)) and all(map(_is_zero_ct, ct_rest))):
         return [*held, *args_ct, *ctx_ct]
     positions = [n_all + i for i in wrt]

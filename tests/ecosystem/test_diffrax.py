@@ -340,3 +340,39 @@ def test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows(adjoint):
         assert set(reaps) == {"dx_k", "last_y"} and float(reaps["dx_k"]) == 1.0
         close(reaps["last_y"], h.reap(f, tag="dx")(y0)["last_y"], rtol=1e-6)
         close(planted(y0), want_k, rtol=1e-6)
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
+def test_tx_value_and_grad_through_a_state_passed_as_the_solves_args(adjoint):
+    # A decay rate set from the differentiated parameter, kept in a state and
+    # passed to the solve as its args, while the vector field counts its
+    # evaluations in another state: the solve's adjoint hands the rate's
+    # state on unchanged (identity derivative there) and differentiates the
+    # args. Reference: the same solve without taxpr, differentiated by JAX,
+    # and its evaluations counted at run time.
+    def loss(a, y0):
+        tx.set_state("k", a * 2.0)
+
+        def vf(t, y, k):
+            tx.set_state("evals", tx.get_state("evals", jnp.zeros((), jnp.int32)) + 1)
+            return -k * y
+        return _solve(vf, y0, adjoint=adjoint, args=tx.get_state("k", jnp.float32(0.0))).ys[-1, 0]
+
+    y0 = jnp.array([1.0])
+    pure, s0 = tx.uncurry(tx.value_and_grad(loss), jnp.float32(1.0), y0)
+    (value, grad), s1 = jax.jit(pure)(s0, jnp.float32(1.0), y0)
+    counter = Counter()
+
+    def vf_ref(t, y, k):
+        counter.tick()
+        return -k * y
+    value_ref, grad_ref = jax.jit(jax.value_and_grad(
+        lambda a: _solve(vf_ref, y0, adjoint=adjoint, args=a * 2.0).ys[-1, 0]))(jnp.float32(1.0))
+    counter.reset()
+    jax.jit(lambda a: _solve(vf_ref, y0, adjoint=adjoint, args=a * 2.0))(jnp.float32(1.0))
+    jax.effects_barrier()
+    close(value, value_ref)
+    close(grad, grad_ref, rtol=1e-4)
+    close(grad, -2.0 * T1 * np.exp(-2.0 * T1), rtol=1e-3)
+    assert int(s1["evals"]) == counter.n  # the forward solve's evaluations
+    assert float(s1["k"]) == 2.0

@@ -1107,3 +1107,31 @@ def test_a_custom_jvp_whose_rule_cannot_be_traced_does_not_stop_uncurry():
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.grad(lambda x: pure(s0, x)[0].sum())(xs)
     jax_still_works()
+
+
+@pytest.mark.parametrize("entry", ["grad_of_pure", "tx.grad"])
+def test_a_differentiated_state_a_custom_vjp_hands_on_has_the_identity_derivative(entry):
+    # The custom_vjp's body uses another state (a counter), so its call
+    # threads every state; the differentiated "k" only passes through it
+    # (also through the fwd's own call of the function), so its derivative
+    # is the identity and no error is due.
+    @jax.custom_vjp
+    def counted_sin(y):
+        tx.set_state("n", tx.get_state("n", np.int32(0)) + 1)
+        return jnp.sin(y)
+
+    counted_sin.defvjp(lambda y: (counted_sin(y), y), lambda y, ct: (jnp.cos(y) * ct,))
+
+    def loss(a):
+        tx.set_state("k", a * 2.0)
+        return counted_sin(a) + tx.get_state("k", f32(0.0))  # sin(a) + 2 a
+
+    a = f32(0.5)
+    if entry == "grad_of_pure":
+        pure, s0 = tx.uncurry(loss, a)
+        grad = jax.grad(lambda a: pure(s0, a)[0])(a)
+    else:
+        pure, s0 = tx.uncurry(tx.grad(loss), a)
+        grad, s1 = pure(s0, a)
+        assert int(s1["n"]) == 1
+    assert_close(grad, np.cos(0.5) + 2.0)
