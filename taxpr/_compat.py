@@ -58,12 +58,15 @@ JAXPR_TYPES: tuple[type, ...] = (core.Jaxpr,) if MERGED_JAXPR else (core.Jaxpr, 
 closed_call_p = core.closed_call_p
 CLOSED_CALL_PRIMITIVES: tuple[core.Primitive, ...] = tuple(
     {id(p): p for p in (core.closed_call_p, eval_jaxpr_p)}.values())
-# Primitives that call their sub-jaxpr once with their operands (in order).
-CALL_PRIMITIVES: frozenset[core.Primitive] = frozenset(
-    p for p in (jit_p, *CLOSED_CALL_PRIMITIVES, getattr(core, "call_p", None), remat_p,
-                custom_jvp_call_p, custom_vjp_call_p,
+# The calls of a function with custom derivative rules.
+CUSTOM_CALL_PRIMITIVES: frozenset[core.Primitive] = frozenset(
+    p for p in (custom_jvp_call_p, custom_vjp_call_p,
                 getattr(_custom_derivatives, "custom_vjp_call_jaxpr_p", None))
     if p is not None)
+# Primitives that call their sub-jaxpr once with their operands (in order).
+CALL_PRIMITIVES: frozenset[core.Primitive] = frozenset(
+    p for p in (jit_p, *CLOSED_CALL_PRIMITIVES, getattr(core, "call_p", None), remat_p)
+    if p is not None) | CUSTOM_CALL_PRIMITIVES
 
 # High-level primitives (``call_hi_primitive``: one equation whose param is an
 # object holding jaxprs and ``Traced`` functions), where JAX has them.

@@ -1117,10 +1117,16 @@ def _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_primals, path, context):
     if ch.collects or ch.feeds:
         raise NotImplementedError(
             f"taxpr: tags in the custom rule at {format_path(path)} collect or are fed "
-            f"values per site ({(ch.collects or ch.feeds)[0][0]!r}); only values carried in "
+            f"values per site ({_site_name((ch.collects or ch.feeds)[0][0])}); only values "
+            f"carried in "
             f"ctx (e.g. non-append sows) are supported in a derivative rule")
     engine.hooks.rules.check(rule, path)
     return rule
+
+
+def _site_name(key: ChannelKey) -> str:
+    site = key.site
+    return f"{site.kind} {site.name!r}" if hasattr(site, "name") and hasattr(site, "kind") else repr(site)
 
 
 def _inexact(aval) -> bool:

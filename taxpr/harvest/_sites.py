@@ -17,7 +17,7 @@ from .._engine import (Engine, Hooks, Level, RulePolicy, ShardMapBody, format_pa
                        speculative_rule_traces)
 from .._find import dissolve_tags, forward_dissolved
 from .._inject import guarded_place
-from ..primitives._tag import meta, n_values, tag_p
+from ..primitives._tag import meta, n_values, tag_p, tag_tangent_p
 from ._checks import _disp
 
 
@@ -32,7 +32,7 @@ class _ChannelSite(NamedTuple):
 def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], bool]) -> Any:
     """``jaxpr`` (a derivative rule) with its selected sows dissolved (plain
     identities) where their value depends on the inputs ``dependent`` or
-    their name is not ``kept``. A call (``jit``) is followed into its
+    ``kept(eqn)`` is false. A call (``jit``) is followed into its
     callee, whose inputs are its operands; inside other primitives every
     sow of an equation that depends on them is dissolved (conservatively)."""
     dep = set(dependent)
@@ -42,7 +42,7 @@ def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], boo
         if depends:
             dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
         if eqn.primitive is tag_p and engine.predicate(eqn.params):
-            return forward_dissolved(eqn, env) if depends or not kept(eqn.params["name"]) else None
+            return forward_dissolved(eqn, env) if depends or not kept(eqn) else None
         if not depends:
             return None  # sub-jaxprs are rewritten by name only
         subs = _traverse.subjaxprs(eqn)
@@ -64,46 +64,105 @@ def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], boo
     return _traverse.map_jaxpr(jaxpr, rewrite)
 
 
+def _sows_with_origin(engine, jaxpr, in_custom: bool = False):
+    """The selected sows of ``jaxpr`` (a rule) in program order, each with
+    whether it is known to be a custom function's own: inside a custom call
+    the rule makes (it calls its function), or with a ``tag_tangent``
+    companion (the rule took the JVP of the function, whose sows then carry
+    their tangents)."""
+    eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
+    companions = {tuple(e.invars[:len(e.invars) // 2]) for e in eqns
+                  if e.primitive is tag_tangent_p}
+    for e in eqns:
+        if e.primitive is tag_p and engine.predicate(e.params):
+            yield e, in_custom or tuple(e.invars[:n_values(e.params, len(e.invars))]) in companions
+        for _, sj in _traverse.subjaxprs(e):
+            yield from _sows_with_origin(engine, sj, in_custom or e.primitive in _compat.CUSTOM_CALL_PRIMITIVES)
+
+
 class _HarvestRules(RulePolicy):
     """oryx's semantics for sows in derivative rules: the function's own
     sows are reaped from the function; a rule's sows of other names (and
     planted ones) are rewritten in the rule, after the function's, when JAX
-    runs it (``_JvpRules`` traces the rules ahead to find them)."""
+    runs it (``_JvpRules`` traces the rules ahead to find them). A rule's
+    own sow of a name the function sows too is rewritten there when it is
+    the last of that name the rule makes (eagerly it clobbers the
+    function's)."""
 
     def __init__(self, sites: "_Sites", traced: "_JvpRules"):
         self.sites = sites
         self.traced = traced
-        self._body_names = _traverse.IdMemo()  # custom call eqn -> names its body sows
+        # custom call eqn -> how many sows of each name its body makes
+        self._body_names = _traverse.IdMemo()
 
-    def rewritten_in_rule(self, engine, eqn, name: Any) -> bool:
-        """Whether a sow of ``name`` in a rule of the custom call ``eqn`` is
-        rewritten there: unless the function's own body sows ``name`` (a
-        rule calling its function sows it again; it is reaped from the
-        function), or planted (not in append mode: its per-site values
-        cannot be fed into a rule)."""
-        if self.sites.planted.get(name, "append") != "append":
-            return True
-        return name not in self._body_names.get_or_compute(eqn, lambda: frozenset(
-            e.params["name"] for e, _ in _traverse.iter_eqns(eqn.params["call_jaxpr"])
-            if e.primitive is tag_p and engine.predicate(e.params)))
+    def _body_counts(self, engine, eqn) -> dict:
+        def count():
+            counts: dict = {}
+            for e, _ in _traverse.iter_eqns(eqn.params["call_jaxpr"]):
+                if e.primitive is tag_p and engine.predicate(e.params):
+                    counts[e.params["name"]] = counts.get(e.params["name"], 0) + 1
+            return counts
+        return self._body_names.get_or_compute(eqn, count)
+
+    def _rule_own_last(self, engine, eqn, rule) -> list:
+        """The sows in ``rule`` (a rule of the custom call ``eqn``) that are
+        the rule's own last sow of a name the function's body sows too: the
+        last sow of that name, not known to be the function's
+        (``_sows_with_origin``), and not one of as many sows as the body
+        makes (a rule calling the function plainly sows them again,
+        unmarked: those are the function's)."""
+        counts = self._body_counts(engine, eqn)
+        by_name: dict = {}
+        for e, functions in _sows_with_origin(engine, rule):
+            by_name.setdefault(e.params["name"], []).append((e, functions))
+        return [sows[-1][0] for name, sows in by_name.items()
+                if name in counts and not sows[-1][1]
+                and (any(f for _, f in sows) or len(sows) > counts[name])]
+
+    def _rewritten(self, engine, eqn, rule) -> Callable[[Any], bool]:
+        """``sow eqn -> bool``: whether a sow in ``rule`` (a rule of the
+        custom call ``eqn``) is rewritten there. A sow of a name the
+        function's body does not sow is, and so is a planted one (not in
+        append mode: its per-site values cannot be fed into a rule). Of a
+        name the body sows, only the rule's own last one (``_rule_own_last``)
+        is; the others are reaped from the function."""
+        counts = self._body_counts(engine, eqn)
+        own = {id(e) for e in self._rule_own_last(engine, eqn, rule)}
+
+        def rewritten(e) -> bool:
+            name = e.params["name"]
+            if self.sites.planted.get(name, "append") != "append":
+                return True
+            return name not in counts or id(e) in own
+        return rewritten
 
     def prepare(self, engine, rule, n_primals, eqn):
-        """Sows in the rule whose value depends on the tangents, and those of
-        names the function itself sows (``rewritten_in_rule``), become plain
-        identities: the former so that reverse mode can linearize."""
+        """Sows in the rule whose value depends on the tangents, and those
+        reaped from the function (``_rewritten``), become plain identities:
+        the former so that reverse mode can linearize. A strict sow of a name
+        the function sows too, made by the rule that runs in its place, is
+        oryx's error for a name sown twice."""
+        for e in self._rule_own_last(engine, eqn, rule):
+            if e.params.get("mode") == "strict":
+                name = e.params["name"]
+                verb = "planted" if name in self.sites.planted else "reaped"
+                raise ValueError(f"Variable has already been {verb}: {_disp(name)} (a strict "
+                                 f"sow in a custom_jvp rule, after its function's)")
         return _dissolve_rule_sows(engine, rule, set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]),
-                                   lambda name: self.rewritten_in_rule(engine, eqn, name))
+                                   self._rewritten(engine, eqn, rule))
 
     def has_selected(self, engine, eqn) -> bool:
-        # Sows of names the function does not sow, and planted sows: the
-        # function's own (sown again when its rule calls it) are reaped from
-        # the function; a planted one is planted in the rule too, so that a
-        # rule computing the function's JVP gives the planted one's.
+        # Sows of names the function does not sow, planted sows and a rule's
+        # own last sow of a name: the function's own (sown again when its
+        # rule calls it) are reaped from the function; a planted one is
+        # planted in the rule too, so that a rule computing the function's
+        # JVP gives the planted one's.
         rule = self.traced.jaxpr(eqn)
-        return rule is not None and any(
-            e.primitive is tag_p and engine.predicate(e.params)
-            and self.rewritten_in_rule(engine, eqn, e.params["name"])
-            for e, _ in _traverse.iter_eqns(rule))
+        if rule is None:
+            return False
+        rewritten = self._rewritten(engine, eqn, rule)
+        return any(e.primitive is tag_p and engine.predicate(e.params) and rewritten(e)
+                   for e, _ in _traverse.iter_eqns(rule))
 
 
 class _HarvestHooks(Hooks):
