@@ -1045,8 +1045,10 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             return cache[key]
         # Traced keeping its tags (as the function's are): this layer threads
         # them, and a rule of an inner layer's rewrite holds tags for it.
+        # A rule defined without symbolic zeros gets them instantiated.
+        user_zeros = zeros[user] if p["symbolic_zeros"] else (False,) * (n_all - nc)
         with keep_tags():
-            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
+            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
         _reject_rule_sites(engine, jvp_jaxpr, level.path + ("custom_jvp[jvp rule]",))
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
@@ -1059,18 +1061,23 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             primals, tangents = args[:k], iter(args[k:])
             per_input = [_zeros(a.to_tangent_aval()) if z else next(tangents)
                          for a, z in zip(in_avals, zeros)]
-            user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
+            user_t = [t for t, z in zip(per_input[user], user_zeros) if not z]
             res = (evaluated_fun(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))(
                 *primals[user], *user_t) if rule is None else None)
-            # Tangents through ctx / fed values only, the original inputs
-            # held as constants: a custom_vjp in the function that does not
-            # depend on ctx is then not differentiated (JAX has no forward
-            # mode for it, even of a zero tangent).
-            wrt = [i for i in range(k) if not n <= i < n + n_all]
-            outs, through_t = jax.jvp(_of_some_inputs(threaded_fn, primals, wrt),
-                                      [primals[i] for i in wrt], [per_input[i] for i in wrt])
+            # Tangents through the differentiated ctx / fed values only, the
+            # original inputs (and those with symbolic-zero tangents) held
+            # as constants: a custom_vjp in the function that does not
+            # depend on them is then not differentiated (JAX has no forward
+            # mode for it; of an instantiated zero tangent, its linear part
+            # runs when JAX linearizes this rule: "can't apply forward-mode
+            # autodiff").
+            wrt = [i for i in range(k) if not n <= i < n + n_all and not zeros[i]]
+            outs, through_t = _jvp_again(threaded_fn, primals, wrt, [per_input[i] for i in wrt])
             outs_t_ctx = through_t[:n_out]
-            _, (_, rest_t) = _jvp_split(threaded_fn, primals, per_input, n_out)
+            # ctx's tangents w.r.t. every differentiated input (the reaped
+            # values' own derivatives), the others held likewise.
+            nz = [i for i, z in enumerate(zeros) if not z]
+            rest_t = _jvp_again(threaded_fn, primals, nz, [per_input[i] for i in nz])[1][n_out:]
             if rule is not None:
                 # The rule's tags act on ctx after the function's; what they
                 # write is a constant (tangent zero), other entries keep theirs.
@@ -1100,8 +1107,12 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         return result
 
     ctx_out = engine.fresh_ctx()
+    # Symbolic zeros (the user's rule still gets its own kind): a ctx leaf
+    # or input JAX does not differentiate gets no instantiated zero tangent,
+    # whose JVP through a custom_vjp would be known to JAX's linearize, which
+    # then runs its linear part ("can't apply forward-mode autodiff").
     _emit_rebuilt(level, eqn, {("call_jaxpr", None): threaded}, [*ctx, *eqn.invars, *feeds],
-                  [*eqn.outvars, *ctx_out, *collects], num_consts=0,
+                  [*eqn.outvars, *ctx_out, *collects], num_consts=0, symbolic_zeros=True,
                   jvp_jaxpr_fun=_jaxpr.wrap_fun(jvp_jaxpr_fun, user_jvp))
     return ctx_out
 
@@ -1172,8 +1183,7 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
         wrt = [i for i, z in enumerate(ctx_zeros) if not z]
 
         def jvp(primals, tangents):
-            through = _of_some_inputs(pruned, primals, wrt)
-            _, live_t = (jax.jvp(through, [primals[i] for i in wrt], [tangents[i] for i in wrt])
+            _, live_t = (_jvp_again(pruned, primals, wrt, [tangents[i] for i in wrt])
                          if any(live) else (None, []))
             given = iter(live_t)
             return [next(given) if l else _zeros(a) for l, a in zip(live, out_tangent_avals)]
@@ -1293,11 +1303,6 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
 # tangents before calling a rule, so this cannot be read off the tangents.
 _DIFFERENTIATING_CTX_ONLY = contextvars.ContextVar("taxpr_differentiating_ctx_only",
                                                    default=False)
-
-
-def _jvp_split(fn, primals, tangents, n_out):
-    outs, outs_t = jax.jvp(lambda *a: fn(*a), list(primals), list(tangents))
-    return outs[:n_out] + outs[n_out:], (outs_t[:n_out], outs_t[n_out:])
 
 
 register_thread_rule(_compat.custom_jvp_call_p, _custom_jvp_rule)
@@ -1584,6 +1589,27 @@ def _of_some_inputs(fn: Callable, inputs, positions) -> Callable:
             full[i] = leaf
         return fn(*full)
     return of_some
+
+
+# The name of the jit through which a rule taxpr generates runs a custom
+# function's threaded body again, next to the user's rule (to differentiate
+# it w.r.t. ctx or the inputs): a layer above that looks into the rule
+# (harvest, for a rule's own sows) tells the function's tags from the rule's.
+FUNCTION_AGAIN = "taxpr_function_again"
+
+
+def _jvp_again(fn: Callable, primals: Sequence[Any], positions: Sequence[int],
+               tangents: Sequence[Any]) -> tuple[list, list]:
+    """``jax.jvp`` of ``fn`` (a custom function's threaded body) w.r.t. its
+    inputs at ``positions`` (tangents ``tangents``), the others held at
+    ``primals`` (``_of_some_inputs``), through a jit named
+    ``FUNCTION_AGAIN``."""
+    def taxpr_function_again(held, xs, ts):
+        return jax.jvp(_of_some_inputs(fn, held, positions), xs, ts)
+    assert taxpr_function_again.__name__ == FUNCTION_AGAIN
+    outs, outs_t = jax.jit(taxpr_function_again)(
+        list(primals), [primals[i] for i in positions], list(tangents))
+    return list(outs), list(outs_t)
 
 
 def _bwd_through_ctx(threaded_fn, primals, user_cts, ct_outs, ct_rest, out_avals, rest_avals,

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
-from .._engine import (Engine, Hooks, Level, RulePolicy, ShardMapBody, format_path, inline,
-                       speculative_rule_traces)
+from .._engine import (FUNCTION_AGAIN, Engine, Hooks, Level, RulePolicy, ShardMapBody,
+                       format_path, inline, speculative_rule_traces)
 from .._find import dissolve_tags, forward_dissolved
 from .._inject import guarded_place
 from ..primitives._tag import meta, n_values, tag_p, tag_tangent_p
@@ -69,15 +69,20 @@ def _sows_with_origin(engine, jaxpr, in_custom: bool = False):
     whether it is known to be a custom function's own: inside a custom call
     the rule makes (it calls its function), or with a ``tag_tangent``
     companion (the rule took the JVP of the function, whose sows then carry
-    their tangents)."""
+    their tangents), or in the function run again by the rule a layer
+    below generated (``FUNCTION_AGAIN``)."""
     eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
-    companions = {tuple(e.invars[:len(e.invars) // 2]) for e in eqns
+    # (by identity: a literal operand is not hashable)
+    companions = {tuple(map(id, e.invars[:len(e.invars) // 2])) for e in eqns
                   if e.primitive is tag_tangent_p}
     for e in eqns:
         if e.primitive is tag_p and engine.predicate(e.params):
-            yield e, in_custom or tuple(e.invars[:n_values(e.params, len(e.invars))]) in companions
+            values = e.invars[:n_values(e.params, len(e.invars))]
+            yield e, in_custom or tuple(map(id, values)) in companions
+        inner = in_custom or e.primitive in _compat.CUSTOM_CALL_PRIMITIVES or (
+            e.primitive is _compat.jit_p and e.params.get("name") == FUNCTION_AGAIN)
         for _, sj in _traverse.subjaxprs(e):
-            yield from _sows_with_origin(engine, sj, in_custom or e.primitive in _compat.CUSTOM_CALL_PRIMITIVES)
+            yield from _sows_with_origin(engine, sj, inner)
 
 
 class _HarvestRules(RulePolicy):

@@ -36,8 +36,8 @@ from .analysis import (append_slots, children, rule_functions, rule_sow_in_branc
                        sow_names, states_of, stateful_custom_rules, uses_state, walk)
 from .model import (ENV, FUNCTIONS, PYTREE_INT, PYTREE_STATES, STATES, T, TYPED_STATES, Bump,
                     Cond, CustomVjp, EqxLoop, Fori, Program, Scan, Scope, Set, Sow, Switch, Tree,
-                    While, base_name, has_rule, not_differentiated, sow_kind, tree_leaf_kinds,
-                    typed_next)
+                    While, base_name, has_rule, not_differentiated, rule_split, sow_kind,
+                    tree_leaf_kinds, typed_next)
 from .reference import Ambiguous, Reference, _is_key, flat_states
 from .render import build, build_hoisted, to_source
 
@@ -261,6 +261,12 @@ def features(program: Program) -> set[str]:
                 out.update(f"rule {type(r).__name__} in {name}" for r in s.rule)
                 if any(isinstance(r, Sow) and r.tag == T and r.name in sown for r in s.rule):
                     out.add(f"rule Sow of a name sown outside rules in {name}")
+                before, after = rule_split(s)
+                body_names = set(sow_names(Program(s.body)))
+                for where, stmts in (("before", before), ("after", after)):
+                    if any(isinstance(r, Sow) and r.tag == T and r.name in body_names
+                           for r in stmts):
+                        out.add(f"rule Sow {where} its function of a name it sows in {name}")
             out.add(name)
             lens2 = (*lens, s.length) if isinstance(s, Scan) else lens
             for b in children(s):

@@ -237,12 +237,17 @@ class CustomJvp:
     statement, or with one nested in its body, takes the program's ``p0`` as
     an argument and its body ends with ``f0 = f0 + 0.0 * p0``: every
     derivative check differentiates ``p0``, so JAX always runs the rule
-    (with all tangents symbolic zeros it runs the function instead)."""
+    (with all tangents symbolic zeros it runs the function instead).
+
+    ``after``: the last ``after`` statements of ``rule`` (sows) run after
+    ``jax.jvp`` of the function; their names may be ones the function sows
+    (eagerly the rule's later sow clobbers the function's)."""
     uid: int
     body: tuple
     calls: int = 1
     rule: tuple = ()
     scopes: tuple = ()
+    after: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,12 +262,14 @@ class CustomVjp:
     JAX differentiates the call, docs/harvest.md). A fwd sow's ``target`` is
     None or ``r{uid}``, which the fwd saves as a residual by which the bwd
     scales the cotangents, ``1 + 0 * sum(r{uid})`` (``FWD_SCALE``): the bwd
-    stays the function's VJP, planted or not."""
+    stays the function's VJP, planted or not. ``after``: as
+    ``CustomJvp.after``, the fwd's last sows run after the function."""
     uid: int
     body: tuple
     calls: int = 1
     rule: tuple = ()
     scopes: tuple = ()
+    after: int = 0
 
 
 @dataclass(frozen=True)
@@ -362,22 +369,23 @@ NOT_DIFFERENTIATED = (Root, EqxLoop)
 
 
 # A custom function's rule with statements of its own (``rule``): its
-# header, and what it returns and how it is installed, given ``{f}`` and
-# ``{f}_fn`` as in ``CUSTOM_RULES``.
+# header, its call of the function (the statements before it run first, the
+# last ``after`` ones then), what it returns and how it is installed, given
+# ``{f}`` and ``{f}_fn`` as in ``CUSTOM_RULES``.
 RULE_DEFS = {
-    "cjvp": ("def {f}_rule(p, t):", "return jax.jvp({f}_fn, p, t)", "{f}.defjvp({f}_rule)"),
-    "cvjp": ("def {f}_fwd(*p):", "return {f}_fn(*p), p",
+    "cjvp": ("def {f}_rule(p, t):", "out, out_t = jax.jvp({f}_fn, p, t)", "return out, out_t",
+             "{f}.defjvp({f}_rule)"),
+    "cvjp": ("def {f}_fwd(*p):", "out = {f}_fn(*p)", "return out, p",
              "{f}.defvjp({f}_fwd, lambda p, ct: jax.vjp({f}_fn, *p)[1](ct))"),
 }
 # What a custom_jvp rule with sows whose result it uses (``CustomJvp.rule``)
-# returns, given ``{f}`` and the sum ``{r}`` of those results: the JVP of
-# the function, its tangents scaled by one (planted or not).
-RULE_SCALE = ("out, out_t = jax.jvp({f}_fn, p, t)",
-              "return out, tuple(x * (1.0 + 0.0 * ({r})) for x in out_t)")
+# returns, given the sum ``{r}`` of those results: the JVP of the function,
+# its tangents scaled by one (planted or not).
+RULE_SCALE = "return out, tuple(x * (1.0 + 0.0 * ({r})) for x in out_t)"
 # What a custom_vjp fwd with sows whose result it uses (``CustomVjp.rule``)
-# returns, given ``{f}`` and the sum ``{r}`` of those results (a residual),
-# and how it is installed: a bwd that scales the cotangents by one.
-FWD_SCALE = ("return {f}_fn(*p), (p, {r})",
+# returns, given the sum ``{r}`` of those results (a residual), and how it
+# is installed: a bwd that scales the cotangents by one.
+FWD_SCALE = ("return out, (p, {r})",
              "{f}.defvjp({f}_fwd, lambda res, ct: jax.vjp({f}_fn, *res[0])[1]("
              "tuple(x * (1.0 + 0.0 * res[1]) for x in ct)))")
 # The line a function with rule statements ends with: its body uses ``p0``
@@ -395,6 +403,12 @@ def rule_reads_env(s) -> bool:
     """Whether ``s``'s rule statements read its arguments (a sow's value):
     the rule unpacks them first."""
     return has_rule(s) and any(isinstance(r, Sow) for r in s.rule)
+
+
+def rule_split(s) -> tuple[tuple, tuple]:
+    """``s``'s rule statements run before its function, and those after."""
+    k = len(s.rule) - s.after
+    return s.rule[:k], s.rule[k:]
 
 
 def rule_results(s) -> list:

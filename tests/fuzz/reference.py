@@ -27,8 +27,8 @@ from .model import (ENV, FUNCTIONS, PYTREE_INT, PYTREE_STATES, RNG, STATES, T, T
                     Assign, Bin, Bump, Cond, Const, CustomJvp, CustomVjp, Draw, EqxLoop, Fori,
                     FPred, Get, IdxF, IPred, Mean, MulC, Program, Root, Scan, Scope, Set, SIdx,
                     Sow, Switch, Tree, Un, Var, VConst, While, base_name, full_name, np_dtype,
-                    sow_kind, tree_leaf_kinds, tree_leaves, tree_value, tree_zeros, typed_mix,
-                    typed_update, typed_value, var_kind)
+                    rule_split, sow_kind, tree_leaf_kinds, tree_leaves, tree_value, tree_zeros,
+                    typed_mix, typed_update, typed_value, var_kind)
 
 
 # ---------------------------------------------------------------------------------
@@ -254,10 +254,13 @@ class Reference:
                 self.prefix = prefix  # the call's scope (its rule runs there too)
                 fsite = (idx, (*calls, (s.uid, c)))
                 diff = self.diff
-                if diff and isinstance(s, (CustomJvp, CustomVjp)):
-                    # Its rule runs instead: the rule's own statements (on a
-                    # scratch env: their locals go nowhere), then the function.
-                    self.block(s.rule, dict(env), ienv, fsite)
+                rule = diff and isinstance(s, (CustomJvp, CustomVjp))
+                before, after = rule_split(s) if rule else ((), ())
+                at_call = dict(env)  # what the rule's statements read
+                # Its rule runs instead: the rule's own statements (on a
+                # scratch env: their locals go nowhere), the function, then
+                # the rule's statements after it.
+                self.block(before, dict(at_call), ienv, fsite)
                 # A custom_vjp's fwd calls the plain function; custom_root's
                 # solve and equinox's checkpointed loop (a custom_vjp) run
                 # their function undifferentiated in the forward pass. (A
@@ -269,7 +272,8 @@ class Reference:
                     self.branch(s.body, env, ienv, fsite)
                 finally:
                     self.diff = diff
-                    self.prefix = outer
+                self.block(after, dict(at_call), ienv, fsite)
+                self.prefix = outer
         else:
             raise TypeError(s)
 

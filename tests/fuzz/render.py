@@ -14,6 +14,7 @@ caches are warm when it ran before) and its states' inits in one of
 from __future__ import annotations
 
 import linecache
+from typing import Callable
 
 from .analysis import rule_functions, takes_p0
 from .model import (ARGUMENTS_ONLY, CALL_WRAPPERS, CUSTOM_RULES, ENV, FUNCTION_KINDS, FUNCTIONS,
@@ -21,7 +22,7 @@ from .model import (ARGUMENTS_ONLY, CALL_WRAPPERS, CUSTOM_RULES, ENV, FUNCTION_K
                     FWD_SCALE, T, TYPED_STATES, AddC, Assign, Bin, Bump, Cond, Const, Draw, Fori,
                     FPred, Get, IdxF, IPred, Mean, MulC, Program, RULE_SCALE, Scan, Scope, Set,
                     SIdx, Sow, Switch, Tree, Un, Var, VConst, While, has_rule, rule_reads_env,
-                    rule_results, typed_kind, typed_shape)
+                    rule_results, rule_split, typed_kind, typed_shape)
 
 
 # ---------------------------------------------------------------------------------
@@ -333,9 +334,12 @@ def rstmt(s, ind: str, out: list) -> None:
                 w(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
                     w(RULE_DEFS[kind][0].format(f=f))
-                    body: list = []
-                    rblock(s.rule, "    ", body)
-                    out += [ind + line for line in rule_lines(s, f, [f"{params} = p"], body)]
+
+                    def render(stmts):
+                        lines: list = []
+                        rblock(stmts, "    ", lines)
+                        return lines
+                    out += [ind + line for line in rule_lines(s, f, [f"{params} = p"], render)]
                     w(rule_install(s, f))
                 else:
                     w(rules.format(f=f))
@@ -345,22 +349,25 @@ def rstmt(s, ind: str, out: list) -> None:
         raise TypeError(s)
 
 
-def rule_lines(s, f: str, unpack: list, body: list) -> list:
+def rule_lines(s, f: str, unpack: list, render: Callable[[tuple], list]) -> list:
     """The lines of the rule of custom function ``s`` (named ``f``) after its
     header: ``unpack`` (its arguments from ``p``, where a rule statement
-    reads them), its statements (``body``, rendered), and what it returns
-    (``RULE_DEFS``; ``RULE_SCALE`` / ``FWD_SCALE`` where it uses its sows'
-    results)."""
-    lines = ["    " + line for line in unpack] if rule_reads_env(s) else []
-    lines += body
+    reads them), its statements before its call of the function, the call,
+    its statements after (``render(stmts)``: their lines), and what it
+    returns (``RULE_DEFS``; ``RULE_SCALE`` / ``FWD_SCALE`` where it uses its
+    sows' results)."""
+    before, after = rule_split(s)
     kind = FUNCTION_KINDS[type(s)]
+    _, call, ret, _ = RULE_DEFS[kind]
+    lines = ["    " + line for line in unpack] if rule_reads_env(s) else []
+    lines += [*render(before), "    " + call.format(f=f), *render(after)]
     results = rule_results(s)
     if results:
         r = " + ".join(f"jnp.sum({x})" for x in results)
-        scale = RULE_SCALE if kind == "cjvp" else FWD_SCALE[:1]
-        lines += ["    " + x.format(f=f, r=r) for x in scale]
+        ret = RULE_SCALE if kind == "cjvp" else FWD_SCALE[0]
+        lines.append("    " + ret.format(r=r))
     else:
-        lines.append("    " + RULE_DEFS[kind][1].format(f=f))
+        lines.append("    " + ret)
     return lines
 
 
@@ -370,7 +377,7 @@ def rule_install(s, f: str) -> str:
     kind = FUNCTION_KINDS[type(s)]
     if kind == "cvjp" and rule_results(s):
         return FWD_SCALE[1].format(f=f)
-    return RULE_DEFS[kind][2].format(f=f)
+    return RULE_DEFS[kind][3].format(f=f)
 
 
 def branch_call(s, operands: str) -> str:
@@ -578,11 +585,13 @@ class _Hoisted:
                                                       .get(kind), None))
                 self.defs.append(f"{f} = {wrap}({f}_fn)")
                 if has_rule(s):
-                    lines: list = []
-                    self.block(s.rule, "    ", lines, ())  # no nested functions
+                    def render(stmts):
+                        lines: list = []
+                        self.block(stmts, "    ", lines, ())  # no nested functions
+                        return lines
                     unpack = [f"{ENV_S}, ex = p", f"{', '.join(scope)}, = ex"]
                     self.defs += [RULE_DEFS[kind][0].format(f=f),
-                                  *rule_lines(s, f, unpack, lines), rule_install(s, f)]
+                                  *rule_lines(s, f, unpack, render), rule_install(s, f)]
                 elif rules:
                     self.defs.append(rules.format(f=f))
             self.defs.append("")

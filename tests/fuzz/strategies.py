@@ -384,35 +384,42 @@ class Gen:
                     s = dataclasses.replace(s, body=visit(s.body, inside or isinstance(
                         s, (CustomVjp, Root, EqxLoop)), calls))
                 sows_ok = sown is not None and isinstance(s, CustomJvp)
-                # The names a rule may not sow: its function's own.
-                own = (sow_names(Program(s.body)).keys() if isinstance(s, (CustomJvp, CustomVjp))
-                       else set())
+                custom = isinstance(s, (CustomJvp, CustomVjp))
+                # The names a rule may not sow: those rules in its function's
+                # body sow (see ``rule_sow``).
+                nested = ({r.name for r in rule_sows(Program(s.body))}
+                          if custom and sown is not None else set())
                 typed, pytrees = usable("Y", calls), usable("P", calls)
-                if (isinstance(s, (CustomJvp, CustomVjp)) and not inside
+                if (custom and not inside
                         and (isinstance(s, CustomJvp) or uses_state(s.body))
                         and (typed or draws or pytrees or sows_ok)
                         and self.int_(0, 3) < 3):  # (0, what draws tend to: a rule)
-                    nested = {r.name for r in rule_sows(Program(s.body))} if sows_ok else set()
-                    s = dataclasses.replace(s, rule=rule(sows_ok, own | nested, typed, pytrees))
+                    s = dataclasses.replace(s, rule=rule(sows_ok, nested, typed, pytrees))
                 if (sown is not None and isinstance(s, CustomVjp) and not inside
                         and self.int_(0, 2) < 2):  # a fwd that sows (often)
                     s = dataclasses.replace(s, rule=(*s.rule, *(
-                        self.rule_sow(own, used=self.draw(st.booleans()))
+                        self.rule_sow(nested, used=self.draw(st.booleans()))
                         for _ in range(self.int_(1, 2)))))
+                # Sows after the rule's call of the function, mostly of names
+                # the function sows (eagerly they clobber the function's).
+                own = [n for n in sow_names(Program(s.body))
+                       if n in CLOBBER_NAMES or n == "q0"] if custom else []
+                if custom and sown is not None and not inside and self.int_(0, 2) == 0:
+                    after = tuple(self.rule_sow(nested, used=self.draw(st.booleans()), prefer=own)
+                                  for _ in range(self.int_(1, 2)))
+                    s = dataclasses.replace(s, rule=(*s.rule, *after), after=len(after))
                 out.append(s)
             return tuple(out)
 
         return visit(body, False, [()])
 
-    def rule_sow(self, taken, used: bool) -> Sow:
+    def rule_sow(self, taken, used: bool, prefer=()) -> Sow:
         """A sow in a custom_jvp rule or a custom_vjp fwd (clobber or
         ``sow_cond``, or of another tag) of a value of the function's
-        arguments. Its name may be one the program sows outside rules, but
-        not in ``taken``: the names the function's own body sows
-        (differentiated from outside the harvest, a rule's sow of such a name
-        is taken for the function's:
-        ``test_a_rule_sow_after_its_function_sows_the_same_name_is_reaped``,
-        docs/limitations.md) and those that rules in the function's body sow
+        arguments. Its name may be one the program sows outside rules (the
+        function's own body too: the rule's sow then clobbers, or is
+        clobbered by, the function's), mostly one of ``prefer`` where given,
+        but not in ``taken``: those that rules in the function's body sow
         (there taxpr orders a rule's own sows after those of the rules in a
         jit in its function:
         ``test_a_rule_sow_before_one_in_a_jit_in_its_function_is_clobbered``).
@@ -427,7 +434,9 @@ class Gen:
         # Half the time (where there are some) a name the program sows
         # elsewhere: the rule's sow then clobbers, or is clobbered by, those.
         elsewhere = [n for n in free if n in self.sown_elsewhere]
-        name = (self.pick(elsewhere) if elsewhere and self.draw(st.booleans())
+        preferred = [n for n in free if n in prefer]
+        name = (self.pick(preferred) if preferred and self.int_(0, 3) > 0
+                else self.pick(elsewhere) if elsewhere and self.draw(st.booleans())
                 else self.pick((*free, OTHER)))
         uid = self.next_uid()
         tag, mode, pred = T, "clobber", None
