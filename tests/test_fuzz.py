@@ -106,7 +106,7 @@ import taxpr as tx
 from taxpr import harvest as h
 
 from fuzz import checks as fuzz_checks
-from fuzz.analysis import blocks, insert, rule_sows, sow_names
+from fuzz.analysis import blocks, insert, rule_sows, sow_names, walk
 from fuzz.cases import (_as_users_run_case, _derivative_case, _disable_jit_case,
                         _grad_inside_case, _harvest_case, _raw_case, _reap_case,
                         _tx_grad_inside_case, _uncurry_case, _vmap_case, _vmap_inside_case)
@@ -117,8 +117,8 @@ from fuzz.checks import (VIOLATIONS, assert_dict_close, assert_outs_close, check
                          run_check)
 from fuzz.model import (FUNCTIONS, PYTREE_STATES, RNG, T, TYPED_DTYPES, TYPED_OPS, TYPED_STATES,
                         Assign, Bump, CustomJvp, CustomVjp, EqxLoop, Program, Sow, Un, Var)
-from fuzz.nests import (FWD_SOW_NESTS, GRAD_INSIDE_NESTS, LIBRARY_NESTS, RULE_NESTS,
-                        RULE_SOW_NESTS, RULE_SOW_PLANTS, SCOPE_NESTS, TYPED_NESTS)
+from fuzz.nests import (AROUND_NESTS, FWD_SOW_NESTS, GRAD_INSIDE_NESTS, LIBRARY_NESTS,
+                        RULE_NESTS, RULE_SOW_NESTS, RULE_SOW_PLANTS, SCOPE_NESTS, TYPED_NESTS)
 from fuzz.profiles import (LONG, LONG_EXAMPLES, SHARES, _seeded, _seeded_long, ci_settings,
                            long_settings)
 from fuzz.render import build
@@ -412,6 +412,34 @@ def _check_rule_sows(program):
     check_vmap(program, ARGS, ARGS2, with_reap=True)
 
 
+@pytest.mark.parametrize("nest", sorted(AROUND_NESTS))
+def test_rule_sows_around_the_function_match_reference(nest):
+    """A rule's (or fwd's) sows of names its function sows too, before and
+    after its call of the function: differentiated from outside (vjp and,
+    without a custom_vjp, jvp of ``pure``, ``call_and_reap(pure)`` and
+    ``harvest(pure)`` planting every name) and inside (reap of
+    ``value_and_grad`` in the uncurried function), the last sow JAX runs is
+    reaped, as ``Reference(diff=True)``: the rule's own after sow, else the
+    function's; undifferentiated, the function's."""
+    program = AROUND_NESTS[nest]
+    plants = {k: np.asarray(v, np.float32) for k, v in RULE_SOW_PLANTS.items()
+              if k in sow_names(program, rules=True)}
+    after = any(getattr(s, "after", 0) for s in walk(program.body))
+    for args in (ARGS, ARGS2):
+        check_reap(program, args, jit=False, compose="reap(pure)", filt=(None, ()))
+        pure, state0 = tx.uncurry(build(program), *args)
+        state = perturb(state0)
+        plain, ran = (reference(program, args, state, diff=d)[3] for d in (False, True))
+        # The rule's own sows after the function change what is reaped.
+        assert after == any(not np.array_equal(plain[k], ran[k]) for k in plain), (plain, ran)
+        for variant in ("pure", "reap", "plant"):
+            check_stateful_rules_differentiated(program, pure, state, args,
+                                                *derivative_modes(program), variant=variant,
+                                                plants=plants)
+        assert check_grad_inside(program, args) == "value and states"
+    check_vmap(program, ARGS, ARGS2, with_reap=True)
+
+
 def test_reap_of_grad_of_a_checkpointed_equinox_loop_that_sows():
     # jax.grad inside a harvest of a jax.checkpoint around equinox's
     # checkpointed while_loop: the checkpoint's partial evaluation splits the
@@ -655,6 +683,8 @@ def test_ci_profile_generates_typed_states_everywhere(monkeypatch):
     shared = {c for c in checks for cls in classes
               if f"{c}: rule Sow of a name sown outside rules in {cls}" in _GENERATED}
     assert shared == set(checks), f"rule sows of names sown outside rules only in {shared}"
+    # (Rule sows around the function's call of names it sows, differentiated:
+    # test_rule_sows_around_the_function_match_reference.)
     # Pytree-valued states, both of them read, updated and first set, in
     # every kind of body (at any depth) and in custom rules; tx.scope blocks
     # in scopes, scans, branches, jitted and checkpointed functions, and

@@ -65,12 +65,13 @@ def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], boo
 
 
 def _sows_with_origin(engine, jaxpr, in_custom: bool = False):
-    """The selected sows of ``jaxpr`` (a rule) in program order, each with
-    whether it is known to be a custom function's own: inside a custom call
-    the rule makes (it calls its function), or with a ``tag_tangent``
-    companion (the rule took the JVP of the function, whose sows then carry
-    their tangents), or in the function run again by the rule a layer
-    below generated (``FUNCTION_AGAIN``)."""
+    """The selected sows of ``jaxpr`` (a rule) that run when JAX runs it, in
+    program order, each with whether it is known to be a custom function's
+    own: inside a custom call the rule makes (it calls its function), or
+    with a ``tag_tangent`` companion (the rule took the JVP of the function,
+    whose sows then carry their tangents). Left out: those of the function
+    run again in a rule a layer below generated (``FUNCTION_AGAIN``, to
+    differentiate it), which eagerly do not run."""
     eqns = _jaxpr.jaxpr_parts(jaxpr).eqns
     # (by identity: a literal operand is not hashable)
     companions = {tuple(map(id, e.invars[:len(e.invars) // 2])) for e in eqns
@@ -79,8 +80,9 @@ def _sows_with_origin(engine, jaxpr, in_custom: bool = False):
         if e.primitive is tag_p and engine.predicate(e.params):
             values = e.invars[:n_values(e.params, len(e.invars))]
             yield e, in_custom or tuple(map(id, values)) in companions
-        inner = in_custom or e.primitive in _compat.CUSTOM_CALL_PRIMITIVES or (
-            e.primitive is _compat.jit_p and e.params.get("name") == FUNCTION_AGAIN)
+        if e.primitive is _compat.jit_p and e.params.get("name") == FUNCTION_AGAIN:
+            continue
+        inner = in_custom or e.primitive in _compat.CUSTOM_CALL_PRIMITIVES
         for _, sj in _traverse.subjaxprs(e):
             yield from _sows_with_origin(engine, sj, inner)
 

@@ -203,6 +203,43 @@ FWD_SOW_NESTS = {
 }
 
 
+# Custom functions whose rules (or fwds) sow names the function sows too,
+# before and after their call of it (``after``): eagerly the last one
+# reaped is the rule's own after sow (it clobbers the function's), the
+# function's where the rule sows only before. A custom_jvp called twice
+# whose function uses state, its rule bumping a typed state and sowing
+# (clobber, sow_cond) around the call; a custom_vjp whose fwd sows after a
+# function that sows and sets a state, in a scan; a custom_jvp in a scan
+# whose rule sows only before.
+AROUND_NESTS = {
+    "cjvp_rule_sows_before_and_after_its_function_called_twice": Program((
+        Bump(1, "y_int8", 5, "scalar", "add", 1),
+        CustomJvp(2, (Sow(3, "f1", Un("sin", Var("f1")), "c0", "clobber"),
+                      Sow(4, None, Var("f0"), "q0", "cond_clobber", pred=IPred("n", 1, 2)),
+                      Set("s1", Var("f1"))),
+                  calls=2, after=2,
+                  rule=(Bump(5, "y_int8", 3, "scalar", "add", 2),
+                        Sow(6, "r6", Var("f0"), "c0", "clobber"),
+                        Sow(7, "r7", Bin("avg", Var("f0"), Var("f1")), "c0", "clobber"),
+                        Sow(8, None, AddC(Var("f1"), 0.5), "q0", "cond_clobber",
+                            pred=IPred("n", 1, 2)))),
+        Get("f2", "s1", 0.0))),
+    "cvjp_fwd_sows_after_a_stateful_sowing_function_in_a_scan": Program((
+        Set("s0", AddC(Var("f0"), 1.0)),
+        Scan(1, (CustomVjp(2, (Assign("f1", Un("tanh", Var("f1"))),
+                               Sow(3, "f1", MulC(Var("f1"), 0.5), "c1", "clobber"),
+                               Set("s1", Var("f1"))),
+                           after=1, rule=(Sow(4, "r4", AddC(Var("f0"), 0.5), "c1", "clobber"),)),),
+             2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),)),
+    "cjvp_rule_sows_only_before_its_function_in_a_scan": Program((
+        Get("f2", "s0", 0.25),
+        Scan(1, (CustomJvp(2, (Sow(3, "f1", Un("sin", Var("f1")), "c1", "clobber"),),
+                           rule=(Sow(4, "r4", Var("f0"), "c1", "clobber"),)),),
+             2, False, (0.5, -1.0), Var("f2"), "f0", "f2"),
+        Set("s0", Var("f2")))),
+}
+
+
 def _trees(uid: int) -> tuple:
     """Both pytree states (uids from ``uid``) read and updated, their leaves
     mixed into the env, beside a float state and a key draw: in a ``Scope``

@@ -404,7 +404,7 @@ class Gen:
                 # the function sows (eagerly they clobber the function's).
                 own = [n for n in sow_names(Program(s.body))
                        if n in CLOBBER_NAMES or n == "q0"] if custom else []
-                if custom and sown is not None and not inside and self.int_(0, 2) == 0:
+                if custom and sown is not None and not inside and self.int_(0, 1) == 0:
                     after = tuple(self.rule_sow(nested, used=self.draw(st.booleans()), prefer=own)
                                   for _ in range(self.int_(1, 2)))
                     s = dataclasses.replace(s, rule=(*s.rule, *after), after=len(after))
