@@ -39,13 +39,17 @@ class _Analysis:
     nested jaxprs."""
 
     def __init__(self, source: Callable[[core.JaxprEqn], bool] | None,
-                 not_a_sink: Callable[[core.JaxprEqn], bool] | None):
+                 not_a_sink: Callable[[core.JaxprEqn], bool] | None,
+                 visit: Callable[[core.JaxprEqn, list[bool], bool], None] | None = None):
         self.source = source
         self.not_a_sink = not_a_sink
+        self.visit = visit
         self.memo = IdMemo()
+        self.entered: set[int] = set()  # ids of the jaxprs analysed (visit's "looked into")
 
     def jaxpr(self, jaxpr: Any, tainted_in: Sequence[bool]) -> Dependence:
         key = tuple(bool(t) for t in tainted_in)
+        self.entered.add(id(jaxpr))
         return self.memo.get_or_compute(jaxpr, lambda: self._jaxpr(jaxpr, key), key)
 
     def _jaxpr(self, jaxpr: Any, tainted_in: tuple[bool, ...]) -> Dependence:
@@ -68,6 +72,8 @@ class _Analysis:
                     dep = Dependence((True,) * len(eqn.outvars), bool(eqn.effects) and not (
                         self.not_a_sink is not None and self.not_a_sink(eqn)))
                 outs, reached = dep
+                if self.visit is not None:
+                    self.visit(eqn, ins, all(id(sj) in self.entered for _, sj in subjaxprs(eqn)))
             effect |= reached
             tainted.update(v for v, t in zip(eqn.outvars, outs) if t)
         outs = tuple(type(v) is core.Var and v in tainted for v in parts.outvars)
@@ -153,7 +159,9 @@ RULES: dict[core.Primitive, Callable[[_Analysis, core.JaxprEqn, list[bool]],
 
 def dependence(jaxpr: Any, tainted_inputs: Sequence[bool], *,
                source: Callable[[core.JaxprEqn], bool] | None = None,
-               not_a_sink: Callable[[core.JaxprEqn], bool] | None = None) -> Dependence:
+               not_a_sink: Callable[[core.JaxprEqn], bool] | None = None,
+               visit: Callable[[core.JaxprEqn, list[bool], bool], None] | None = None
+               ) -> Dependence:
     """Which outputs of ``jaxpr`` depend on the chosen inputs.
 
     Arguments:
@@ -162,9 +170,15 @@ def dependence(jaxpr: Any, tainted_inputs: Sequence[bool], *,
         source: equations (at any depth) whose outputs count as chosen too.
         not_a_sink: effectful equations whose dependent inputs do not count
             as reaching an effect (their outputs still depend on them).
+        visit: called as ``visit(eqn, ins, looked_into)`` for each equation
+            (at any depth) that takes a dependent value: ``ins`` per input
+            whether it depends, ``looked_into`` whether the analysis followed
+            values into all its jaxprs (else everything in them counts as
+            dependent). A jaxpr analysed under several masks (a loop body
+            to its fixed point) visits its equations under each.
 
     Returns:
         A ``Dependence``: per output whether it depends on what was chosen,
         and whether an equation with effects takes a dependent value.
     """
-    return _Analysis(source, not_a_sink).jaxpr(jaxpr, tainted_inputs)
+    return _Analysis(source, not_a_sink, visit).jaxpr(jaxpr, tainted_inputs)

@@ -95,8 +95,14 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
             allow_int=allow_int)(*args, **kwargs)
         aux, new_state = aux_and_state if has_aux else (None, aux_and_state)
         for name, infos in by_state.items():
-            if any(info.written for info in infos):
-                write(name, lookup(new_state, name))
+            # Written by fun, or by a custom rule that ran in its place (the
+            # trace above, undifferentiated, runs no rule): a state passed
+            # through unchanged comes back as the value read.
+            new = lookup(new_state, name)
+            if any(info.written for info in infos) or any(
+                    a is not b for a, b in zip(jax.tree_util.tree_leaves(new),
+                                               jax.tree_util.tree_leaves(lookup(current, name)))):
+                write(name, new)
         return ((value, aux) if has_aux else value), grads
 
     return value_and_grad_fun

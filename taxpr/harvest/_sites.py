@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax._src import core
 
-from .. import _compat, _jaxpr, _traverse
+from .. import _compat, _dependence, _jaxpr, _traverse
 from .._engine import (FUNCTION_AGAIN, Engine, Hooks, Level, RulePolicy, ShardMapBody,
                        format_path, inline, speculative_rule_traces)
 from .._find import dissolve_tags, forward_dissolved
@@ -29,35 +29,33 @@ class _ChannelSite(NamedTuple):
     name: str  # the sow's name
 
 
-def _dissolve_rule_sows(engine, jaxpr, dependent: set, kept: Callable[[Any], bool]) -> Any:
+def _dissolve_rule_sows(engine, jaxpr, dependent: Sequence[bool],
+                        kept: Callable[[Any], bool]) -> Any:
     """``jaxpr`` (a derivative rule) with its selected sows dissolved (plain
-    identities) where their value depends on the inputs ``dependent`` or
-    ``kept(eqn)`` is false. A call (``jit``) is followed into its
-    callee, whose inputs are its operands; inside other primitives every
-    sow of an equation that depends on them is dissolved (conservatively)."""
-    dep = set(dependent)
+    identities) where their value depends on the inputs ``dependent`` (per
+    input; the dependence analysis follows values into calls, branches and
+    loops; inside another primitive that takes such a value every sow is
+    dissolved, conservatively) or ``kept(eqn)`` is false."""
+    on_dependent, opaque = set(), set()
+
+    def visit(eqn, ins, looked_into):
+        if eqn.primitive is tag_p:
+            if any(ins[:n_values(eqn.params, len(eqn.invars))]):
+                on_dependent.add(id(eqn))
+        elif not looked_into:
+            opaque.add(id(eqn))
+
+    _dependence.dependence(jaxpr, dependent, visit=visit)
 
     def rewrite(eqn, path, env):
-        depends = not path and any(type(v) is core.Var and v in dep for v in eqn.invars)
-        if depends:
-            dep.update(o for o in eqn.outvars if not isinstance(o, core.DropVar))
         if eqn.primitive is tag_p and engine.predicate(eqn.params):
-            return forward_dissolved(eqn, env) if depends or not kept(eqn) else None
-        if not depends:
-            return None  # sub-jaxprs are rewritten by name only
-        subs = _traverse.subjaxprs(eqn)
-        if eqn.primitive in _compat.CALL_PRIMITIVES and len(subs) == 1 and len(
-                _jaxpr.jaxpr_parts(subs[0][1]).invars) == len(eqn.invars):
-            (sub, sj), = subs
-            callee_ins = _jaxpr.jaxpr_parts(sj).invars
-            new = {(sub.key, sub.index): _dissolve_rule_sows(
-                engine, sj, {c for c, v in zip(callee_ins, eqn.invars)
-                             if type(v) is core.Var and v in dep}, kept)}
-        else:
-            new = {(sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
-                   for sub, sj in subs}
-        if new:
-            eqn = _traverse.with_subjaxprs(eqn, new)
+            return (forward_dissolved(eqn, env) if id(eqn) in on_dependent or not kept(eqn)
+                    else None)
+        if id(eqn) not in opaque:
+            return None  # sub-jaxprs are rewritten by map_jaxpr
+        eqn = _traverse.with_subjaxprs(eqn, {
+            (sub.key, sub.index): dissolve_tags(sj, lambda p, s: engine.predicate(p))
+            for sub, sj in _traverse.subjaxprs(eqn)})
         return [eqn.replace(invars=[env.get(v, v) if type(v) is core.Var else v
                                     for v in eqn.invars])]
 
@@ -155,7 +153,8 @@ class _HarvestRules(RulePolicy):
                 verb = "planted" if name in self.sites.planted else "reaped"
                 raise ValueError(f"Variable has already been {verb}: {_disp(name)} (a strict "
                                  f"sow in a custom_jvp rule, after its function's)")
-        return _dissolve_rule_sows(engine, rule, set(_jaxpr.jaxpr_parts(rule).invars[n_primals:]),
+        n_in = len(_jaxpr.jaxpr_parts(rule).invars)
+        return _dissolve_rule_sows(engine, rule, [i >= n_primals for i in range(n_in)],
                                    self._rewritten(engine, eqn, rule))
 
     def has_selected(self, engine, eqn) -> bool:

@@ -780,3 +780,44 @@ def test_plant_through_a_recomputing_bwd_under_jit_and_vmap_of_grad():
         d_c1, d_x = grad(c1s, xs)
         assert [float(v) for v in d_c1] == [2.0, 2.0]
         assert [float(v) for v in d_x] == [0.0, 0.0]
+
+
+def _custom_jvp_around_a_sowing_fwd(in_cond: bool):
+    """A custom_jvp (rule: the JVP of its function) whose function calls a
+    custom_vjp whose fwd sows its input after calling the function, directly
+    or in both branches of a cond."""
+    inner = jax.custom_vjp(lambda x: x * 2.0)
+
+    def fwd(x):
+        out = inner.fun(x)
+        h.sow(x, tag=T, name="c", mode="clobber")
+        return out, None
+
+    inner.defvjp(fwd, lambda _, ct: (ct * 2.0,))
+
+    def fn(x):
+        if in_cond:
+            return jax.lax.cond(x > 0.1, inner, lambda x: inner(x * 3.0), x)
+        return inner(x)
+
+    f = jax.custom_jvp(fn)
+    f.defjvp(lambda p, t: jax.jvp(fn, p, t))
+    return f
+
+
+@pytest.mark.parametrize("in_cond", [False, True], ids=["direct", "in_cond"])
+def test_grad_of_a_harvest_of_a_custom_jvp_around_a_custom_vjp_whose_fwd_sows(in_cond):
+    # JAX differentiates the custom_vjp in reverse mode inside the rule (no
+    # forward mode needed); reaped from outside, the fwd's sow is the one
+    # the rule ran, as when the harvest is inside the differentiation.
+    f = _custom_jvp_around_a_sowing_fwd(in_cond)
+    for x in (np.float32(0.5), np.float32(0.05)):
+        inside = h.reap(lambda x: jax.vjp(f, x)[0], tag=T)(x)
+        (out, reaps), vjp_fn = jax.vjp(lambda x: h.call_and_reap(f, tag=T)(x), x)
+        scale = 1.0 if x > 0.1 or not in_cond else 3.0
+        allclose(out, 2.0 * scale * x)
+        allclose(inside["c"], scale * x)
+        allclose(reaps["c"], inside["c"])
+        (g,) = vjp_fn((np.float32(1.0), {"c": np.float32(0.0)}))
+        allclose(g, 2.0 * scale)
+        allclose(jax.grad(lambda x: h.call_and_reap(f, tag=T)(x)[0])(x), 2.0 * scale)

@@ -220,6 +220,35 @@ def test_a_custom_jvp_rule_reads_the_state_as_it_stands():
         assert (float(value), float(grad)) == (9.0, 18.0 * scale)
 
 
+def test_a_state_only_a_custom_jvp_rule_sets_is_set_where_the_rule_runs():
+    # The function's body only reads the counter; its rule (which runs in
+    # its place when differentiated) counts. Eagerly, each step's
+    # differentiation runs the rule once.
+    @jax.custom_jvp
+    def counted_sin(x):
+        return jnp.sin(x) + 0.0 * tx.get_state("rule_calls", jnp.int32(0))
+
+    @counted_sin.defjvp
+    def _(primals, tangents):
+        tx.set_state("rule_calls", tx.get_state("rule_calls", jnp.int32(0)) + 1)
+        return jax.jvp(counted_sin.fun, primals, tangents)
+
+    def step(c, x):
+        value, g = tx.value_and_grad(lambda x: counted_sin(x) * x)(x)
+        return c + value + g, None
+
+    xs = jnp.linspace(0.1, 0.9, 3, dtype=f32)
+    pure, s0 = tx.uncurry(lambda xs: lax.scan(step, f32(0.0), xs)[0], xs)
+    for run in (pure, jax.jit(pure)):
+        total, s1 = run(s0, xs)
+        assert int(s1["rule_calls"]) == 3
+        x = np.asarray(xs, np.float64)
+        np.testing.assert_allclose(total, np.sum(np.sin(x) * x + np.cos(x) * x + np.sin(x)),
+                                   rtol=1e-6)
+        total, s2 = run(s1, xs)  # the count goes on
+        assert int(s2["rule_calls"]) == 6
+
+
 @pytest.mark.parametrize("body_uses_state", [False, True])
 def test_a_state_a_bwd_sets_is_set_where_the_backward_pass_runs(body_uses_state):
     # A gradient logged by a custom_vjp bwd: the bwd runs inside the
