@@ -1129,15 +1129,16 @@ def _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_primals, path, context):
         raise NotImplementedError(
             f"taxpr: tags in the custom rule at {format_path(path)} collect or are fed "
             f"values per site ({_site_name((ch.collects or ch.feeds)[0][0])}); only values "
-            f"carried in "
-            f"ctx (e.g. non-append sows) are supported in a derivative rule")
+            f"carried in ctx (e.g. non-append sows) are supported in a derivative rule")
     engine.hooks.rules.check(rule, path)
     return rule
 
 
 def _site_name(key: ChannelKey) -> str:
-    site = key.site
-    return f"{site.kind} {site.name!r}" if hasattr(site, "name") and hasattr(site, "kind") else repr(site)
+    """A channel's site for an error: a layer's site records a ``kind`` and
+    a ``name`` (harvest: "reap 'a'")."""
+    kind, name = getattr(key.site, "kind", None), getattr(key.site, "name", None)
+    return repr(key.site) if kind is None or name is None else f"{kind} {name!r}"
 
 
 def _inexact(aval) -> bool:
@@ -1604,11 +1605,10 @@ def _jvp_again(fn: Callable, primals: Sequence[Any], positions: Sequence[int],
     inputs at ``positions`` (tangents ``tangents``), the others held at
     ``primals`` (``_of_some_inputs``), through a jit named
     ``FUNCTION_AGAIN``."""
-    def taxpr_function_again(held, xs, ts):
+    def again(held, xs, ts):
         return jax.jvp(_of_some_inputs(fn, held, positions), xs, ts)
-    assert taxpr_function_again.__name__ == FUNCTION_AGAIN
-    outs, outs_t = jax.jit(taxpr_function_again)(
-        list(primals), [primals[i] for i in positions], list(tangents))
+    again.__name__ = again.__qualname__ = FUNCTION_AGAIN  # the jit's name
+    outs, outs_t = jax.jit(again)(list(primals), [primals[i] for i in positions], list(tangents))
     return list(outs), list(outs_t)
 
 

@@ -98,7 +98,7 @@ class _HarvestRules(RulePolicy):
         self.sites = sites
         self.traced = traced
         # custom call eqn -> how many sows of each name its body makes
-        self._body_names = _traverse.IdMemo()
+        self._body_sow_counts = _traverse.IdMemo()
 
     def _body_counts(self, engine, eqn) -> dict:
         def count():
@@ -107,7 +107,7 @@ class _HarvestRules(RulePolicy):
                 if e.primitive is tag_p and engine.predicate(e.params):
                     counts[e.params["name"]] = counts.get(e.params["name"], 0) + 1
             return counts
-        return self._body_names.get_or_compute(eqn, count)
+        return self._body_sow_counts.get_or_compute(eqn, count)
 
     def _rule_own_last(self, engine, eqn, rule) -> list:
         """The sows in ``rule`` (a rule of the custom call ``eqn``) that are
