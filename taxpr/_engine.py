@@ -1022,7 +1022,6 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     in_avals = [*engine.ctx_avals, *(v.aval for v in eqn.invars), *(v.aval for v in feeds)]
     user = slice(n + nc, n + n_all)  # the user's rule sees the original non-const inputs
     cache: dict = {}
-    user_rule = _UserRuleTraces(user_jvp)
     rule_path = level.path + ("custom_jvp[rule]",)
     rule_context = level.context
     thread_rule = engine._rule_selected(eqn)  # definite: harvest's hooks
@@ -1044,7 +1043,10 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
         key = (zeros, keeping_tags())  # what is left in it is kept or plain
         if key in cache:
             return cache[key]
-        jvp_jaxpr, jvp_consts, out_zeros = user_rule(zeros[user])
+        # Traced keeping its tags (as the function's are): this layer threads
+        # them, and a rule of an inner layer's rewrite holds tags for it.
+        with keep_tags():
+            jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
         _reject_rule_sites(engine, jvp_jaxpr, level.path + ("custom_jvp[jvp rule]",))
         nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
         k = len(in_avals)
@@ -1109,27 +1111,6 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
     return ctx_out
 
 
-class _UserRuleTraces:
-    """A custom_jvp's own ``jvp_jaxpr_fun``, traced once per pattern of
-    symbolic zeros (and of kept tags): a rewritten call's JVP rule is asked
-    for more patterns (ctx's tangents among them) than its user's rule
-    tells apart, and JAX's wrapped rule (batched by vmap) may be called
-    only once per pattern. Traced keeping its tags (as the function's are):
-    this layer threads them, and a rule of an inner layer's rewrite holds
-    tags for it."""
-
-    def __init__(self, user_jvp: Any):
-        self.user_jvp = user_jvp
-        self.traces: dict = {}
-
-    def __call__(self, user_zeros: tuple) -> tuple:
-        key = (tuple(user_zeros), keeping_tags())
-        if key not in self.traces:
-            with keep_tags():
-                self.traces[key] = self.user_jvp.call_wrapped(*user_zeros)
-        return self.traces[key]
-
-
 def _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_primals, path, context):
     """The jaxpr of a rule of the custom call ``eqn`` (a JVP rule, or a
     custom_vjp fwd), threaded (ctx in first, out last)."""
@@ -1182,7 +1163,6 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
     n = len(engine.ctx_avals)
     k = len(in_avals)
     cache: dict = {}
-    user_rule = _UserRuleTraces(user_jvp)
     threaded_fn = evaluated_fun(threaded)
     out_tangent_avals = [v.aval.to_tangent_aval() for v in _jaxpr.jaxpr_parts(threaded).outvars]
 
@@ -1244,9 +1224,9 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
             # A rule defined without symbolic zeros gets them instantiated.
             user_zeros = zeros[user] if user_symbolic else (False,) * (user.stop - user.start)
             # The rule runs in a rewritten function (its tags are kept as the
-            # function's are, _UserRuleTraces): an unused sow in it must
-            # outlive the DCE below.
-            jvp_jaxpr, jvp_consts, out_zeros = user_rule(user_zeros)
+            # function's are): an unused sow in it must outlive the DCE below.
+            with keep_tags():
+                jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*user_zeros)
             n_rule = len(jvp_jaxpr.outvars)  # outputs, then their nonzero tangents
             if any(e.primitive is tag_p and engine.predicate(e.params)
                    for e, _ in _traverse.iter_eqns(jvp_jaxpr)):
@@ -1254,16 +1234,16 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
                                     path, context)
                 rule_fn = evaluated_fun(rule)
             else:  # a rule without sites runs as JAX runs it, ctx passing by
-                plain_rule = evaluated_fun(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))
+                user_rule = evaluated_fun(_jaxpr.close_traced(jvp_jaxpr, jvp_consts))
 
                 def rule_fn(*a):
-                    return [*plain_rule(*a[n:]), *a[:n]]
+                    return [*user_rule(*a[n:]), *a[:n]]
 
             ctx_jvp = jvp_through_ctx(zeros[:n]) if ctx_t_in else None
 
             def f(*args):
                 primals, per_input = tangents_of(args)
-                user_t = [t for t, z in zip(per_input[user], zeros[user]) if not z]
+                user_t = [t for t, z in zip(per_input[user], user_zeros) if not z]
                 ins = list(primals[user])
 
                 def run(*c):
