@@ -124,15 +124,15 @@ class _HarvestRules(RulePolicy):
                 if name in counts and not sows[-1][1]
                 and (any(f for _, f in sows) or len(sows) > counts[name])]
 
-    def _rewritten(self, engine, eqn, rule) -> Callable[[Any], bool]:
-        """``sow eqn -> bool``: whether a sow in ``rule`` (a rule of the
-        custom call ``eqn``) is rewritten there. A sow of a name the
-        function's body does not sow is, and so is a planted one (not in
-        append mode: its per-site values cannot be fed into a rule). Of a
-        name the body sows, only the rule's own last one (``_rule_own_last``)
-        is; the others are reaped from the function."""
+    def _rewritten(self, engine, eqn, own_last: list) -> Callable[[Any], bool]:
+        """``sow eqn -> bool``: whether a sow in a rule of the custom call
+        ``eqn`` is rewritten there. A sow of a name the function's body does
+        not sow is, and so is a planted one (not in append mode: its
+        per-site values cannot be fed into a rule). Of a name the body sows,
+        only the rule's own last one (``own_last``, ``_rule_own_last``) is;
+        the others are reaped from the function."""
         counts = self._body_counts(engine, eqn)
-        own = {id(e) for e in self._rule_own_last(engine, eqn, rule)}
+        own = {id(e) for e in own_last}
 
         def rewritten(e) -> bool:
             name = e.params["name"]
@@ -147,15 +147,16 @@ class _HarvestRules(RulePolicy):
         the former so that reverse mode can linearize. A strict sow of a name
         the function sows too, made by the rule that runs in its place, is
         oryx's error for a name sown twice."""
-        for e in self._rule_own_last(engine, eqn, rule):
+        own = self._rule_own_last(engine, eqn, rule)
+        for e in own:
             if e.params.get("mode") == "strict":
                 name = e.params["name"]
                 verb = "planted" if name in self.sites.planted else "reaped"
                 raise ValueError(f"Variable has already been {verb}: {_disp(name)} (a strict "
-                                 f"sow in a custom_jvp rule, after its function's)")
+                                 f"sow in a derivative rule, after its function's)")
         n_in = len(_jaxpr.jaxpr_parts(rule).invars)
         return _dissolve_rule_sows(engine, rule, [i >= n_primals for i in range(n_in)],
-                                   self._rewritten(engine, eqn, rule))
+                                   self._rewritten(engine, eqn, own))
 
     def has_selected(self, engine, eqn) -> bool:
         # Sows of names the function does not sow, planted sows and a rule's
@@ -166,7 +167,7 @@ class _HarvestRules(RulePolicy):
         rule = self.traced.jaxpr(eqn)
         if rule is None:
             return False
-        rewritten = self._rewritten(engine, eqn, rule)
+        rewritten = self._rewritten(engine, eqn, self._rule_own_last(engine, eqn, rule))
         return any(e.primitive is tag_p and engine.predicate(e.params) and rewritten(e)
                    for e, _ in _traverse.iter_eqns(rule))
 

@@ -629,7 +629,7 @@ def test_a_rule_sow_after_its_function_sows_the_same_name_in_strict_or_append_mo
         with pytest.raises(ValueError, match="Variable has already been reaped: c"):
             h.reap(lambda x: jax.jvp(f, (x,), (one,)), tag=T)(one)
         with pytest.raises(ValueError, match=r"Variable has already been reaped: c \(a strict "
-                                             r"sow in a custom_jvp rule"):
+                                             r"sow in a derivative rule"):
             jax.jvp(h.reap(f, tag=T), (one,), (one,))
     else:
         inside = h.reap(lambda x: jax.jvp(f, (x,), (one,)), tag=T)(one)
