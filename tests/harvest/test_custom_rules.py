@@ -835,3 +835,40 @@ def test_grad_of_a_harvest_of_a_custom_jvp_around_a_custom_vjp_whose_fwd_sows(in
         grad = jax.grad(lambda x: jax.tree_util.tree_leaves(
             h.call_and_reap(pure, tag=T)(s0, x)[0])[0])(x)
         allclose(grad, 2.0 * scale)
+
+
+def test_an_equinox_custom_jvp_rule_sowing_after_its_function_under_jit_and_vmap():
+    # equinox's filter_custom_jvp, its rule the JVP of the function and then
+    # a sow of the same name: from outside the harvest (jitted, called twice:
+    # warm caches; and per example under vmap) the rule's later sow is
+    # reaped, as with the harvest inside the differentiation.
+    import equinox as eqx
+
+    def fn(x):
+        return jnp.sin(h.sow(x * 3.0, tag=T, name="c", mode="clobber"))
+
+    f = eqx.filter_custom_jvp(fn)
+
+    @f.def_jvp
+    def _(primals, tangents):
+        out = jax.jvp(fn, primals, tangents)
+        h.sow(primals[0] * 2.0, tag=T, name="c", mode="clobber")
+        return out
+
+    def loss(x):
+        out, reaps = h.call_and_reap(f, tag=T)(x)
+        return out, reaps
+
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    for x in (np.float32(0.5), np.float32(1.5)):  # the jitted grad twice
+        inside = h.reap(lambda x: jax.vjp(f, x)[0], tag=T)(x)
+        (value, reaps), g = grad(x)
+        allclose(inside["c"], 2.0 * x)
+        allclose(reaps["c"], inside["c"])
+        allclose(value, np.sin(3.0 * x))
+        allclose(g, 3.0 * np.cos(3.0 * x))
+    xs = jnp.array([0.5, 1.0, 1.5], jnp.float32)
+    (values, reaps), gs = jax.vmap(jax.value_and_grad(loss, has_aux=True))(xs)
+    allclose(reaps["c"], 2.0 * xs)
+    allclose(gs, 3.0 * np.cos(3.0 * np.asarray(xs)))
+    allclose(h.reap(f, tag=T)(np.float32(0.5))["c"], 1.5)  # undifferentiated: the function's
