@@ -37,6 +37,44 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_checks", True)
+
+
+def _check_each_jaxpr_once() -> None:
+    """Under ``jax_enable_checks`` JAX type-checks a jaxpr each time it is
+    traced, lowered or nested in another one being checked, so a scan body
+    inside a jit inside a ``custom_vjp`` is checked again with every
+    enclosing jaxpr (a fifth to a third of a differentiated program's
+    trace time). A jaxpr is immutable: one that passed is not checked again
+    (the same object, under the same checking flags). Every jaxpr JAX
+    checks is still checked once; a failing one fails every time."""
+    import weakref
+
+    from jax._src import config, core
+
+    check = getattr(core, "check_jaxpr", None)
+    if check is None:
+        return
+    flags = [getattr(config, name) for name in ("mutable_array_checks", "debug_key_reuse")
+             if hasattr(config, name)]
+    passed: "weakref.WeakKeyDictionary[core.Jaxpr, set]" = weakref.WeakKeyDictionary()
+
+    def check_jaxpr(jaxpr):
+        key = tuple(flag.value for flag in flags)
+        try:
+            seen = passed.get(jaxpr)
+        except TypeError:  # not weakly referable: checked as JAX would
+            return check(jaxpr)
+        if seen is not None and key in seen:
+            return None
+        check(jaxpr)
+        passed.setdefault(jaxpr, set()).add(key)
+        return None
+
+    check_jaxpr.__wrapped__ = check
+    core.check_jaxpr = check_jaxpr
+
+
+_check_each_jaxpr_once()
 # Tests compare programs with eager/NumPy references at float32 tolerances:
 # full float32 matmuls on every backend (GPUs default to TF32).
 jax.config.update("jax_default_matmul_precision", "highest")
