@@ -1,4 +1,4 @@
-"""Cost of the taxpr.ir toolchain against ``jax.make_jaxpr`` (issue 16).
+"""Cost of the taxpr.ir toolchain against ``jax.make_jaxpr``.
 
 The program is a chain of blocks, each with constant work, an identity, a
 repeated computation, an ``x + 0.0`` that must stay and dead code (8

@@ -7,7 +7,8 @@ Three programs (hidden size H = 16), each written three ways:
   ``jax.freeze``), traced by ``jax.make_jaxpr`` (``refs``) and then
   discharged into pure code (``refs + discharge``, what ``jax.jit`` does);
 * ``taxpr``: ``tx.get_state`` / ``tx.set_state``, traced and made pure by
-  ``tx.make_jaxpr``.
+  ``tx.make_jaxpr``; ``taxpr tags only`` is its trace alone, before the
+  pass that threads the states (what ``refs`` is to ``refs + discharge``).
 
 Programs: ``rnn_scan`` (an RNN in ``lax.scan`` of 2,000 steps, state ``h``),
 ``layers_scan`` (8 layers of state in one ``lax.scan`` of 500 steps),
@@ -167,12 +168,28 @@ def _fresh(fn: Callable) -> Callable:
     return lambda *a: fn(*a)
 
 
+def _tags_only(fn: Callable, args: tuple) -> Any:
+    """The first half of ``tx.make_jaxpr``: the program traced with its
+    state tags kept (inits staged for their types, as ``tx.make_jaxpr``
+    does), before the pass that threads the states (what ``refs`` is to
+    ``refs + discharge``)."""
+    from taxpr._state._inits import INITS_FOR_TYPES_ONLY
+
+    token = INITS_FOR_TYPES_ONLY.set(True)
+    try:
+        with tx.keep_tags():
+            return jax.make_jaxpr(fn)(*args)
+    finally:
+        INITS_FOR_TYPES_ONLY.reset(token)
+
+
 def _trace_times(make: Callable[[], dict], reps: int, more_if_cheap: bool = True
                  ) -> dict[str, float]:
     variants = {
         "plain": lambda p: jax.make_jaxpr(_fresh(p["plain"]))(*p["args"]),
         "refs": lambda p: jax.make_jaxpr(_fresh(p["refs"]))(*p["args"]),
         "refs + discharge": lambda p: _discharge(jax.make_jaxpr(_fresh(p["refs"]))(*p["args"])),
+        "taxpr tags only": lambda p: _tags_only(_fresh(p["taxpr"]), p["args"]),
         "taxpr": lambda p: tx.make_jaxpr(_fresh(p["taxpr"]))(*p["args"]),
     }
     best = {k: float("inf") for k in variants}
@@ -226,7 +243,7 @@ def run(quick: bool = False) -> dict:
         times = _trace_times(make, reps, more_if_cheap=not quick)
         ratios = {k: v / times["plain"] for k, v in times.items() if k != "plain"}
         out["trace"][name] = {**ratios, "plain_s": times["plain"]}
-        for variant in ("refs", "refs + discharge", "taxpr"):
+        for variant in ("refs", "refs + discharge", "taxpr tags only", "taxpr"):
             target = ratios["refs + discharge"] if variant == "taxpr" else None
             out["figures"].append({
                 "name": f"trace {name}: {variant} / plain", "value": ratios[variant],

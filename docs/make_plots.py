@@ -214,6 +214,10 @@ HEADLINE_ROWS: list[tuple[str, str, list[str]]] = [
      ["trace layers_scan: taxpr / plain", "trace layers_scan: refs + discharge / plain"]),
     ("trace, RNN unrolled in Python (1,000 steps)", "{} vs {}",
      ["trace rnn_unrolled: taxpr / plain", "trace rnn_unrolled: refs + discharge / plain"]),
+    ("trace, the same three as written, before the state pass: taxpr tags only / plain, "
+     "vs JAX refs alone / plain", "{}, {}, {} vs {}, {}, {}",
+     [f"trace {p}: {w} / plain" for w in ("taxpr tags only", "refs")
+      for p in ("rnn_scan", "layers_scan", "rnn_unrolled")]),
     ("trace, the same three with the state starting at an input (as refs do)",
      "{}, {}, {} vs {}, {}, {}",
      [f"trace {p}, input init: {w} / plain" for w in ("taxpr", "refs + discharge")

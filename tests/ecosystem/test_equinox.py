@@ -46,7 +46,7 @@ def test_nondifferentiable_program_a_jit_twice():
     assert float(out) == 3.0 and float(s["n"]) == 3.0
 
 
-# --- eqxi.while_loop, every kind (issue G for "checkpointed") ---------------
+# --- eqxi.while_loop, every kind ------------------------------------------------
 
 def _loop_loss(kind, steps=3):
     def body(carry):
@@ -522,7 +522,7 @@ def test_filter_custom_vjp_fwd_sow_is_reaped_when_differentiated_from_outside():
     close(gs, np.full(3, np.sin(x)))
 
 
-# --- eqx.filter_jit of every taxpr transformation (issue F) -------------------
+# --- eqx.filter_jit of every taxpr transformation --------------------------------
 
 def _sowing(x):
     return h.sow(x * 2.0, tag="t", name="a") + 1.0
