@@ -15,6 +15,32 @@ if "xla_allow_excess_precision" not in os.environ["XLA_FLAGS"]:
 if "xla_gpu_autotune_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_gpu_autotune_level=0"
 
+
+def _cpu_only() -> bool:
+    """Whether JAX can only use its CPU backend here (no accelerator plugin
+    is installed, or ``JAX_PLATFORMS`` names only ``cpu``)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return {p.strip() for p in platforms.split(",")} <= {"cpu", ""}
+    import importlib.metadata
+    import importlib.util
+
+    if tuple(importlib.metadata.entry_points(group="jax_plugins")):
+        return False
+    return importlib.util.find_spec("jax_plugins") is None
+
+
+# Compiling is about half of the suite's time on a CPU (thousands of small
+# programs, most run once). LLVM's optimisation level 0 compiles them about
+# a sixth faster (XLA's HLO passes, fusion included, still run); the code
+# runs slower, which the suite's small programs do not feel, and may round
+# differently from the default level (a sum vectorised otherwise): every
+# process of a run, those tests start included, uses the same level, so
+# programs compared bit for bit are compiled alike. Accelerators keep their
+# default.
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"] and _cpu_only():
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+
 # One persistent compilation cache per test run, shared by the pytest-xdist
 # workers and the Python processes tests start: a program that several tests
 # compile (a reference and a rewritten program that lower alike; a fuzz

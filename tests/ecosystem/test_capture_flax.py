@@ -4,6 +4,8 @@ hand with the same parameters."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +48,15 @@ class Transformer(nn.Module):
 
 MODEL = Transformer()
 TOK = jnp.array([1, 4, 2, 9, 3])
-PARAMS = MODEL.init(jax.random.key(0), TOK)
+
+
+# Made on first use, not when the module is imported: every pytest-xdist
+# worker imports every test module (to collect it), and initialising the
+# model compiles its initialisers.
+@functools.cache
+def model_params():
+    with jax.ensure_compile_time_eval():  # also when first used in a trace
+        return MODEL.init(jax.random.key(0), TOK)
 
 
 def apply(params, tok):
@@ -70,24 +80,24 @@ def by_hand(params, tok, attention_fn=None, layer_fn=None):
 
 
 def test_the_attention_probabilities_of_every_layer_are_flaxs_own_sown_weights():
-    _, inter = MODEL.apply(PARAMS, TOK, mutable=["intermediates"])
+    _, inter = MODEL.apply(model_params(), TOK, mutable=["intermediates"])
     (want,) = inter["intermediates"]["blocks"]["attn"]["attention_weights"]
-    out, acts = tx.capture(apply, PROBS)(PARAMS, TOK)
+    out, acts = tx.capture(apply, PROBS)(model_params(), TOK)
     assert acts[PROBS].shape == (LAYERS, HEADS, 5, 5)
     close(acts[PROBS], want)
-    close(out, by_hand(PARAMS, TOK)[0])
-    out, acts = jax.jit(tx.capture(apply, PROBS))(PARAMS, TOK)
+    close(out, by_hand(model_params(), TOK)[0])
+    out, acts = jax.jit(tx.capture(apply, PROBS))(model_params(), TOK)
     close(acts[PROBS], want)
 
 
 def test_logit_lens_reads_the_residual_stream_after_each_block():
-    (stream_site,) = [s for s in tx.sites(apply, PARAMS, TOK)
+    (stream_site,) = [s for s in tx.sites(apply, model_params(), TOK)
                       if "Transformer/blocks" in s.leaves and s.scope == "Transformer/blocks"]
     _, acts = tx.capture(apply, tx.select.leaving("Transformer/blocks") & tx.select.scope("Transformer/blocks"))(
-        PARAMS, TOK)
-    logits, stream = by_hand(PARAMS, TOK)
+        model_params(), TOK)
+    logits, stream = by_hand(model_params(), TOK)
     close(acts[stream_site.name], stream)
-    lens = nn.Dense(VOCAB).apply({"params": PARAMS["params"]["head"]}, acts[stream_site.name])
+    lens = nn.Dense(VOCAB).apply({"params": model_params()["params"]["head"]}, acts[stream_site.name])
     close(lens[-1], logits)
 
 
@@ -103,15 +113,15 @@ def ablate_head(layer, head):
 
 
 def test_patching_one_head_of_one_layer_is_the_hand_ablated_model():
-    want = by_hand(PARAMS, TOK, ablate_head(1, 0))[0]
-    probs = tx.capture(apply, PROBS)(PARAMS, TOK)[1][PROBS]
-    patched = tx.patch(apply, {PROBS: h.rows({1: probs[1].at[0].set(0.0)})})(PARAMS, TOK)
+    want = by_hand(model_params(), TOK, ablate_head(1, 0))[0]
+    probs = tx.capture(apply, PROBS)(model_params(), TOK)[1][PROBS]
+    patched = tx.patch(apply, {PROBS: h.rows({1: probs[1].at[0].set(0.0)})})(model_params(), TOK)
     close(patched, want)
     # a function patches every layer, where each layer computes its probabilities
-    every = tx.patch(apply, {PROBS: lambda w: w.at[0].set(0.0)})(PARAMS, TOK)
-    close(every, by_hand(PARAMS, TOK, lambda i: ablate_head(i, 0)(i))[0])
-    close(jax.jit(tx.patch(apply, {PROBS: lambda w: w.at[0].set(0.0)}))(PARAMS, TOK),
-          by_hand(PARAMS, TOK, lambda i: ablate_head(i, 0)(i))[0])
+    every = tx.patch(apply, {PROBS: lambda w: w.at[0].set(0.0)})(model_params(), TOK)
+    close(every, by_hand(model_params(), TOK, lambda i: ablate_head(i, 0)(i))[0])
+    close(jax.jit(tx.patch(apply, {PROBS: lambda w: w.at[0].set(0.0)}))(model_params(), TOK),
+          by_hand(model_params(), TOK, lambda i: ablate_head(i, 0)(i))[0])
 
 
 def test_capture_under_grad_and_vmap():
@@ -125,21 +135,21 @@ def test_capture_under_grad_and_vmap():
         (w,) = inter["intermediates"]["blocks"]["attn"]["attention_weights"]
         return jnp.mean(logits ** 2) + jnp.mean(w ** 2)
 
-    g = jax.grad(loss)(PARAMS, TOK)
-    g_ref = jax.grad(loss_by_hand)(PARAMS, TOK)
+    g = jax.grad(loss)(model_params(), TOK)
+    g_ref = jax.grad(loss_by_hand)(model_params(), TOK)
     jax.tree_util.tree_map(close, g, g_ref)
     toks = jnp.stack([TOK, TOK[::-1]])
-    _, acts = jax.vmap(tx.capture(apply, PROBS), in_axes=(None, 0))(PARAMS, toks)
+    _, acts = jax.vmap(tx.capture(apply, PROBS), in_axes=(None, 0))(model_params(), toks)
     for i in range(2):
-        _, inter = MODEL.apply(PARAMS, toks[i], mutable=["intermediates"])
+        _, inter = MODEL.apply(model_params(), toks[i], mutable=["intermediates"])
         close(acts[PROBS][i], inter["intermediates"]["blocks"]["attn"]["attention_weights"][0])
 
 
 def test_attribution_patching_gradient_of_the_loss_with_respect_to_a_patched_head():
-    probs = tx.capture(apply, PROBS)(PARAMS, TOK)[1][PROBS]
+    probs = tx.capture(apply, PROBS)(model_params(), TOK)[1][PROBS]
 
     def loss(row):
-        return jnp.sum(tx.patch(apply, {PROBS: h.rows({2: row})})(PARAMS, TOK)[:, 3])
+        return jnp.sum(tx.patch(apply, {PROBS: h.rows({2: row})})(model_params(), TOK)[:, 3])
 
     def loss_by_hand(row):
         def attention_fn(i):
@@ -147,7 +157,7 @@ def test_attribution_patching_gradient_of_the_loss_with_respect_to_a_patched_hea
                 w = row if i == 2 else nn.dot_product_attention_weights(q, k)
                 return jnp.einsum("...hqk,...khd->...qhd", w, v)
             return fn
-        return jnp.sum(by_hand(PARAMS, TOK, attention_fn)[0][:, 3])
+        return jnp.sum(by_hand(model_params(), TOK, attention_fn)[0][:, 3])
 
     close(jax.grad(loss)(probs[2]), jax.grad(loss_by_hand)(probs[2]))
 
@@ -156,8 +166,8 @@ def test_gradient_of_the_loss_with_respect_to_each_layers_attention_in_one_pass(
     def loss(params, tok):
         return jnp.sum(apply(params, tok)[:, 3])
 
-    probs = tx.capture(apply, PROBS)(PARAMS, TOK)[1][PROBS]
-    d = jax.grad(tx.perturb(loss, PROBS))({PROBS: jnp.zeros_like(probs)}, PARAMS, TOK)[PROBS]
+    probs = tx.capture(apply, PROBS)(model_params(), TOK)[1][PROBS]
+    d = jax.grad(tx.perturb(loss, PROBS))({PROBS: jnp.zeros_like(probs)}, model_params(), TOK)[PROBS]
 
     def loss_by_hand(delta):
         def attention_fn(i):
@@ -165,7 +175,7 @@ def test_gradient_of_the_loss_with_respect_to_each_layers_attention_in_one_pass(
                 w = nn.dot_product_attention_weights(q, k) + delta[i]
                 return jnp.einsum("...hqk,...khd->...qhd", w, v)
             return fn
-        return jnp.sum(by_hand(PARAMS, TOK, attention_fn)[0][:, 3])
+        return jnp.sum(by_hand(model_params(), TOK, attention_fn)[0][:, 3])
 
     close(d, jax.grad(loss_by_hand)(jnp.zeros_like(probs)))
 
