@@ -163,11 +163,16 @@ def hidden_tags(closed: Any, recorded: dict, selects: Predicate) -> list[dict]:
     """The params of the tags ``selects`` selects that user code bound while
     ``closed`` was traced (``recording_tags``' ``recorded``) but that are
     nowhere in it."""
-    in_program = {frozenset(user_params(e.params).items())
-                  for e, _ in _traverse.iter_eqns(closed) if e.primitive is tag_p}
+    missing = set(recorded)
+    # A program binds few distinct tags many times (a state read every
+    # step): the walk stops once each recorded one was seen.
+    for e, _ in _traverse.iter_eqns(closed):
+        if not missing:
+            break
+        if e.primitive is tag_p:
+            missing.discard(frozenset(user_params(e.params).items()))
     return [params for key, (params, tree, avals) in recorded.items()
-            if key not in in_program
-            and selects(params, jax.tree_util.tree_unflatten(tree, avals))]
+            if key in missing and selects(params, jax.tree_util.tree_unflatten(tree, avals))]
 
 
 def expand_for(program: Any, selects: Predicate | None) -> Any:

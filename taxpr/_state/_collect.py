@@ -88,6 +88,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
     _check_trees(sites)
     states: dict[str, StateInfo] = {}
     first: dict[str, tuple] = {}
+    first_avals: dict[str, Any] = {}
     for eqn, path in sites:
         p = eqn.params
         name, op, aval = p["name"], p["op"], tag_shape(eqn)
@@ -95,6 +96,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             states[name] = StateInfo(name, tuple(aval.shape), aval.dtype,
                                      op is GET, op is SET, p.get("state_tree"))
             first[name] = (eqn, path)
+            first_avals[name] = aval
             continue
         info = states[name]
         if tuple(aval.shape) != info.shape or aval.dtype != info.dtype:
@@ -111,7 +113,7 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
             raise StateError(
                 f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type {got}, "
                 f"but {_describe_site(_site(*first[name]))} gave it type {want}{hint}")
-        first_aval = tag_shape(first[name][0])
+        first_aval = first_avals[name]
         if _compat.explicit_sharding(aval) != _compat.explicit_sharding(first_aval):
             raise StateError(
                 f"taxpr: state {name!r}: {_describe_site(_site(eqn, path))} has type "
