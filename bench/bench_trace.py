@@ -173,14 +173,10 @@ def _tags_only(fn: Callable, args: tuple) -> Any:
     state tags kept (inits staged for their types, as ``tx.make_jaxpr``
     does), before the pass that threads the states (what ``refs`` is to
     ``refs + discharge``)."""
-    from taxpr._state._inits import INITS_FOR_TYPES_ONLY
+    from taxpr._state._inits import tracing_for_types
 
-    token = INITS_FOR_TYPES_ONLY.set(True)
-    try:
-        with tx.keep_tags():
-            return jax.make_jaxpr(fn)(*args)
-    finally:
-        INITS_FOR_TYPES_ONLY.reset(token)
+    with tracing_for_types():
+        return jax.make_jaxpr(fn)(*args)
 
 
 def _trace_times(make: Callable[[], dict], reps: int, more_if_cheap: bool = True

@@ -4,15 +4,16 @@ or staged out when only their types are needed."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 from jax._src import core
 
-from ..primitives._tag import keeping_tags
+from ..primitives._tag import keep_tags, keeping_tags
 
 
 # Per outermost trace (weakly held, so a finished trace drops its entries):
@@ -172,3 +173,15 @@ def _staged_init(name: str, init: Callable) -> Any:
 # Set by ``make_jaxpr``: inits are needed only for their types (the pure
 # program takes every state as an input).
 INITS_FOR_TYPES_ONLY = contextvars.ContextVar("taxpr_inits_for_types_only", default=False)
+
+
+@contextlib.contextmanager
+def tracing_for_types() -> Iterator[None]:
+    """A trace whose tags are kept and whose callable inits are needed only
+    for their types (``make_jaxpr``'s): inits are staged, not evaluated."""
+    token = INITS_FOR_TYPES_ONLY.set(True)
+    try:
+        with keep_tags():
+            yield
+    finally:
+        INITS_FOR_TYPES_ONLY.reset(token)

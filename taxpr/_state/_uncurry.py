@@ -13,12 +13,12 @@ import numpy as np
 from .. import _jaxpr
 from .._expand import expand_for
 from .._inject import SplitArguments, check_no_hidden_tags, split_arguments, trace_program
-from ..primitives._tag import evaluated_fun, keep_tags, recording_tags
+from ..primitives._tag import evaluated_fun, recording_tags
 from . import _dicts
 from ._collect import collect_states, first_differences, tree_paths
 from ._dicts import lookup, merge, nest
 from ._initial import initial_states
-from ._inits import INITS_FOR_TYPES_ONLY
+from ._inits import tracing_for_types
 from ._ops import LeafName, StateError, is_state_tag
 from ._rewrite import keep_written_outputs, pure_jaxpr
 
@@ -211,16 +211,12 @@ def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = 
     def wrapped(*args, **kwargs):
         static_kw = {k: kwargs.pop(k) for k in names if k in kwargs}
         f = functools.partial(fun, **static_kw) if static_kw else fun
-        token = INITS_FOR_TYPES_ONLY.set(True)
-        try:
-            with keep_tags(), recording_tags() as recorded:
-                closed, out_shape = jax.make_jaxpr(
-                    f, static_argnums=static_argnums, axis_env=axis_env,
-                    return_shape=True)(*args, **kwargs)
-                closed = expand_for(closed, is_state_tag)
-            check_no_hidden_tags(closed, recorded, is_state_tag)
-        finally:
-            INITS_FOR_TYPES_ONLY.reset(token)
+        with tracing_for_types(), recording_tags() as recorded:
+            closed, out_shape = jax.make_jaxpr(
+                f, static_argnums=static_argnums, axis_env=axis_env,
+                return_shape=True)(*args, **kwargs)
+            closed = expand_for(closed, is_state_tag)
+        check_no_hidden_tags(closed, recorded, is_state_tag)
         states = collect_states(closed)
         infos = tuple(states.values())
         if not states:
