@@ -188,6 +188,39 @@ def test_a_tag_hidden_in_a_primitive_without_implementation_is_a_clear_error():
     with pytest.raises(NotImplementedError, match=r"name='k'.*'opaque_call'"):
         tx.uncurry(lambda x: call_p.bind(x, fn=reads_k), f32(1.0))
 
+    for transform in (lambda f: tx.uncurry(f, f32(1.0)),
+                      lambda f: tx.make_jaxpr_with_states(f)(f32(1.0))):
+        def reads_j(x):  # a new function each time: its abstract evaluation is traced
+            return tx.get_state("j", f32(3.0)) * x
+
+        def visible_then_hidden(x):
+            # many reads of a state the program shows, before and after the
+            # primitive hiding another one: the hidden one is still reported
+            for _ in range(50):
+                x = x + tx.get_state("seen", f32(1.0))
+            x = call_p.bind(x, fn=reads_j)
+            for _ in range(50):
+                x = x + tx.get_state("seen", f32(1.0))
+            return x
+
+        with pytest.raises(NotImplementedError, match=r"name='j'.*'opaque_call'"):
+            transform(visible_then_hidden)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a primitive without implementation that keeps a function whose abstract evaluation "
+    "JAX cached binds no tag when traced again: taxpr has no way to see the tag then "
+    "(docs/limitations.md)"))
+def test_a_tag_hidden_in_a_primitive_without_implementation_is_reported_on_a_warm_cache():
+    call_p = _opaque_call_primitive(implemented=False)
+
+    def reads_k(x):
+        return tx.get_state("k", f32(3.0)) * x
+
+    for _ in range(2):  # the second trace hits eval_shape's cache of reads_k
+        with pytest.raises(NotImplementedError, match=r"name='k'.*'opaque_call'"):
+            tx.uncurry(lambda x: call_p.bind(x, fn=reads_k), f32(1.0))
+
 
 def test_state_under_ensure_compile_time_eval_matches_eager():
     def f(x):
