@@ -78,20 +78,34 @@ def why(prim) -> str:
 
 
 def count() -> dict:
+    """The corpus's bind counts, in all and per source of programs (taxpr's
+    own, or the library whose programs they are: ``by_source``), with the
+    libraries installed (``libraries``): a run with fewer libraries
+    installed compares the sources it has."""
     binds: Counter = Counter()
+    by_source: dict[str, dict] = {}
     reading_objects = []
     cases = codegen_corpus.cases()
+    sources = codegen_corpus.sources()
     for name, j, _ in cases:
         code = ir.jaxpr_to_python_code(j)
         if code.objects:
             reading_objects.append(name)
         namespace: dict = {"OBJECTS": code.objects}
         exec(compile(str(code), name, "exec"), namespace)
+        mine = by_source.setdefault(sources[name], {"programs": 0, "binds": 0, "bound": Counter()})
+        mine["programs"] += 1
         for expr in BIND.findall(str(code)):
-            binds[eval(expr, namespace)] += 1  # noqa: S307 - the generated code's own names
+            prim = eval(expr, namespace)  # noqa: S307 - the generated code's own names
+            binds[prim] += 1
+            mine["binds"] += 1
+            mine["bound"][prim.name] += 1
     return {
         "programs": len(cases),
         "binds": sum(binds.values()),
+        "libraries": list(codegen_corpus.installed_libraries()),
+        "by_source": {s: {**r, "bound": dict(sorted(r["bound"].items()))}
+                      for s, r in sorted(by_source.items())},
         "programs_reading_objects": reading_objects,
         "bound": {p.name: {"count": n, "why": why(p)} for p, n in binds.most_common()},
     }

@@ -632,24 +632,43 @@ LIBRARIES = {"equinox": (_equinox, ("equinox",)), "diffrax": (_diffrax, ("diffra
              "optax": (_optax, ("optax",)), "flax": (_flax, ("flax",))}
 
 
+def installed_libraries() -> tuple[str, ...]:
+    """The names of ``LIBRARIES`` whose modules are installed."""
+    return tuple(name for name, (_, modules) in LIBRARIES.items() if has(*modules))
+
+
 def _libraries() -> dict:
-    out = {}
-    for make, modules in LIBRARIES.values():
-        if has(*modules):
-            out.update(make())
-    return out
+    """``{library name: {program name: (jaxpr, flat arguments)}}`` for the
+    libraries installed."""
+    return {name: LIBRARIES[name][0]() for name in installed_libraries()}
+
+
+# The source of the programs that need no library beyond taxpr's own
+# dependencies (realistic programs, the examples', the fuzzer's).
+CORE = "taxpr"
 
 
 @functools.cache
+def _sourced_cases() -> tuple[tuple[str, str, object, list], ...]:
+    out = []
+    for name, (fn, args) in _realistic().items():
+        flat = jax.tree_util.tree_leaves(args)
+        out.append((CORE, name, jax.make_jaxpr(fn)(*args), flat))
+    out.extend((CORE, name, j, list(args)) for name, (j, args) in _examples().items())
+    for library, programs in _libraries().items():
+        out.extend((library, name, j, list(args)) for name, (j, args) in programs.items())
+    out.extend((CORE, name, j, args) for name, (j, args) in _fuzzed().items())
+    return tuple(out)
+
+
 def cases() -> tuple[tuple[str, object, list], ...]:
     """``(name, jaxpr, flat arguments)`` of every program of the corpus
     (the library programs of the libraries installed). Traced once per
     process: the tests and bench/codegen_binds.py that read it only read."""
-    out = []
-    for name, (fn, args) in _realistic().items():
-        flat = jax.tree_util.tree_leaves(args)
-        out.append((name, jax.make_jaxpr(fn)(*args), flat))
-    out.extend((name, j, list(args)) for name, (j, args) in _examples().items())
-    out.extend((name, j, list(args)) for name, (j, args) in _libraries().items())
-    out.extend((name, j, args) for name, (j, args) in _fuzzed().items())
-    return tuple(out)
+    return tuple((name, j, args) for _, name, j, args in _sourced_cases())
+
+
+def sources() -> dict[str, str]:
+    """``{program name: its source}``: ``CORE``, or the name in
+    ``LIBRARIES`` of the library whose program it is."""
+    return {name: source for source, name, _, _ in _sourced_cases()}

@@ -598,13 +598,19 @@ class _Gen:
             return hit
         parts = _jaxpr.jaxpr_parts(j)
         open_ = not _jaxpr.is_closed(j) and not _compat.MERGED_JAXPR
-        specs = [self.spec_src(v.aval) for v in parts.invars]
-        if None in specs or open_ and parts.constvars:
+        n_consts = len(parts.constvars) if open_ else 0
+        specs = [self.spec_src(v.aval)
+                 for v in [*(parts.constvars if open_ else ()), *parts.invars]]
+        if None in specs:
             return self.obj(j, hint)
-        fn = self.function(j, hint, "tuple")
+        fn = self.function(j, hint, "tuple")  # (an open jaxpr's constvars lead)
         name = self.fn_name(hint)
-        self.late.append(f"{name} = jax.make_jaxpr({fn})({', '.join(specs)})"
-                         + (".jaxpr" if open_ else ""))
+        made = f"jax.make_jaxpr({fn})({', '.join(specs)})" + (".jaxpr" if open_ else "")
+        if n_consts:  # an open jaxpr with constvars (JAX with unmerged jaxprs)
+            convert = self.import_object("jax._src.interpreters.partial_eval",
+                                         "convert_invars_to_constvars")
+            made = f"{convert}({made}, {n_consts})"
+        self.late.append(f"{name} = {made}")
         self.jaxpr_fns.set(j, name, "jaxpr")
         return name
 
