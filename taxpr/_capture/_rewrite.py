@@ -62,10 +62,14 @@ def const_mode(site: Site) -> str:
 @dataclasses.dataclass(frozen=True)
 class Insertion:
     """What to insert after one equation output: ``build(var) -> fragment``,
-    a function of the output's value traced into the program."""
+    a function of the output's value traced into the program. ``site``
+    names the site; ``changes`` says whether the fragment changes the value
+    (a patch) or only records it (a capture)."""
 
     output: int
     build: Callable[[Any], Any]
+    site: str = ""
+    changes: bool = False
 
 
 def _sow_as(value: Any, name: str, mode: str) -> Any:
@@ -82,12 +86,13 @@ ROWS_PARAM = "taxpr_capture_rows"
 def rows_insertion(site: Site) -> Insertion:
     """A tag that ``inject`` rewrites into a write of the value to the next
     row of the site's buffer (``_api``'s ``loop_rows``)."""
-    return Insertion(site.output, lambda v: tag(v, **{ROWS_PARAM: site.name}))
+    return Insertion(site.output, lambda v: tag(v, **{ROWS_PARAM: site.name}), site.name)
 
 
-def capture_insertion(site: Site) -> Insertion:
+def capture_insertion(site: Site, changes: bool = False) -> Insertion:
+    """A sow of ``site``'s value (``changes``: a value is planted into it)."""
     mode = sow_mode(site)
-    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode))
+    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode), site.name, changes)
 
 
 def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, dict]:
@@ -111,7 +116,7 @@ def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, di
               for c, n in zip(consts, names)]
         return core.eval_jaxpr(jaxpr, cs, v)[0]
 
-    return Insertion(site.output, build), dict(zip(names, consts))
+    return Insertion(site.output, build, site.name, True), dict(zip(names, consts))
 
 
 def _fragment(build: Callable[..., Any], in_atoms: Sequence[Any]) -> tuple[list, Any]:
@@ -136,11 +141,21 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
     """``closed`` with ``plan[ordinal]``'s fragments after the equation at
     that place of ``_traverse.walk``'s order (``Site.ordinal``)."""
     counter = itertools.count()
+    walked = [0]  # how many equations the walk has passed
 
     def rewrite(eqn, path, env):
         ordinal = next(counter)
+        walked[0] = ordinal + 1
         if eqn.primitive is _compat.cond_p:
             return _rewrite_cond(eqn, path, env, rewrite)
+        if eqn.primitive in _RULES_OF:
+            # the function's equations are the next ones of the walk
+            inside = _rewrite_custom_call(eqn, path, env, rewrite)
+            if inside is None:
+                return None
+            new_eqn, call_after = inside
+            sites = tuple(i for o in range(ordinal + 1, walked[0]) for i in plan.get(o, ()))
+            return [_with_carrying_rules(new_eqn, eqn, call_after, sites)]
         todo = plan.get(ordinal)
         if todo is None:
             return None
@@ -216,3 +231,140 @@ def _placeholders(names: dict) -> list:
             return sow(zeros, tag=CAPTURE_TAG, name=name, mode=mode)
         eqns.extend(_fragment(build, [])[0])
     return eqns
+
+
+# ---- custom derivative rules ------------------------------------------------------------------
+#
+# A custom_jvp rule, a custom_vjp fwd and bwd are Python callables that JAX
+# traces only when it differentiates the call, after this rewrite: a change
+# made to the traced function never reaches them. Eagerly, a patch written
+# into the function by hand is seen by every call of the function, the
+# calls its rules make included (``jax.nn.relu``'s rule computes its output
+# by calling relu). So the rules of a rewritten custom call are wrapped: the
+# jaxpr JAX traces of a rule is rewritten in turn, each call of the
+# function in it (a custom call whose function is the same program) getting
+# the rewritten function. A rule that never calls its function cannot be
+# given a patch: that is an error naming the site and the rule, never the
+# unpatched value.
+
+# The params holding a custom call's rules that return a traced jaxpr.
+_RULES_OF = {_compat.custom_jvp_call_p: "jvp_jaxpr_fun",
+             _compat.custom_vjp_call_p: "fwd_jaxpr_thunk"}
+
+
+class CustomRuleError(ValueError):
+    """A patched site is inside the function of a custom derivative rule
+    that does not call the function, so the rule would compute the
+    derivative (and, under differentiation, the value) of the unpatched
+    function."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _RewrittenCall:
+    """A custom call whose function was rewritten: its function before and
+    after, and the sites changed or recorded inside it."""
+
+    primitive: Any
+    name: str
+    before: Any
+    after: Any
+    sites: tuple[Insertion, ...]
+
+    @property
+    def patched(self) -> list[str]:
+        return [i.site for i in self.sites if i.changes]
+
+
+def _call_name(eqn) -> str:
+    p = eqn.params
+    name = p.get("name")
+    if not isinstance(name, str):
+        fun = p.get("jvp_jaxpr_fun") or p.get("fwd_jaxpr_thunk")
+        dbg = getattr(fun, "debug_info", None)
+        name = getattr(dbg, "func_name", None) or "?"
+    return name
+
+
+def _rewrite_custom_call(eqn, path, env, rewrite):
+    """A custom call with its function rewritten first (in the walk's order):
+    ``(the new equation, its new function)``, or None if nothing changed."""
+    new = {}
+    for sub, sj in _traverse.subjaxprs(eqn):
+        nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
+        if nj is not sj:
+            new[(sub.key, sub.index)] = nj
+    if not new:
+        return None
+    eqn = _traverse.with_subjaxprs(eqn, new)
+    return (eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars]),
+            new[("call_jaxpr", None)])
+
+
+def _with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Insertion, ...]):
+    """``new_eqn`` (``old_eqn`` with its function rewritten to ``after``,
+    holding ``sites``) with its rules wrapped to carry the change."""
+    call = _RewrittenCall(old_eqn.primitive, _call_name(old_eqn),
+                          old_eqn.params["call_jaxpr"], after, sites)
+    key = _RULES_OF[old_eqn.primitive]
+    return new_eqn.replace(params={**new_eqn.params,
+                                   key: _carrying_rule(old_eqn.params[key], call)})
+
+
+def _program_key(closed: Any) -> tuple:
+    """What makes two traces of a function the same program: the printed
+    jaxpr (variables named in order) and its constants."""
+    parts = _jaxpr.jaxpr_parts(closed)
+    jaxpr, consts = _jaxpr.open_with_constvars(closed)
+    return (str(jaxpr), tuple((np.shape(c), str(getattr(c, "dtype", type(c))),
+                               np.asarray(c).tobytes() if not isinstance(c, core.Tracer)
+                               else id(c)) for c in consts), len(parts.invars))
+
+
+_KEYS = _traverse.IdMemo()
+
+
+def _same_program(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    key = lambda j: _KEYS.get_or_compute(j, lambda: _program_key(j))  # noqa: E731
+    return key(a) == key(b)
+
+
+def _carry_into(rule: Any, call: _RewrittenCall) -> tuple[Any, int]:
+    """``rule`` (a closed jaxpr) with every call of ``call``'s function
+    given the rewritten function (and its rules wrapped in turn), and how
+    many calls it found."""
+    found = [0]
+
+    def rewrite(eqn, path, env):
+        if eqn.primitive is call.primitive and _same_program(eqn.params["call_jaxpr"],
+                                                             call.before):
+            found[0] += 1
+            key = _RULES_OF[call.primitive]
+            eqn = _traverse.with_subjaxprs(eqn, {("call_jaxpr", None): call.after},
+                                           **{key: _carrying_rule(eqn.params[key], call)})
+            return [eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])]
+        return None
+
+    return _traverse.map_jaxpr(rule, rewrite), found[0]
+
+
+def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
+    """``rule_fun`` (a custom_jvp's ``jvp_jaxpr_fun`` or a custom_vjp's
+    ``fwd_jaxpr_thunk``: ``(*flags) -> (jaxpr, consts, ...)``) whose traced
+    rule carries ``call``'s rewrite."""
+    kind = "custom_jvp rule" if call.primitive is _compat.custom_jvp_call_p else "custom_vjp fwd"
+
+    def traced(*flags):
+        jaxpr, consts, *rest = rule_fun.call_wrapped(*flags)
+        closed, found = _carry_into(_jaxpr.close_traced(jaxpr, consts), call)
+        if not found and call.patched:
+            raise CustomRuleError(
+                f"taxpr.patch: site {call.patched[0]!r} is inside the function of "
+                f"{call.primitive.name} {call.name!r}, whose {kind} does not call the "
+                f"function: differentiated, JAX runs the rule in the function's place, and the "
+                f"rule computes the unpatched value and its derivative. Patch a value outside "
+                f"{call.name!r} (its inputs or outputs), or differentiate without it")
+        return (*_jaxpr.open_with_constvars(closed), *rest)
+
+    return _jaxpr.wrap_fun(traced, rule_fun)
