@@ -195,14 +195,16 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
         planted: dict[str, Any] = {}
         taken: dict[str, Any] = {}
         for sel, replacement in items:
+            by_function = callable(replacement) and not isinstance(replacement, PlantRows)
             for site in select(traced.sites, sel, "patch"):
-                _check_sow_mode(site, "patch")
+                if not by_function:  # (a function's constants are planted whole)
+                    _check_sow_mode(site, "patch")
                 if site.name in taken:
                     raise ValueError(
                         f"taxpr.patch: site {site.name!r} is selected by both "
                         f"{taken[site.name]!r} and {sel!r}")
                 taken[site.name] = sel
-                if callable(replacement) and not isinstance(replacement, PlantRows):
+                if by_function:
                     insertion, consts = _rewrite.patch_insertion(site, replacement)
                     planted.update(consts)
                 else:

@@ -31,7 +31,8 @@ from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond
-from ..primitives._tag import keep_tags, tag, tag_p
+from .._engine import trace_in
+from ..primitives._tag import evaluated_fun, keep_tags, tag, tag_p
 from ._sites import Site
 
 
@@ -62,13 +63,13 @@ def const_mode(site: Site) -> str:
 @dataclasses.dataclass(frozen=True)
 class Insertion:
     """What to insert after one equation output: ``build(var) -> fragment``,
-    a function of the output's value traced into the program. ``site``
-    names the site; ``changes`` says whether the fragment changes the value
-    (a patch) or only records it (a capture)."""
+    a function of the output's value traced into the program, at ``site``;
+    ``changes`` says whether the fragment changes the value (a patch) or
+    only records it (a capture)."""
 
     output: int
     build: Callable[[Any], Any]
-    site: str = ""
+    site: Site
     changes: bool = False
 
 
@@ -86,13 +87,13 @@ ROWS_PARAM = "taxpr_capture_rows"
 def rows_insertion(site: Site) -> Insertion:
     """A tag that ``inject`` rewrites into a write of the value to the next
     row of the site's buffer (``_api``'s ``loop_rows``)."""
-    return Insertion(site.output, lambda v: tag(v, **{ROWS_PARAM: site.name}), site.name)
+    return Insertion(site.output, lambda v: tag(v, **{ROWS_PARAM: site.name}), site)
 
 
 def capture_insertion(site: Site, changes: bool = False) -> Insertion:
     """A sow of ``site``'s value (``changes``: a value is planted into it)."""
     mode = sow_mode(site)
-    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode), site.name, changes)
+    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode), site, changes)
 
 
 def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, dict]:
@@ -116,7 +117,7 @@ def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, di
               for c, n in zip(consts, names)]
         return core.eval_jaxpr(jaxpr, cs, v)[0]
 
-    return Insertion(site.output, build, site.name, True), dict(zip(names, consts))
+    return Insertion(site.output, build, site, True), dict(zip(names, consts))
 
 
 def _fragment(build: Callable[..., Any], in_atoms: Sequence[Any]) -> tuple[list, Any]:
@@ -150,10 +151,9 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
             return _rewrite_cond(eqn, path, env, rewrite)
         if eqn.primitive in _RULES_OF:
             # the function's equations are the next ones of the walk
-            inside = _rewrite_custom_call(eqn, path, env, rewrite)
-            if inside is None:
-                return None
-            new_eqn, call_after = inside
+            new_eqn, call_after = _rewrite_custom_call(eqn, path, env, rewrite)
+            if call_after is None:  # (a replacement all the same: map_jaxpr
+                return [new_eqn]    # must not walk the function again)
             sites = tuple(i for o in range(ordinal + 1, walked[0]) for i in plan.get(o, ()))
             return [_with_carrying_rules(new_eqn, eqn, call_after, sites)]
         todo = plan.get(ordinal)
@@ -271,13 +271,19 @@ class _RewrittenCall:
     sites: tuple[Insertion, ...]
 
     @property
-    def patched(self) -> list[str]:
+    def patched(self) -> list[Site]:
         return [i.site for i in self.sites if i.changes]
 
 
 def _call_name(eqn) -> str:
+    """The custom function's name, for errors."""
     p = eqn.params
     name = p.get("name")
+    if not isinstance(name, str):
+        dbg = _jaxpr.jaxpr_parts(p["call_jaxpr"]).debug_info
+        name = getattr(dbg, "func_name", None)
+        if isinstance(name, str) and name.endswith("_wrapped"):
+            name = None
     if not isinstance(name, str):
         fun = p.get("jvp_jaxpr_fun") or p.get("fwd_jaxpr_thunk")
         dbg = getattr(fun, "debug_info", None)
@@ -287,17 +293,16 @@ def _call_name(eqn) -> str:
 
 def _rewrite_custom_call(eqn, path, env, rewrite):
     """A custom call with its function rewritten first (in the walk's order):
-    ``(the new equation, its new function)``, or None if nothing changed."""
+    ``(the new equation, its new function or None if it is unchanged)``."""
     new = {}
     for sub, sj in _traverse.subjaxprs(eqn):
         nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
         if nj is not sj:
             new[(sub.key, sub.index)] = nj
-    if not new:
-        return None
-    eqn = _traverse.with_subjaxprs(eqn, new)
+    if new:
+        eqn = _traverse.with_subjaxprs(eqn, new)
     return (eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars]),
-            new[("call_jaxpr", None)])
+            new.get(("call_jaxpr", None)))
 
 
 def _with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Insertion, ...]):
@@ -306,8 +311,10 @@ def _with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Insertion, .
     call = _RewrittenCall(old_eqn.primitive, _call_name(old_eqn),
                           old_eqn.params["call_jaxpr"], after, sites)
     key = _RULES_OF[old_eqn.primitive]
-    return new_eqn.replace(params={**new_eqn.params,
-                                   key: _carrying_rule(old_eqn.params[key], call)})
+    params = {**new_eqn.params, key: _carrying_rule(old_eqn.params[key], call)}
+    if "bwd" in params and call.patched:
+        params["bwd"] = _checked_bwd(old_eqn.params["bwd"], call)
+    return new_eqn.replace(params=params)
 
 
 def _program_key(closed: Any) -> tuple:
@@ -360,7 +367,7 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
         closed, found = _carry_into(_jaxpr.close_traced(jaxpr, consts), call)
         if not found and call.patched:
             raise CustomRuleError(
-                f"taxpr.patch: site {call.patched[0]!r} is inside the function of "
+                f"taxpr.patch: site {call.patched[0].name!r} is inside the function of "
                 f"{call.primitive.name} {call.name!r}, whose {kind} does not call the "
                 f"function: differentiated, JAX runs the rule in the function's place, and the "
                 f"rule computes the unpatched value and its derivative. Patch a value outside "
@@ -368,3 +375,63 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
         return (*_jaxpr.open_with_constvars(closed), *rest)
 
     return _jaxpr.wrap_fun(traced, rule_fun)
+
+
+def _scope_of(info: Any) -> tuple[str, ...]:
+    from jax._src import source_info_util
+    return tuple(s.name for s in info.name_stack.stack if isinstance(s, source_info_util.Scope))
+
+
+def _recomputes(closed: Any, site: Site) -> bool:
+    """Whether ``closed`` (a traced custom_vjp bwd) computes ``site`` again:
+    an equation of its primitive in the same innermost scope (or, for a
+    site in no scope, of its primitive and type)."""
+    scope = _scope_of(site.source_info[0])
+    for eqn, _ in _traverse.iter_eqns(closed):
+        if eqn.primitive.name != site.primitive:
+            continue
+        if scope:
+            if _scope_of(eqn.source_info)[-len(scope):] == scope:
+                return True
+        elif any(getattr(v.aval, "shape", None) == site.shape
+                 and getattr(v.aval, "dtype", None) == site.dtype for v in eqn.outvars):
+            return True
+    return False
+
+
+def _is_zero_ct(ct: Any) -> bool:
+    return ct is None or type(ct).__name__ in ("Zero", "SymbolicZero")
+
+
+def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
+    """``user_bwd`` (a custom_vjp's flat bwd) that refuses to compute a
+    patched site of ``call`` again: a bwd that recomputes its function
+    (``jax.vjp`` of it, a checkpointed loop) is traced by its own Python
+    code, where no patch is, and would differentiate the unpatched function.
+    It runs as traced, closed over the values JAX passes."""
+
+    def bwd(*args):
+        shape: dict = {}
+
+        def flat():
+            cts, logs = _compat.call_custom_vjp_bwd(user_bwd, args)
+            shape["cts"] = [c if _is_zero_ct(c) else None for c in cts]
+            log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
+            return [*(c for c in cts if not _is_zero_ct(c)), *log_leaves]
+
+        with keep_tags():
+            closed = trace_in(None, flat, [])
+        for site in call.patched:
+            if _recomputes(closed, site):
+                raise CustomRuleError(
+                    f"taxpr.patch: site {site.name!r} is inside the function of "
+                    f"{call.primitive.name} {call.name!r}, whose custom_vjp bwd computes it "
+                    f"again without the patch (it recomputes the function): its cotangents "
+                    f"would be those of the unpatched function. Patch a value outside "
+                    f"{call.name!r}, or differentiate without it")
+        outs = iter(evaluated_fun(closed)())
+        cts = [next(outs) if c is None else c for c in shape["cts"]]
+        return _compat.custom_vjp_bwd_result(
+            cts, jax.tree_util.tree_unflatten(shape["logs"], list(outs)))
+
+    return _jaxpr.wrap_fun(bwd, user_bwd)
