@@ -15,6 +15,7 @@ from ._dataflow import (
     transpose as transpose,
 )
 from ._capture import (
+    CustomRuleError as CustomRuleError,
     LoopRows as LoopRows,
     Site as Site,
     capture as capture,
@@ -72,7 +73,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
+    "CustomRuleError", "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "grad", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",

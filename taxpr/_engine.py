@@ -265,6 +265,16 @@ class Hooks:
         """How an error names ctx leaf ``index``."""
         return f"the context's entry {index}"
 
+    def differentiated_write(self, index: int, path: tuple[str, ...]) -> Exception:
+        """A ctx leaf that a custom_vjp call writes from its differentiated
+        inputs, whose cotangent the user's bwd cannot give (the fwd ran in
+        the function's place, the function may not be reversible)."""
+        name = self.describe_ctx(index)
+        return NotImplementedError(
+            f"taxpr: {name} is written by the custom_vjp call at {format_path(path)} from "
+            f"inputs JAX differentiates, and its derivative is needed: the call's bwd gives "
+            f"no derivative for it")
+
     def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
         """The error for a custom_vjp bwd whose cotangents depend on ctx
         leaf ``index``, which the forward pass changes."""
@@ -1429,6 +1439,9 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
         # registered.
         user_ct_outs = ct_outs if p["symbolic_zeros"] else list(
             map(_instantiate, ct_outs, out_avals))
+        if threads_fwd:
+            _reject_differentiated_writes(engine, threaded, ct_rest[:n], nc, n_all, n_out,
+                                          level.path + ("custom_vjp[bwd]",))
         user_cts, logs = _replayed_bwd(engine, user_bwd, user_res, user_ct_outs,
                                        primals[n_all:], threaded,
                                        level.path + ("custom_vjp[bwd]",), level.context)
@@ -1461,6 +1474,24 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     return [_ctx_through(level, after, before)
             if i not in written and _inexact(engine.ctx_avals[i]) and type(before) is core.Var
             else after for i, (after, before) in enumerate(zip(ctx_out, ctx))]
+
+
+def _reject_differentiated_writes(engine, threaded, ct_ctx, nc: int, n_all: int, n_out: int,
+                                  path: tuple[str, ...]) -> None:
+    """A ctx leaf the function writes from its (inexact) inputs, with a
+    nonzero cotangent: its derivative would be dropped (a fwd ran in the
+    function's place, and the user's bwd knows nothing of ctx), a silent
+    zero. The layer's error instead."""
+    written = engine.writes(threaded)
+    live = [i for i, ct in enumerate(ct_ctx) if i in written and not _is_zero_ct(ct)]
+    if not live:
+        return
+    invars = _jaxpr.jaxpr_parts(threaded).invars
+    wrt = [nc <= j < n_all and _inexact(v.aval) for j, v in enumerate(invars)]
+    dep = _dependence.dependence(threaded, wrt).outputs
+    for i in live:
+        if dep[n_out + i]:
+            raise engine.hooks.differentiated_write(i, path)
 
 
 def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],

@@ -146,6 +146,17 @@ class _StateHooks(Hooks):
             return super().describe_ctx(index)
         return f"state {self.leaf_names[index]!r}"
 
+    def differentiated_write(self, index: int, path: tuple[str, ...]) -> Exception:
+        name = self.describe_ctx(index)
+        return StateError(
+            f"taxpr: {name}: the custom_vjp call at {format_path(path)} sets it from inputs "
+            f"that are differentiated, and the derivative of {name} is asked for. The call's "
+            f"fwd ran in the function's place and its bwd gives derivatives of the outputs "
+            f"only (a checkpointed loop, e.g. equinox's checkpointed while_loop / scan or "
+            f"diffrax's RecursiveCheckpointAdjoint, cannot be differentiated another way). "
+            f"Return the value from the function instead of setting it, or use a loop JAX "
+            f"differentiates (lax.scan with jax.checkpoint)")
+
     def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
         name = self.describe_ctx(index)
         return StateError(

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import taxpr as tx
-from taxpr._capture._rewrite import CustomRuleError
+from taxpr import CustomRuleError
 
 
 def mlp(w1, w2, x):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import taxpr as tx
-from taxpr._capture._rewrite import CustomRuleError
+from taxpr import CustomRuleError
 
 
 def test_a_patched_residual_is_what_optimistix_differentiates_implicitly():
