@@ -23,7 +23,7 @@ LIBRARIES = {
     "test_capture_flax.py": "flax.linen",
     "test_capture_equinox.py": "equinox",
     "test_capture_diffrax.py": "diffrax",
-    "test_capture_custom_rules.py": "optimistix",
+    "test_capture_in_library_rules.py": "optimistix",
     "test_jax_primitives.py": "jax",
 }
 
