@@ -1050,16 +1050,36 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
 
     def jvp_jaxpr_fun(*zeros):
         zeros = tuple(zeros)
-        key = (zeros, keeping_tags())  # what is left in it is kept or plain
+        ctx_only = _DIFFERENTIATING_CTX_ONLY.get()
+        key = (zeros, ctx_only, keeping_tags())  # what is left in it is kept or plain
         if key in cache:
             return cache[key]
         # Traced keeping its tags (as the function's are): this layer threads
         # them, and a rule of an inner layer's rewrite holds tags for it.
+        nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
+        k = len(in_avals)
+        if all(zeros[user]) or ctx_only:
+            # Only ctx and fed values are differentiated (a planted value, an
+            # array a patch closes over): the rule defines no derivative for
+            # them, and JAX runs no rule for a call whose inputs it does not
+            # differentiate. Autodiff of the threaded function gives them
+            # (a rule that calls its function would otherwise be
+            # differentiated w.r.t. ctx through its own call, without end).
+            def by_function(*args):
+                primals, tangents = args[:k], iter(args[k:])
+                nz = [i for i, z in enumerate(zeros) if not z]
+                outs, outs_t = _jvp_again(threaded_fn, primals, nz,
+                                          [next(tangents) for _ in nz])
+                return [*outs, *outs_t]
+
+            closed = _jaxpr.trace_flat(by_function, [*in_avals, *nz_avals])
+            n_all_out = len(_jaxpr.jaxpr_parts(threaded).outvars)
+            result = (*_jaxpr.open_with_constvars(closed), [False] * n_all_out)
+            cache[key] = result
+            return result
         with keep_tags():
             jvp_jaxpr, jvp_consts, out_zeros = user_jvp.call_wrapped(*zeros[user])
         _reject_rule_sites(engine, jvp_jaxpr, level.path + ("custom_jvp[jvp rule]",))
-        nz_avals = [a.to_tangent_aval() for a, z in zip(in_avals, zeros) if not z]
-        k = len(in_avals)
         rule = None
         if thread_rule:  # tags in the user's rule: thread ctx through it too
             rule = _thread_rule(engine, eqn, jvp_jaxpr, jvp_consts, n_all - nc, rule_path,
@@ -1080,7 +1100,9 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
             # runs when JAX linearizes this rule: "can't apply forward-mode
             # autodiff").
             wrt = [i for i in range(k) if not n <= i < n + n_all and not zeros[i]]
-            outs, through_t = _jvp_again(threaded_fn, primals, wrt, [per_input[i] for i in wrt])
+            with _differentiating_ctx_only():
+                outs, through_t = _jvp_again(threaded_fn, primals, wrt,
+                                             [per_input[i] for i in wrt])
             outs_t_ctx = through_t[:n_out]
             # ctx's tangents w.r.t. every differentiated input (the reaped
             # values' own derivatives), the others held likewise.
@@ -1093,8 +1115,9 @@ def _custom_jvp_rule(engine, eqn, level, ctx, subs):
                 rule_fn = evaluated_fun(rule)
                 args = [*primals[user], *user_t]
                 ctx_body = list(outs[n_out:n_out + n])
-                r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
-                                     list(rest_t[:n]))
+                with _differentiating_ctx_only():
+                    r_out, r_t = jax.jvp(lambda *c: rule_fn(*c, *args), ctx_body,
+                                         list(rest_t[:n]))
                 res = r_out[:n_res]  # the rule's outputs (with its plants)
                 outs = [*outs[:n_out], *r_out[n_res:], *outs[n_out + n:]]
                 rest_t = [*r_t[n_res:], *rest_t[n:]]
@@ -1269,11 +1292,8 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
                     rest = list(primals[n:])
                     through = [*per_input[:n], *(_zeros(a.to_tangent_aval())
                                                  for a in in_avals[n:])]
-                    token = _DIFFERENTIATING_CTX_ONLY.set(True)
-                    try:
+                    with _differentiating_ctx_only():
                         via_ctx = ctx_jvp([*primals[:n], *rest], through)
-                    finally:
-                        _DIFFERENTIATING_CTX_ONLY.reset(token)
                 rule_t = iter(outs[n_out:n_rule])
                 out_t = []
                 for i, z in enumerate(out_zeros):
@@ -1308,6 +1328,15 @@ def _jvp_of_threaded_rule(engine, eqn, user_jvp, user_symbolic: bool, threaded, 
 # tangents before calling a rule, so this cannot be read off the tangents.
 _DIFFERENTIATING_CTX_ONLY = contextvars.ContextVar("taxpr_differentiating_ctx_only",
                                                    default=False)
+
+
+@contextlib.contextmanager
+def _differentiating_ctx_only() -> Iterator[None]:
+    token = _DIFFERENTIATING_CTX_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _DIFFERENTIATING_CTX_ONLY.reset(token)
 
 
 register_thread_rule(_compat.custom_jvp_call_p, _custom_jvp_rule)

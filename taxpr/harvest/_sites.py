@@ -435,8 +435,17 @@ class _JvpRules:
 
     def jaxpr(self, eqn) -> Any:
         """The rule of a ``custom_jvp_call`` or ``custom_vjp_call`` seen by
-        ``iter_eqns`` (every input differentiated), or None."""
-        return self._rules.get(eqn)
+        ``iter_eqns`` (every input differentiated), or None. A call met only
+        inside a rule (the call of its function that a rule makes, given a
+        function rewritten by ``tx.patch``) has its rule traced when asked
+        for: JAX runs it when it differentiates that call."""
+        missing = object()
+        rule = self._rules.get(eqn, default=missing)
+        if rule is missing:
+            if not self.enabled or eqn.primitive not in _RULE_OF:
+                return None
+            return self._trace(eqn, ())
+        return rule
 
     def _trace(self, eqn, contexts: tuple) -> Any:
         """The rule's closed jaxpr, or None when it cannot be traced before
