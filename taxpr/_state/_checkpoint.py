@@ -12,6 +12,16 @@ import numpy as np
 # The entry of the file that records which arrays were typed PRNG keys (as
 # their key data) and their implementation.
 _KEYS_ENTRY = "__taxpr_typed_keys__"
+# The entry recording the dtypes NumPy's file format does not know
+# (bfloat16, the float8s, int4: ml_dtypes' extension types, which ``.npz``
+# would write as raw ``V`` records): such an array is stored as unsigned
+# integers of its width, bit for bit, and viewed back on load.
+_DTYPES_ENTRY = "__taxpr_dtypes__"
+_ENTRIES = (_KEYS_ENTRY, _DTYPES_ENTRY)
+
+
+def _is_extension_dtype(dtype: np.dtype) -> bool:
+    return not dtype.type.__module__.startswith("numpy")
 
 
 def _is_typed_key(x: Any) -> bool:
@@ -34,13 +44,19 @@ def save_state(file: Any, state: Any) -> None:
     """
     arrays: dict = {}
     keys: dict = {}
+    dtypes: dict = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         name = jax.tree_util.keystr(path)
         if _is_typed_key(leaf):
             keys[name] = str(jax.random.key_impl(leaf))
             leaf = jax.random.key_data(leaf)
-        arrays[name] = np.asarray(leaf)
-    np.savez(file, **arrays, **{_KEYS_ENTRY: np.asarray(json.dumps(keys))})
+        array = np.asarray(leaf)
+        if _is_extension_dtype(array.dtype):
+            dtypes[name] = array.dtype.name
+            array = array.view(f"u{array.dtype.itemsize}")
+        arrays[name] = array
+    np.savez(file, **arrays, **{_KEYS_ENTRY: np.asarray(json.dumps(keys)),
+                                _DTYPES_ENTRY: np.asarray(json.dumps(dtypes))})
 
 
 def load_state(file: Any, like: Any) -> Any:
@@ -61,14 +77,17 @@ def load_state(file: Any, like: Any) -> Any:
     """
     with np.load(file) as saved:
         keys = json.loads(str(saved[_KEYS_ENTRY])) if _KEYS_ENTRY in saved else {}
+        dtypes = json.loads(str(saved[_DTYPES_ENTRY])) if _DTYPES_ENTRY in saved else {}
         with_paths, tree = jax.tree_util.tree_flatten_with_path(like)
         leaves = []
         for path, want in with_paths:
             name = jax.tree_util.keystr(path)
             if name not in saved:
                 raise ValueError(f"taxpr.load_state: the file has no array {name} "
-                                 f"(it has {sorted(k for k in saved.files if k != _KEYS_ENTRY)})")
+                                 f"(it has {sorted(k for k in saved.files if k not in _ENTRIES)})")
             value = saved[name]
+            if name in dtypes:
+                value = value.view(jax.numpy.dtype(dtypes[name]))
             if _is_typed_key(want):
                 if name not in keys:
                     raise ValueError(f"taxpr.load_state: {name} is a typed key in the state "

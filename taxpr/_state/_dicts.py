@@ -123,14 +123,33 @@ def split_states(state: dict, select: str | Callable[[str], bool]) -> tuple[dict
         rest)`` gives ``state`` back; either part is a pytree an optimizer
         or ``jax.grad`` takes, and ``pure`` takes their merge.
 
-    A state whose value is a dict is one state: scopes are the nested
-    ``StateScope`` dicts ``uncurry`` and ``pure`` return.
+    Scopes are the nested ``StateScope`` dicts ``uncurry`` and ``pure``
+    return. A plain dict (a state dict restored or written by hand, whose
+    scopes ``pure`` keeps plain) is one state if ``select`` picks it whole;
+    otherwise its entries are matched as a scope's, and each part keeps it a
+    plain dict.
     """
     pick = select if callable(select) else (lambda n: fnmatch.fnmatchcase(n, select))
-    selected: dict = {}
-    rest: dict = {}
-    for keys, value in state_keys(state):
-        _insert(selected if pick("/".join(keys)) else rest, keys, value)
+    return _split(state, pick, ())
+
+
+def _split(state: dict, pick: Callable[[str], bool], prefix: tuple[str, ...]
+           ) -> tuple[dict, dict]:
+    selected, rest = type(state)(), type(state)()
+    for key, value in state.items():
+        keys = (*prefix, key)
+        plain_scope = (type(value) is dict and value
+                       and all(isinstance(k, str) for k in value) and not pick("/".join(keys)))
+        if isinstance(value, StateScope) or plain_scope:
+            inner_selected, inner_rest = _split(value, pick, keys)
+            if inner_selected:
+                selected[key] = inner_selected
+            if inner_rest:
+                rest[key] = inner_rest
+        elif pick("/".join(keys)):
+            selected[key] = value
+        else:
+            rest[key] = value
     return selected, rest
 
 
@@ -143,6 +162,25 @@ def merge_states(*parts: dict) -> dict:
     """
     out: dict = {}
     for part in parts:
-        for keys, value in state_keys(part):
-            _insert(out, keys, value)
+        _merge_into(out, part, ())
     return out
+
+
+def _merge_into(out: dict, part: dict, prefix: tuple[str, ...]) -> None:
+    """``part``'s states put into ``out``; a scope in both (a ``StateScope``,
+    or a plain dict that ``split_states`` split as a scope) is merged."""
+    for key, value in part.items():
+        keys = (*prefix, key)
+        have = out.get(key)
+        if isinstance(value, StateScope) or (type(value) is dict and type(have) is dict):
+            if have is None:
+                have = out[key] = type(value)()
+            elif not isinstance(have, dict):
+                raise _shared_name(keys)
+            _merge_into(have, value, keys)
+        elif isinstance(have, StateScope):
+            raise _shared_name(keys)
+        elif key in out:
+            raise StateError(f"taxpr: state {'/'.join(keys)!r} is given twice")
+        else:
+            out[key] = value

@@ -77,3 +77,24 @@ def test_loading_into_another_structure_or_type_is_an_error_naming_the_array(tmp
     with pytest.raises(ValueError, match=r"\['last'\] is float32\[3\] in the file and "
                                          r"float32\[4\]"):
         tx.load_state(tmp_path / "s.npz", like={**state0, "last": jnp.zeros(4)})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "int4", "uint4",
+                                   "complex64", "bool", "float16", "int8"])
+def test_every_dtype_a_state_can_have_round_trips_bit_for_bit(tmp_path, dtype):
+    values = np.array([1.5, -2.25, 0.0, 3.0]) if dtype not in ("int4", "uint4", "bool") \
+        else np.array([1, 0, 3, 2])
+    if dtype == "complex64":
+        values = values + 1j * values[::-1]
+    state = {"w": jnp.asarray(values).astype(dtype), "key": jax.random.key(7)}
+    tx.save_state(tmp_path / "s", state)
+    back = tx.load_state(tmp_path / "s.npz", state)
+    assert back["w"].dtype == state["w"].dtype
+    width = f"u{np.asarray(state['w']).dtype.itemsize}"
+    if dtype in ("complex64", "bool"):
+        np.testing.assert_array_equal(back["w"], state["w"])
+    else:
+        np.testing.assert_array_equal(np.asarray(back["w"]).view(width),
+                                      np.asarray(state["w"]).view(width))
+    np.testing.assert_array_equal(jax.random.key_data(back["key"]),
+                                  jax.random.key_data(state["key"]))

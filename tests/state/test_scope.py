@@ -467,3 +467,30 @@ def test_scopes_inside_and_around_a_shard_map():
         for scope in ("first", "second"):
             assert int(state["net"][scope]["calls"]) == step + 1
             assert_close(state["net"][scope]["sum"], sums[scope])
+
+
+def test_split_states_of_a_state_dict_written_by_hand_with_plain_dict_scopes():
+    def model(x):
+        with tx.scope("l0"):
+            b0 = tx.get_state("bias", jnp.zeros(2))
+            tx.set_state("bias", b0 + x)
+        with tx.scope("l1"):
+            b1 = tx.get_state("bias", jnp.zeros(2))
+            tx.set_state("bias", b1 - x)
+        return b0 + b1
+
+    pure, _ = tx.uncurry(model, jnp.ones(2))
+    plain = {"l0": {"bias": jnp.zeros(2)}, "l1": {"bias": jnp.ones(2)}}  # restored by hand
+    _, new = pure(plain, jnp.ones(2))
+    selected, rest = tx.split_states(new, "*bias")
+    assert rest == {}
+    np.testing.assert_array_equal(selected["l0"]["bias"], [1.0, 1.0])
+    np.testing.assert_array_equal(selected["l1"]["bias"], [0.0, 0.0])
+    assert type(selected["l0"]) is dict  # the user's plain dicts stay plain
+    # a plain dict picked whole is one state; split and merged back, the same dict
+    with_w = {"l0": {"bias": jnp.zeros(2), "w": jnp.ones(2)}, "step": jnp.zeros(())}
+    assert tx.split_states(with_w, "l0")[0] == {"l0": with_w["l0"]}
+    part, others = tx.split_states(with_w, "l0/bias")
+    assert sorted(part["l0"]) == ["bias"] and sorted(others["l0"]) == ["w"]
+    merged = tx.merge_states(part, others)
+    assert sorted(merged["l0"]) == ["bias", "w"] and "step" in merged
