@@ -111,8 +111,27 @@ def _leaves(name: str, value: Any, what: str) -> tuple[list, Any]:
         return [(name, jnp.asarray(value))], None
     if not with_paths:
         raise TypeError(f"taxpr: state {name!r}: {what} holds no array ({value!r})")
-    return [(LeafName(name, jax.tree_util.keystr(path)), jnp.asarray(leaf))
+    return [(LeafName(name, jax.tree_util.keystr(path)),
+             _array_leaf(name, jax.tree_util.keystr(path), leaf, what))
             for path, leaf in with_paths], tree
+
+
+def _array_leaf(name: str, path: str, leaf: Any, what: str) -> Any:
+    """``leaf`` of a pytree state as an array; a leaf that is no array (a
+    string, a function: an equinox module's activation) is an error naming
+    the state and the leaf."""
+    if isinstance(leaf, jax.Array):
+        return leaf
+    try:
+        return jnp.asarray(leaf)
+    except TypeError:
+        shown = repr(leaf)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(
+            f"taxpr: state {name!r}: {what} has a leaf that is not an array at {path}: "
+            f"{shown} ({type(leaf).__name__}). A state holds arrays only: keep the static "
+            f"parts out of it (e.g. `params, static = equinox.partition(model, "
+            f"equinox.is_array)`, the state holding `params`)") from None
 
 
 def get_state(name: str, init: Any) -> Any:

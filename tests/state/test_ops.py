@@ -319,3 +319,31 @@ def test_pytree_state_set_in_shard_map_from_a_replicated_value():
         mean = mean + (np.asarray(xs + step).sum(0) - mean * 8) / count
         assert isinstance(state["stats"], Stats) and int(state["stats"].count) == count
         assert_close(state["stats"].mean, mean)
+
+
+def test_a_state_init_with_a_leaf_that_is_not_an_array_is_an_error_naming_state_and_leaf():
+    import equinox as eqx
+
+    def with_config(x):
+        cfg = tx.get_state("cfg", lambda: {"scale": jnp.ones(()), "name": "relu"})
+        return x * cfg["scale"]
+
+    with pytest.raises(TypeError, match=r"state 'cfg'.*\['name'\]: 'relu' \(str\)"):
+        tx.uncurry(with_config, 1.0)
+
+    def with_model(x):
+        model = tx.get_state("model", lambda: eqx.nn.MLP(2, 2, 4, 1, activation=jax.nn.relu,
+                                                         key=jax.random.key(0)))
+        return model(x)
+
+    with pytest.raises(TypeError, match=r"state 'model'.*\.activation.*equinox.partition"):
+        tx.uncurry(with_model, jnp.ones(2))
+    # the recipe the message gives works
+    params, static = eqx.partition(eqx.nn.MLP(2, 2, 4, 1, activation=jax.nn.relu,
+                                              key=jax.random.key(0)), eqx.is_array)
+
+    def with_params(x):
+        return eqx.combine(tx.get_state("model", lambda: params), static)(x)
+
+    pure, s0 = tx.uncurry(with_params, jnp.ones(2))
+    np.testing.assert_allclose(pure(s0, jnp.ones(2))[0], eqx.combine(params, static)(jnp.ones(2)))
