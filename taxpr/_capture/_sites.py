@@ -5,8 +5,9 @@ scope (its name stack, without transformation frames) and primitive."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from jax._src import core
 from jax._src import source_info_util
@@ -113,6 +114,10 @@ class _WalkCtx:
     scan_in_cond: bool = False
     capturable: bool = True
     callers: tuple = ()  # the source infos of the enclosing equations, innermost first
+    # Which visit of a jaxpr this is (0: the program): JAX shares one traced
+    # jaxpr between calls with the same types (``jnp.tril`` in every layer,
+    # a user's jitted block), so its variables are told apart per visit.
+    frame: int = 0
 
 
 def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:
@@ -120,11 +125,12 @@ def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:
     return tuple(s.name for s in stack.stack if isinstance(s, source_info_util.Scope))
 
 
-def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx):
+def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iterator[int]):
     """The sub-jaxprs of ``eqn`` with their contexts. Every sub-jaxpr is
-    walked (the rewrite numbers equations in the same order); values are
-    capturable only where the engine threads (not in a while's predicate,
-    nor in primitives without a thread rule)."""
+    walked (the rewrite numbers equations in the same order), each visit
+    numbered from ``frames``; values are capturable only where the engine
+    threads (not in a while's predicate, nor in primitives without a thread
+    rule)."""
     scope = ctx.scope + _scope_names(eqn)
     reachable = ctx.capturable and eqn.primitive in THREAD_RULES
     for sub, sj in _traverse.subjaxprs(eqn):
@@ -139,7 +145,7 @@ def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx):
         elif eqn.primitive is _compat.cond_p:
             in_cond = True
         yield sub, sj, _WalkCtx(scope, loops, in_cond, scan_in_cond, ok,
-                                (eqn.source_info, *ctx.callers))
+                                (eqn.source_info, *ctx.callers), next(frames))
 
 
 def list_sites(closed: Any) -> tuple[Site, ...]:
@@ -147,14 +153,20 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
     counts: dict[str, int] = {}
     # Within each jaxpr: the scopes of each var's consumers (to find what
     # leaves a scope); a jaxpr's outputs are used in its caller's scope.
+    # (Variables are keyed by the visit of their jaxpr: ``_WalkCtx.frame``.)
     consumers: dict[Any, list[tuple[str, ...]]] = {}
     pending: list[tuple[Site, Any]] = []  # (site, its var)
-    for ordinal, (eqn, path, ctx) in enumerate(_traverse.walk(closed, _subs, _WalkCtx())):
+    frames = itertools.count(1)
+
+    def subs(eqn, path, ctx):
+        return _subs(eqn, path, ctx, frames)
+
+    for ordinal, (eqn, path, ctx) in enumerate(_traverse.walk(closed, subs, _WalkCtx())):
         ctx = ctx or _WalkCtx()
         scope = ctx.scope + _scope_names(eqn)
         for v in eqn.invars:
             if type(v) is core.Var:
-                consumers.setdefault(v, []).append(scope)
+                consumers.setdefault((ctx.frame, v), []).append(scope)
         if (not ctx.capturable or eqn.primitive is tag_p or _traverse.subjaxprs(eqn)
                 or (_compat.call_hi_primitive_p is not None
                     and eqn.primitive is _compat.call_hi_primitive_p)):
@@ -174,7 +186,7 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
                 primitive=eqn.primitive.name, shape=tuple(getattr(aval, "shape", ())),
                 dtype=getattr(aval, "dtype", None), loops=ctx.loops, in_cond=ctx.in_cond,
                 path=path, leaves=(), aval=aval, scan_in_cond=ctx.scan_in_cond, ordinal=ordinal, output=i, source_info=(eqn.source_info, *ctx.callers))
-            pending.append((site, v))
+            pending.append((site, (ctx.frame, v)))
     _note_outputs(closed, consumers)
     return tuple(_with_leaves(site, consumers.get(v, ())) for site, v in pending)
 
@@ -183,27 +195,31 @@ def _note_outputs(closed: Any, consumers: dict) -> None:
     """Record where each jaxpr's outputs go: output ``i`` of a sub-jaxpr
     whose equation has as many outputs is that equation's output ``i`` (a
     call's result, a cond's, a scan's carry and stacked outputs), used where
-    that is; other outputs (a while's predicate) are used in the caller's
-    scope. The program's outputs are used outside every scope."""
+    that is; every output is also returned to the caller's scope (a value
+    returned from a loop body or a call leaves the scopes inside it). The
+    program's outputs are used outside every scope. Variables are keyed by
+    the visit of their jaxpr, numbered as ``list_sites`` numbers them."""
     forward: dict = {}
+    frames = itertools.count(1)
 
     def subs(eqn, path, caller):
-        scope = caller + _scope_names(eqn)
+        scope_above, frame_above = caller
+        scope = scope_above + _scope_names(eqn)
         for sub, sj in _traverse.subjaxprs(eqn):
+            frame = next(frames)
             outs = _jaxpr.jaxpr_parts(sj).outvars
             for i, v in enumerate(outs):
                 if type(v) is not core.Var:
                     continue
+                consumers.setdefault((frame, v), []).append(scope)
                 if len(outs) == len(eqn.outvars):
-                    forward.setdefault(v, []).append(eqn.outvars[i])
-                else:
-                    consumers.setdefault(v, []).append(scope)
-            yield sub, sj, scope
+                    forward.setdefault((frame, v), []).append((frame_above, eqn.outvars[i]))
+            yield sub, sj, (scope, frame)
 
     for v in _jaxpr.jaxpr_parts(closed).outvars:
         if type(v) is core.Var:
-            consumers.setdefault(v, []).append(())
-    for _ in _traverse.walk(closed, subs, ()):
+            consumers.setdefault((0, v), []).append(())
+    for _ in _traverse.walk(closed, subs, ((), 0)):
         pass
     # A forwarded output is used wherever the equation's output is.
     resolved: dict = {}

@@ -60,3 +60,62 @@ def test_combinations_and_predicates():
 def test_a_selector_of_the_wrong_type_is_a_type_error():
     with pytest.raises(TypeError, match="a selector is a glob"):
         tx.capture(f, 3)(X)
+
+
+def _two_blocks(block):
+    def f(x):
+        for i in range(2):
+            with jax.named_scope(f"block{i}"):
+                x = block(x)
+        return x
+    return f
+
+
+def test_leaving_in_blocks_that_share_one_traced_jit_body():
+    # jnp.tril and jnp.where are jits: both blocks call the same traced jaxpr
+    def block(x):
+        m = jnp.tril(jnp.ones((3, 3), bool))
+        return x + jnp.where(m, x, 0.0)
+
+    x = jnp.arange(9.0).reshape(3, 3)
+    out, got = tx.capture(_two_blocks(block), S.leaving("block0"))(x)
+    assert sorted(got) == ["block0/add:1"]
+    assert jnp.array_equal(got["block0/add:1"], block(x))  # the value, computed by hand
+
+
+def test_leaving_in_blocks_that_call_one_user_jitted_function():
+    @jax.jit
+    def block(x):
+        with jax.named_scope("inner"):
+            return jnp.tanh(x @ jnp.eye(3) * 0.5) + x
+
+    x = jnp.arange(9.0).reshape(3, 3)
+    # one value leaves each block: its result (the last add; jnp.eye adds too)
+    _, got = tx.capture(_two_blocks(block), S.leaving("block0"))(x)
+    assert list(got) == ["block0/inner/add:1"]
+    assert jnp.allclose(got["block0/inner/add:1"], block(x))
+    _, got = jax.jit(tx.capture(_two_blocks(block), S.leaving("block1")))(x)
+    assert list(got) == ["block1/inner/add:1"]
+    assert jnp.allclose(got["block1/inner/add:1"], block(block(x)))
+
+
+def test_a_value_returned_from_a_scan_body_leaves_its_scope():
+    def lstm_like(xs):
+        def cell(carry, x):
+            c, h = carry
+            with jax.named_scope("cell"):
+                c = 0.5 * c + x  # the new cell state: returned from the body
+                h = jnp.tanh(c)
+            return (c, h), h
+        return jax.lax.scan(cell, (0.0, 0.0), xs)[1]
+
+    leaves = {s.name: s.leaves for s in tx.sites(lstm_like, jnp.ones(3))}
+    assert leaves["cell/add"] == ("cell",) and leaves["cell/tanh"] == ("cell",)
+    assert leaves["cell/mul"] == ()
+    xs = jnp.array([1.0, 2.0, -1.0])
+    _, got = tx.capture(lstm_like, S.leaving("cell"))(xs)
+    c, cs = 0.0, []
+    for x in xs:  # the cell states, by hand
+        c = 0.5 * c + x
+        cs.append(c)
+    assert jnp.allclose(got["cell/add"], jnp.array(cs))
