@@ -128,6 +128,8 @@ def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None
                 insertion = _rewrite.rows_insertion(site)
                 buffers[site.name] = (np.zeros((loop_rows, *site.shape), site.dtype),
                                       np.zeros((), np.int32))
+            elif _rewrite.needs_carrying(site):
+                insertion = _rewrite.carried_capture_insertion(site)
             else:
                 insertion = _rewrite.capture_insertion(site)
             plan.setdefault(site.ordinal, []).append(insertion)

@@ -71,6 +71,11 @@ class Insertion:
     build: Callable[[Any], Any]
     site: Site
     changes: bool = False
+    # The loops (their equations' ordinals, outermost first) the value is
+    # carried out of before ``build`` applies, where a sow inside them has no
+    # mode giving its semantics (a while_loop inside a scan: per scan row,
+    # the loop's last value): a scan stacks it, a while_loop keeps the last.
+    carried_out_of: tuple[int, ...] = ()
 
 
 def _sow_as(value: Any, name: str, mode: str) -> Any:
@@ -94,6 +99,34 @@ def capture_insertion(site: Site, changes: bool = False) -> Insertion:
     """A sow of ``site``'s value (``changes``: a value is planted into it)."""
     mode = sow_mode(site)
     return Insertion(site.output, lambda v: _sow_as(v, site.name, mode), site, changes)
+
+
+def carried_capture_insertion(site: Site) -> Insertion:
+    """A capture of a value inside loops of both kinds: carried out of the
+    innermost loops until those around are of one kind, then sown there
+    (``sow_mode`` of those)."""
+    kinds = [loop.kind for loop in site.loops]
+    keep = 1
+    while keep < len(kinds) and kinds[keep] == kinds[0]:
+        keep += 1
+    loops = [(o, p) for o, p in site.enclosing if p in (_compat.scan_p, _compat.while_p)]
+    inner = site.enclosing[-(len(kinds) - keep):]
+    if loops[keep:] != list(inner):
+        raise NotImplementedError(
+            f"taxpr.capture: site {site.name!r} is inside loops of both kinds (at "
+            f"{'/'.join(site.path)}) with other primitives between them: capture can carry "
+            f"a value out of loops nested directly in one another only. Select a value "
+            f"outside the inner loop")
+    mode = ("append" if kinds[0] == "scan" else
+            "cond_clobber" if site.in_cond else "clobber")
+    return Insertion(site.output, lambda v: _sow_as(v, site.name, mode), site,
+                     carried_out_of=tuple(o for o, _ in inner))
+
+
+def needs_carrying(site: Site) -> bool:
+    """Whether ``site`` is inside loops of both kinds (see
+    ``carried_capture_insertion``)."""
+    return len({loop.kind for loop in site.loops}) > 1
 
 
 def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, dict]:
@@ -143,12 +176,23 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
     that place of ``_traverse.walk``'s order (``Site.ordinal``)."""
     counter = itertools.count()
     walked = [0]  # how many equations the walk has passed
+    # Loops values are carried out of: ordinal -> the insertions carried
+    # through it; and while a loop's body is rewritten, the values its body
+    # hands out (``carried``: a stack, one list per loop being rewritten).
+    carrying: dict[int, list[Insertion]] = {}
+    for items in plan.values():
+        for item in items:
+            for o in item.carried_out_of:
+                carrying.setdefault(o, []).append(item)
+    carried: list[list] = []
 
     def rewrite(eqn, path, env):
         ordinal = next(counter)
         walked[0] = ordinal + 1
         if eqn.primitive is _compat.cond_p:
             return _rewrite_cond(eqn, path, env, rewrite)
+        if ordinal in carrying:
+            return _rewrite_carrying_loop(eqn, path, env, rewrite, ordinal, carried)
         if eqn.primitive in _RULES_OF:
             # the function's equations are the next ones of the walk
             new_eqn, call_after = _rewrite_custom_call(eqn, path, env, rewrite)
@@ -163,12 +207,73 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
         out = [eqn]
         for item in todo:
             v = eqn.outvars[item.output]
+            if item.carried_out_of:  # handed to the loop around, sown after it
+                carried[-1].append((item, env.get(v, v)))
+                continue
             frag, new = _fragment(item.build, [v])
             out.extend(frag)
             env[v] = new
         return out
 
     return _traverse.map_jaxpr(closed, rewrite)
+
+
+def _rewrite_carrying_loop(eqn, path, env, rewrite, ordinal: int, carried: list) -> list:
+    """A scan / while_loop whose body hands values out (``carried``): each
+    becomes one more output (a scan's stacked ``ys``, a while_loop's carry,
+    zeros before the first iteration); then it is handed to the loop around
+    or, at the outermost loop it is carried out of, sown."""
+    carried.append([])
+    new = {}
+    for sub, sj in _traverse.subjaxprs(eqn):
+        nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
+        if nj is not sj:
+            new[(sub.key, sub.index)] = nj
+    handed = carried.pop()
+    if new:
+        eqn = _traverse.with_subjaxprs(eqn, new)
+    eqn = eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])
+    if not handed:
+        return [eqn]
+    before: list = []
+    values = [v for _, v in handed]
+    if eqn.primitive is _compat.scan_p:
+        body = eqn.params["jaxpr"]
+        length = int(eqn.params["length"])
+        outs = [_jaxpr.new_var(v.aval.update(shape=(length, *v.aval.shape))) for v in values]
+        eqn = _traverse.with_subjaxprs(eqn, {("jaxpr", None): _with_outputs(body, [], values)})
+    else:
+        cond, body = eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]
+        inits = []
+        for v in values:
+            frag, zeros = _fragment(lambda a=v.aval: jax.lax.full(a.shape, 0, a.dtype), [])
+            before.extend(frag)
+            inits.append(zeros)
+        carry_in = [_jaxpr.new_var(v.aval) for v in values]
+        eqn = _traverse.with_subjaxprs(eqn, {
+            ("body_jaxpr", None): _with_outputs(body, carry_in, values),
+            ("cond_jaxpr", None): _with_outputs(cond, [_jaxpr.new_var(v.aval) for v in values],
+                                                []),
+        })
+        eqn = eqn.replace(invars=[*eqn.invars, *inits])
+        outs = [_jaxpr.new_var(v.aval) for v in values]
+    eqn = eqn.replace(outvars=[*eqn.outvars, *outs])
+    after: list = []
+    for (item, _), out in zip(handed, outs):
+        if item.carried_out_of[0] == ordinal:  # the outermost: sown here
+            after.extend(_fragment(item.build, [out])[0])
+        else:
+            carried[-1].append((item, out))
+    return [*before, eqn, *after]
+
+
+def _with_outputs(closed: Any, invars: list, outvars: list) -> Any:
+    """``closed`` with ``invars`` added after its inputs and ``outvars``
+    after its outputs."""
+    parts = _jaxpr.jaxpr_parts(closed)
+    return _jaxpr.make_jaxpr_like(closed, parts.constvars, parts.consts or [],
+                                  [*parts.invars, *invars], parts.eqns,
+                                  [*parts.outvars, *outvars], parts.effects, parts.debug_info)
 
 
 def _sows_in(jaxpr: Any) -> dict[str, tuple[str, Any]]:

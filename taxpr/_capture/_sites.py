@@ -66,6 +66,8 @@ class Site:
     ordinal: int = dataclasses.field(repr=False)  # the equation's place in the walk
     output: int = dataclasses.field(repr=False)  # which output of the equation
     source_info: tuple = dataclasses.field(repr=False)  # the equation's, then its callers'
+    # The enclosing equations, outermost first: (ordinal, primitive) each.
+    enclosing: tuple = dataclasses.field(repr=False, default=())
 
     @property
     def _frame(self) -> Any:
@@ -118,6 +120,7 @@ class _WalkCtx:
     # jaxpr between calls with the same types (``jnp.tril`` in every layer,
     # a user's jitted block), so its variables are told apart per visit.
     frame: int = 0
+    enclosing: tuple = ()  # (ordinal, primitive) of the enclosing equations
 
 
 def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:
@@ -125,7 +128,8 @@ def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:
     return tuple(s.name for s in stack.stack if isinstance(s, source_info_util.Scope))
 
 
-def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iterator[int]):
+def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iterator[int],
+          ordinal: int = -1):
     """The sub-jaxprs of ``eqn`` with their contexts. Every sub-jaxpr is
     walked (the rewrite numbers equations in the same order), each visit
     numbered from ``frames``; values are capturable only where the engine
@@ -145,7 +149,8 @@ def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iter
         elif eqn.primitive is _compat.cond_p:
             in_cond = True
         yield sub, sj, _WalkCtx(scope, loops, in_cond, scan_in_cond, ok,
-                                (eqn.source_info, *ctx.callers), next(frames))
+                                (eqn.source_info, *ctx.callers), next(frames),
+                                (*ctx.enclosing, (ordinal, eqn.primitive)))
 
 
 def list_sites(closed: Any) -> tuple[Site, ...]:
@@ -157,11 +162,13 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
     consumers: dict[Any, list[tuple[str, ...]]] = {}
     pending: list[tuple[Site, Any]] = []  # (site, its var)
     frames = itertools.count(1)
+    at = [0]  # the ordinal of the equation whose sub-jaxprs are walked next
 
     def subs(eqn, path, ctx):
-        return _subs(eqn, path, ctx, frames)
+        return _subs(eqn, path, ctx, frames, at[0])
 
     for ordinal, (eqn, path, ctx) in enumerate(_traverse.walk(closed, subs, _WalkCtx())):
+        at[0] = ordinal
         ctx = ctx or _WalkCtx()
         scope = ctx.scope + _scope_names(eqn)
         for v in eqn.invars:
@@ -185,7 +192,8 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
                 name=f"{stem}#{i}" if many else stem, scope=scope_str,
                 primitive=eqn.primitive.name, shape=tuple(getattr(aval, "shape", ())),
                 dtype=getattr(aval, "dtype", None), loops=ctx.loops, in_cond=ctx.in_cond,
-                path=path, leaves=(), aval=aval, scan_in_cond=ctx.scan_in_cond, ordinal=ordinal, output=i, source_info=(eqn.source_info, *ctx.callers))
+                path=path, leaves=(), aval=aval, scan_in_cond=ctx.scan_in_cond, ordinal=ordinal, output=i, source_info=(eqn.source_info, *ctx.callers),
+                enclosing=ctx.enclosing)
             pending.append((site, (ctx.frame, v)))
     _note_outputs(closed, consumers)
     return tuple(_with_leaves(site, consumers.get(v, ())) for site, v in pending)

@@ -333,3 +333,96 @@ def test_an_output_of_a_multi_output_equation_and_an_integer_value():
     values, order = tx.patch(f, {"sort#1": lambda o: o[::-1], "sort#0": jnp.zeros(3)})(x)
     assert_close(values, jnp.zeros(3))
     np.testing.assert_array_equal(order, jnp.argsort(x)[::-1])
+
+
+def _fixed_point_per_layer(ws, x):
+    """A layer solved by fixed-point iteration (a while_loop), per layer (a scan)."""
+    def layer(h, w):
+        def body(c):
+            with jax.named_scope("fp"):
+                return jnp.tanh(w * c[0] + h), c[1] + 1
+        return jax.lax.while_loop(lambda c: c[1] < 3, body, (jnp.zeros_like(h), 0))[0], None
+    return jax.lax.scan(layer, x, ws)[0]
+
+
+def _fixed_point_by_hand(ws, x):
+    rows, h = [], x
+    for w in np.asarray(ws):
+        c = np.zeros_like(h)
+        for _ in range(3):
+            c = np.tanh(w * c + h)
+        rows.append(c)
+        h = c
+    return np.stack(rows)
+
+
+def _decode(ws, x):
+    """Decoding steps (a while_loop) over scanned layers (a scan)."""
+    def step(c):
+        h, i = c
+
+        def layer(h, w):
+            with jax.named_scope("layer"):
+                return jnp.tanh(w * h + 0.1 * i), None
+        return jax.lax.scan(layer, h, ws)[0], i + 1
+    return jax.lax.while_loop(lambda c: c[1] < 2, step, (x, 0))[0]
+
+
+def _decode_last_step_by_hand(ws, x):
+    h = np.asarray(x)
+    for i in range(2):
+        rows = []
+        for w in np.asarray(ws):
+            h = np.tanh(w * h + 0.1 * i)
+            rows.append(h)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_a_while_loop_inside_a_scan_captures_each_rows_last_iteration(how):
+    ws, x = jnp.array([0.3, 0.9, 0.1]), jnp.float32(0.2)
+    f = tx.capture(_fixed_point_per_layer, "fp/tanh")
+    if how == "vmap":
+        xs = jnp.array([0.2, -0.5])
+        got = jax.vmap(lambda x: f(ws, x)[1]["fp/tanh"])(xs)
+        want = np.stack([_fixed_point_by_hand(ws, np.float32(a)) for a in np.asarray(xs)])
+    else:
+        got = (jax.jit(f) if how == "jit" else f)(ws, x)[1]["fp/tanh"]
+        want = _fixed_point_by_hand(ws, np.float32(0.2))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["eager", "jit", "jvp"])
+def test_a_scan_inside_a_while_loop_captures_the_last_iterations_rows(how):
+    ws, x = jnp.array([0.5, -0.7]), jnp.array([0.3, 1.0, -2.0])
+    f = tx.capture(_decode, "layer/tanh")
+    if how == "jvp":  # forward mode through the while loop, against the hand-written loops
+        def by_hand(ws):
+            h = x
+            for i in range(2):
+                rows = []
+                for j in range(2):
+                    h = jnp.tanh(ws[j] * h + 0.1 * i)
+                    rows.append(h)
+            return jnp.stack(rows).sum()
+        got = jax.jacfwd(lambda ws: f(ws, x)[1]["layer/tanh"].sum())(ws)
+        np.testing.assert_allclose(got, jax.grad(by_hand)(ws), rtol=1e-5)
+        return
+    got = (jax.jit(f) if how == "jit" else f)(ws, x)[1]["layer/tanh"]
+    assert got.shape == (2, 3)
+    np.testing.assert_allclose(got, _decode_last_step_by_hand(ws, x), rtol=1e-6)
+
+
+def test_loop_rows_of_a_while_loop_inside_a_scan_keeps_every_computation_in_order():
+    ws, x = jnp.array([0.3, 0.9, 0.1]), jnp.float32(0.2)
+    got = tx.capture(_fixed_point_per_layer, "fp/tanh", loop_rows=12)(ws, x)[1]["fp/tanh"]
+    values, h = [], 0.2
+    for w in np.asarray(ws):
+        c = 0.0
+        for _ in range(3):
+            c = np.tanh(w * c + h)
+            values.append(c)
+        h = c
+    assert int(got.count) == 9
+    np.testing.assert_allclose(got.rows[:9], values, rtol=1e-6)
+    np.testing.assert_array_equal(got.rows[9:], 0.0)
