@@ -206,6 +206,8 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
                         f"taxpr.patch: site {site.name!r} is selected by both "
                         f"{taken[site.name]!r} and {sel!r}")
                 taken[site.name] = sel
+                if not by_function:
+                    _check_replacement(site, sel, replacement)
                 if by_function:
                     insertion, consts = _rewrite.patch_insertion(site, replacement)
                     planted.update(consts)
@@ -219,6 +221,39 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
         return traced.unflatten(outs)
 
     return wrapped
+
+
+def _check_replacement(site: Site, sel: Any, replacement: Any) -> None:
+    """A patch's array (or ``rows``) must fit ``site``: checked here, so that
+    the error speaks of the site and its selector (a patch is planted into
+    sows the user never wrote)."""
+    scans = [loop.length for loop in site.loops] if _rewrite.sow_mode(site) == "append" else []
+    where = f"site {site.name!r} (selected by {sel!r})"
+    what = (f"{jax.numpy.dtype(site.dtype).name}{list(site.shape)}" +
+            (f", one per iteration of the scan{'s' if len(scans) > 1 else ''} around it: "
+             f"{jax.numpy.dtype(site.dtype).name}{[*scans, *site.shape]}" if scans else ""))
+    if isinstance(replacement, PlantRows):
+        if not scans:
+            raise ValueError(f"taxpr.patch: rows(...) given for {where}, which is not inside a "
+                             f"scan: replace its value by an array of {what}, or by a function")
+        for i, value in (replacement.index_values or {}).items():
+            if not 0 <= i < scans[0]:
+                raise ValueError(f"taxpr.patch: rows(...) for {where}: row {i} is out of "
+                                 f"range; the scan around it has {scans[0]} iterations")
+            want = (*scans[1:], *site.shape)
+            if tuple(np.shape(value)) != want:
+                raise ValueError(f"taxpr.patch: rows(...) for {where}: row {i} has shape "
+                                 f"{list(np.shape(value))}; a row of the site holds "
+                                 f"{jax.numpy.dtype(site.dtype).name}{list(want)}")
+        return
+    want = (*scans, *site.shape)
+    shape = tuple(np.shape(replacement))
+    python_scalar = isinstance(replacement, (bool, int, float, complex))
+    dtype = None if python_scalar else jax.numpy.result_type(replacement)
+    if shape != want or (dtype is not None and dtype != site.dtype):
+        got = f"{'Python scalar' if python_scalar else dtype.name}{list(shape)}"
+        raise ValueError(f"taxpr.patch: the replacement of {where} is {got}; the site holds "
+                         f"{what} (give an array of that type, or a function of the value)")
 
 
 def perturb(fn: Callable, *selectors: SelectorLike) -> Callable:

@@ -426,3 +426,33 @@ def test_loop_rows_of_a_while_loop_inside_a_scan_keeps_every_computation_in_orde
     assert int(got.count) == 9
     np.testing.assert_allclose(got.rows[:9], values, rtol=1e-6)
     np.testing.assert_array_equal(got.rows[9:], 0.0)
+
+
+def test_patch_errors_name_the_site_and_the_selector_not_a_sow():
+    def f(x):
+        with jax.named_scope("a"):
+            y = jnp.sin(x)
+        return y * 2
+
+    def g(xs):
+        def body(c, x):
+            with jax.named_scope("b"):
+                c = c + jnp.cos(x)
+            return c, c
+        return jax.lax.scan(body, 0.0, xs)[1]
+
+    cases = [
+        (lambda: tx.patch(f, {"a/*": h.rows({0: 1.0})})(1.0),
+         r"rows\(\.\.\.\) given for site 'a/sin' \(selected by 'a/\*'\), which is not inside a scan"),
+        (lambda: tx.patch(f, {"a/sin": jnp.int32(1)})(1.0),
+         r"replacement of site 'a/sin' .* is int32\[\]; the site holds float32\[\]"),
+        (lambda: tx.patch(g, {"b/cos": jnp.ones(5)})(jnp.ones(3)),
+         r"is float32\[5\]; the site holds float32\[\], one per iteration of the scan around "
+         r"it: float32\[3\]"),
+        (lambda: tx.patch(g, {"b/cos": h.rows({7: 1.0})})(jnp.ones(3)),
+         r"row 7 is out of range; the scan around it has 3 iterations"),
+    ]
+    for run, message in cases:
+        with pytest.raises(ValueError, match=message) as caught:
+            run()
+        assert "sow" not in str(caught.value) and "Planted" not in str(caught.value)
