@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -117,9 +118,12 @@ def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None
     def wrapped(*args, **kwargs):
         traced = _Traced(fn, args, kwargs)
         chosen: dict[str, Site] = {}
+        patched = _rewrite.patched_sites(traced.closed)
         for sel in selectors:
             for site in select(traced.sites, sel, "capture"):
                 _check_sow_mode(site, "capture")
+                if site.name in patched:  # (a patched program: its value after the patch)
+                    site = dataclasses.replace(site, ordinal=patched[site.name], output=0)
                 chosen.setdefault(site.name, site)
         plan: dict[int, list] = {}
         buffers: dict[str, tuple] = {}  # site name -> (rows, count), for loop_rows
@@ -212,7 +216,7 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
                     insertion, consts = _rewrite.patch_insertion(site, replacement)
                     planted.update(consts)
                 else:
-                    insertion = _rewrite.capture_insertion(site)
+                    insertion = _rewrite.patch_value_insertion(site)
                     planted[site.name] = replacement
                 plan.setdefault(site.ordinal, []).append(insertion)
         rewritten = _rewrite.insert(traced.closed, plan)

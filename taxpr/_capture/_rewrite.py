@@ -148,9 +148,37 @@ def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, di
     def build(v):
         cs = [_sow_as(jax.lax.full(np.shape(c), 0, c.dtype), n, mode)
               for c, n in zip(consts, names)]
-        return core.eval_jaxpr(jaxpr, cs, v)[0]
+        return patched_marker(core.eval_jaxpr(jaxpr, cs, v)[0], site)
 
     return Insertion(site.output, build, site, True), dict(zip(names, consts))
+
+
+# The tag param marking a site's value after a patch: ``capture`` of a
+# patched program selects it for the site of that name (a user checking a
+# patch sees the patched value).
+PATCHED_PARAM = "taxpr_patched"
+
+
+def patched_marker(value: Any, site: Site) -> Any:
+    return tag(value, **{PATCHED_PARAM: site.name})
+
+
+def patch_value_insertion(site: Site) -> Insertion:
+    """A sow of ``site``'s value that a planted array replaces, marked as
+    patched."""
+    mode = sow_mode(site)
+    return Insertion(site.output, lambda v: patched_marker(_sow_as(v, site.name, mode), site),
+                     site, True)
+
+
+def patched_sites(closed: Any) -> dict[str, int]:
+    """``{site name: ordinal}`` of the patched-value markers in ``closed``
+    (a program ``tx.patch`` rewrote), in ``_traverse.walk``'s order."""
+    found: dict[str, int] = {}
+    for ordinal, (eqn, _, _) in enumerate(_traverse.walk(closed)):
+        if eqn.primitive is tag_p and PATCHED_PARAM in eqn.params:
+            found.setdefault(eqn.params[PATCHED_PARAM], ordinal)
+    return found
 
 
 def _fragment(build: Callable[..., Any], in_atoms: Sequence[Any]) -> tuple[list, Any]:

@@ -456,3 +456,17 @@ def test_patch_errors_name_the_site_and_the_selector_not_a_sow():
         with pytest.raises(ValueError, match=message) as caught:
             run()
         assert "sow" not in str(caught.value) and "Planted" not in str(caught.value)
+
+
+@pytest.mark.parametrize("how", ["function", "value"])
+def test_capture_of_a_patched_function_gives_the_value_after_the_patch(how):
+    def f(x):
+        with jax.named_scope("a"):
+            y = jnp.sin(x)
+        return y * 2
+
+    patched = tx.patch(f, {"a/sin": (lambda v: v + 10.0) if how == "function" else 5.0})
+    out, got = tx.capture(patched, "a/sin")(1.0)
+    want = np.sin(1.0) + 10.0 if how == "function" else 5.0
+    np.testing.assert_allclose(got["a/sin"], want, rtol=1e-6)
+    np.testing.assert_allclose(out, 2 * want, rtol=1e-6)
