@@ -1536,27 +1536,39 @@ def _replayed_bwd(engine, user_bwd, res: Sequence[Any], ct_outs: Sequence[Any],
     and collects is dropped, and a bwd that writes a ctx entry or collects a
     value the function does not is an error (an effect of the backward pass
     itself, which has no place in the program's order)."""
-    shape: dict = {}
-
-    def flat():
-        # The bwd gets the very values JAX passes (closed over: concrete
-        # values stay concrete, as when JAX calls it).
-        cts, logs = _compat.call_custom_vjp_bwd(user_bwd, [*res, *ct_outs])
-        shape["cts"] = [c if _is_symbolic_zero(c) else None for c in cts]
-        log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
-        return [*(c for c in cts if not _is_symbolic_zero(c)), *log_leaves]
-
-    with keep_tags():  # as the JVP rule of a custom_jvp
-        closed = trace_in(context, flat, [])
+    closed, results = traced_bwd(user_bwd, [*res, *ct_outs], context)
     engine.hooks.rules.check(closed, path)
     n_outs = len(_jaxpr.jaxpr_parts(closed).outvars)
     if engine.has_selected(closed):
         outs = _run_replay(engine, closed, n_outs, ctx_and_feeds, fn_threaded, path, context)
     else:
         outs = evaluated_fun(closed)()
-    given = iter(outs)
-    cts = [next(given) if c is None else c for c in shape["cts"]]
-    return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
+    return results(outs)
+
+
+def traced_bwd(user_bwd, args: Sequence[Any], context: Callable | None = None
+               ) -> tuple[Any, Callable[[Sequence[Any]], tuple[list, Any]]]:
+    """A custom_vjp's flat bwd traced at the very values JAX passes it
+    (closed over: concrete values stay concrete, as when JAX calls it),
+    keeping its tags: ``(closed jaxpr, results)``, ``results(outs)`` giving
+    ``(cts, logs)`` from the jaxpr's outputs (symbolic zeros kept)."""
+    shape: dict = {}
+
+    def flat():
+        cts, logs = _compat.call_custom_vjp_bwd(user_bwd, args)
+        shape["cts"] = [c if _is_symbolic_zero(c) else None for c in cts]
+        log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
+        return [*(c for c in cts if not _is_symbolic_zero(c)), *log_leaves]
+
+    with keep_tags():  # as the JVP rule of a custom_jvp
+        closed = trace_in(context, flat, [])
+
+    def results(outs: Sequence[Any]) -> tuple[list, Any]:
+        given = iter(outs)
+        cts = [next(given) if c is None else c for c in shape["cts"]]
+        return cts, jax.tree_util.tree_unflatten(shape["logs"], list(given))
+
+    return closed, results
 
 
 def _run_replay(engine, closed, n_outs: int, ctx_and_feeds: Sequence[Any], fn_threaded: Any,

@@ -31,7 +31,7 @@ from jax._src import core
 
 from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond
-from .._engine import trace_in
+from .._engine import traced_bwd
 from ..primitives._tag import evaluated_fun, keep_tags, tag, tag_p
 from ._sites import Site
 
@@ -532,10 +532,6 @@ def _recomputes(closed: Any, site: Site) -> bool:
     return False
 
 
-def _is_zero_ct(ct: Any) -> bool:
-    return ct is None or type(ct).__name__ in ("Zero", "SymbolicZero")
-
-
 def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
     """``user_bwd`` (a custom_vjp's flat bwd) that refuses to compute a
     patched site of ``call`` again: a bwd that recomputes its function
@@ -544,16 +540,7 @@ def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
     It runs as traced, closed over the values JAX passes."""
 
     def bwd(*args):
-        shape: dict = {}
-
-        def flat():
-            cts, logs = _compat.call_custom_vjp_bwd(user_bwd, args)
-            shape["cts"] = [c if _is_zero_ct(c) else None for c in cts]
-            log_leaves, shape["logs"] = jax.tree_util.tree_flatten(logs)
-            return [*(c for c in cts if not _is_zero_ct(c)), *log_leaves]
-
-        with keep_tags():
-            closed = trace_in(None, flat, [])
+        closed, results = traced_bwd(user_bwd, args)
         for site in call.patched:
             if _recomputes(closed, site):
                 raise CustomRuleError(
@@ -562,9 +549,6 @@ def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
                     f"again without the patch (it recomputes the function): its cotangents "
                     f"would be those of the unpatched function. Patch a value outside "
                     f"{call.name!r}, or differentiate without it")
-        outs = iter(evaluated_fun(closed)())
-        cts = [next(outs) if c is None else c for c in shape["cts"]]
-        return _compat.custom_vjp_bwd_result(
-            cts, jax.tree_util.tree_unflatten(shape["logs"], list(outs)))
+        return _compat.custom_vjp_bwd_result(*results(evaluated_fun(closed)()))
 
     return _jaxpr.wrap_fun(bwd, user_bwd)
