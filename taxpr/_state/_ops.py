@@ -82,7 +82,8 @@ class LeafName(str):
     """The name of one array of a pytree-valued state: the state's name and
     the leaf's key path (``"stats['mean']"``, ``"t[0]"``), a string so that
     every message naming a state names the leaf; ``state`` and ``path``
-    are its parts."""
+    are its parts, and ``scope`` / ``base`` those of the state's name (as a
+    scoped state's name has them: ``()`` and the name outside scopes)."""
 
     state: str
     path: str
@@ -91,6 +92,14 @@ class LeafName(str):
         obj = super().__new__(cls, f"{state}{path}")
         obj.state, obj.path = state, path
         return obj
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        return getattr(self.state, "scope", ())
+
+    @property
+    def base(self) -> str:
+        return getattr(self.state, "base", str(self.state))
 
     def __reduce__(self):
         return (LeafName, (self.state, self.path))

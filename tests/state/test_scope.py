@@ -494,3 +494,20 @@ def test_split_states_of_a_state_dict_written_by_hand_with_plain_dict_scopes():
     assert sorted(part["l0"]) == ["bias"] and sorted(others["l0"]) == ["w"]
     merged = tx.merge_states(part, others)
     assert sorted(merged["l0"]) == ["bias", "w"] and "step" in merged
+
+
+def test_an_array_of_a_pytree_state_in_a_scope_names_its_scope_and_base():
+    def f(x):
+        with tx.scope("bn1"):
+            st = tx.get_state("stats", lambda: {"mean": jnp.zeros(()), "n": jnp.zeros(())})
+            tx.set_state("stats", {"mean": st["mean"] + x, "n": st["n"] + 1})
+        tx.get_state("pair", lambda: (jnp.zeros(()), jnp.ones(())))
+        return x
+
+    _, infos = tx.make_jaxpr_with_states(f)(1.0)
+    names = {str(i.name): i.name for i in infos}
+    mean = names["bn1/stats['mean']"]
+    assert (mean.state, mean.path, mean.scope, mean.base) == ("bn1/stats", "['mean']",
+                                                               ("bn1",), "stats")
+    first = names["pair[0]"]
+    assert (first.state, first.path, first.scope, first.base) == ("pair", "[0]", (), "pair")
