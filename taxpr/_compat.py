@@ -14,6 +14,7 @@ relevant changed, works without a code change.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -320,3 +321,19 @@ def eager_constant_folding() -> bool:
     (``jax.ensure_compile_time_eval()``)."""
     flag = getattr(_config, "eager_constant_folding", None)
     return bool(flag is not None and flag.value)
+
+
+# ---- source locations --------------------------------------------------------
+
+_TAXPR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_line(traceback: Any) -> str | None:
+    """``"model.py:12, in Block.__call__"``: the innermost frame of a traced
+    equation's traceback that is neither JAX's nor taxpr's, or None."""
+    from jax._src import source_info_util
+    for frame in source_info_util.user_frames(traceback):
+        if not frame.file_name.startswith(_TAXPR_DIR):
+            return (f"{os.path.basename(frame.file_name)}:{frame.start_line}, "
+                    f"in {frame.function_name}")
+    return None

@@ -573,3 +573,20 @@ def test_reap_of_vmap_of_a_strict_sow_in_both_branches_of_a_batched_cond_says_wh
     reaps = jax.vmap(h.reap(f, tag="t"))(xs)
     np.testing.assert_array_equal(reaps["s"], [1.0, -3.0])
     np.testing.assert_array_equal(h.reap(f, tag="t")(xs[0])["s"], 1.0)  # eagerly, per example
+
+
+def test_a_batched_set_state_error_names_the_users_line():
+    def f(xs):
+        def per(x):
+            tx.set_state("m", tx.get_state("m", jnp.zeros(())) + x)  # the line named
+            return x
+        return jax.vmap(per)(xs)
+
+    with pytest.raises(tx.StateError) as e:
+        tx.uncurry(f, jnp.ones(3))
+    line = f.__code__.co_firstlineno + 2
+    assert f"test_vmap_predicates.py:{line}, in " in str(e.value)
+    assert "'m'" in str(e.value) and "batched by vmap" in str(e.value)
+    with pytest.raises(tx.StateError) as e:
+        tx.uncurry(jax.vmap(counter_in_branch), XS)
+    assert "test_vmap_predicates.py:" in str(e.value) and ".inc)" in str(e.value)

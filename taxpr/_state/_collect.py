@@ -48,6 +48,13 @@ class StateInfo:
     tree: Any = None
 
 
+def _at(eqn, path) -> str:
+    """Where a state access is: its path through nested primitives and the
+    user's line that made it (a vmap leaves no primitive on the path)."""
+    line = _compat.user_line(eqn.source_info.traceback)
+    return format_path(path) if line is None else f"{format_path(path)} ({line})"
+
+
 def _describe_site(site) -> str:
     return f"{site.params['op'].kind}_state({site.params['name']!r}) at {format_path(site.path)}"
 
@@ -64,14 +71,14 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         p = eqn.params
         if p["op"] is SET and is_guarded(p):
             raise StateError(
-                f"taxpr: state {p['name']!r}: set_state at {format_path(path)} is inside "
+                f"taxpr: state {p['name']!r}: set_state at {_at(eqn, path)} is inside "
                 f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
                 f"take it, so the state's new value would differ per example, and a state is "
                 f"not batched (compute the new value with jnp.where and set it outside the "
                 f"cond/while, or vmap the pure function over a batch of states)")
         if p["op"] is SET and meta(p).batched:
             raise StateError(
-                f"taxpr: state {p['name']!r}: set_state at {format_path(path)} sets a value "
+                f"taxpr: state {p['name']!r}: set_state at {_at(eqn, path)} sets a value "
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
