@@ -238,8 +238,11 @@ def _unflatten_value(site: "_Site", vals):
     return jax.tree_util.tree_unflatten(site.tree, [jnp.asarray(v) for v in vals])
 
 
-def _rows_stack(name, plant: PlantRows, total: int, site: _Site) -> list:
-    """``[mask, *stacked leaves]`` (``total`` rows each) for a rows(...) plant."""
+def _rows_stack(name, plant: PlantRows, total: int, site: _Site,
+                inner: tuple[int, ...] = ()) -> list:
+    """``[mask, *stacked leaves]`` (``total`` rows each) for a rows(...) plant.
+    A sow inside nested scans stacks to ``(total, *inner, ...)``: a row is an
+    iteration of the outermost scan, its value the stack of the inner ones."""
     where = f"a row of its append sows (at {format_path(site.path)}) has type {{type}}"
     if plant.index_values is None:
         mask = jnp.asarray(plant.mask)
@@ -248,9 +251,10 @@ def _rows_stack(name, plant: PlantRows, total: int, site: _Site) -> list:
                              f"{_type_str(mask.dtype, mask.shape)}, but its append sows (at "
                              f"{format_path(site.path)}) stack to {total} rows: want "
                              f"bool[{total}]")
+        mask = jnp.broadcast_to(mask.reshape((total,) + (1,) * len(inner)), (total, *inner))
         return [mask, *jax.tree_util.tree_leaves(plant.values)]
-    mask = np.zeros((total,), bool)
-    stacks = [jnp.zeros((total, *a.shape), a.dtype) for a in site.avals]
+    mask = np.zeros((total, *inner), bool)
+    stacks = [jnp.zeros((total, *inner, *a.shape), a.dtype) for a in site.avals]
     for row, value in plant.index_values.items():
         if not -total <= row < total:
             raise ValueError(f"rows(...) for '{_disp(name)}': row {row} is out of range; its "
@@ -262,7 +266,8 @@ def _rows_stack(name, plant: PlantRows, total: int, site: _Site) -> list:
             raise ValueError(f"Planted row {row} for '{_disp(name)}' has {len(leaves)} leaves, "
                              f"expected {len(site.avals)}")
         for i, (v, a) in enumerate(zip(leaves, site.avals)):
-            v, _ = _conform(name, v, a, where, allow_retype=False)
+            v, _ = _conform(name, v, a.update(shape=(*inner, *a.shape)), where,
+                            allow_retype=False)
             stacks[i] = stacks[i].at[row].set(v)
     return [jnp.asarray(mask), *stacks]
 
@@ -282,7 +287,9 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
         total += size
     value = plants[name]
     if isinstance(value, PlantRows):
-        value = _rows_stack(name, value, total, sites[name])
+        # (the mask's feed: a row per iteration of the scans around the sow)
+        inner = tuple(avals[0].shape[1:]) if key.stacked else ()
+        value = _rows_stack(name, value, total, sites[name], inner)
     out = []
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) != len(avals):

@@ -470,3 +470,43 @@ def test_capture_of_a_patched_function_gives_the_value_after_the_patch(how):
     want = np.sin(1.0) + 10.0 if how == "function" else 5.0
     np.testing.assert_allclose(got["a/sin"], want, rtol=1e-6)
     np.testing.assert_allclose(out, 2 * want, rtol=1e-6)
+
+
+def _nested_scans(x):
+    def outer(c, _):
+        def inner(c2, _):
+            with jax.named_scope("cell"):
+                c2 = jnp.sin(c2) + 0.5
+            return c2, c2
+        return jax.lax.scan(inner, c, None, length=2)
+    return jax.lax.scan(outer, x, None, length=3)[1]
+
+
+def _nested_scans_by_hand(x, replaced: dict):
+    c, rows = float(x), []
+    for i in range(3):
+        row = []
+        for j in range(2):
+            c = np.sin(c) + 0.5
+            if i in replaced:
+                c = float(replaced[i][j])
+            row.append(c)
+        rows.append(row)
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("form", ["index", "mask"])
+def test_rows_of_a_site_inside_nested_scans_index_the_outer_scan(form):
+    x = jnp.float32(0.3)
+    assert tx.capture(_nested_scans, "cell/add")(x)[1]["cell/add"].shape == (3, 2)
+    new_row = jnp.array([7.0, 8.0])
+    if form == "index":
+        replacement = h.rows({1: new_row})
+    else:
+        replacement = h.rows(mask=jnp.array([False, True, False]),
+                             values=jnp.zeros((3, 2)).at[1].set(new_row))
+    got = tx.patch(_nested_scans, {"cell/add": replacement})(x)
+    np.testing.assert_allclose(got, _nested_scans_by_hand(x, {1: new_row}), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"row 1 has shape \[\]; a row of the site holds "
+                                         r"float32\[2\]"):
+        tx.patch(_nested_scans, {"cell/add": h.rows({1: 7.0})})(x)
