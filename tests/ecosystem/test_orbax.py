@@ -64,3 +64,26 @@ def test_an_orbax_checkpoint_resumes_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(jax.random.key_data(restored["rng"]),
                                   jax.random.key_data(state["rng"]))
     assert int(restored["second"]["stats"].count) == 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int4", "complex64", "bool"])
+def test_an_orbax_checkpoint_round_trips_every_state_dtype_bit_for_bit(tmp_path, dtype):
+    values = np.array([1, 0, 3, 2]) if dtype in ("int4", "bool") else np.array([1.5, -2.25, 0.0, 3.0])
+
+    def f(x):
+        w = tx.get_state("w", jnp.asarray(values).astype(dtype))
+        tx.set_state("w", w)
+        return x
+
+    _, state0 = tx.uncurry(f, 1.0)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "ckpt", state0)
+    checkpointer.wait_until_finished()
+    back = checkpointer.restore(tmp_path / "ckpt", state0)
+    assert back["w"].dtype == state0["w"].dtype
+    width = f"u{np.asarray(state0['w']).dtype.itemsize}"
+    if dtype in ("complex64", "bool"):
+        np.testing.assert_array_equal(back["w"], state0["w"])
+    else:
+        np.testing.assert_array_equal(np.asarray(back["w"]).view(width),
+                                      np.asarray(state0["w"]).view(width))
