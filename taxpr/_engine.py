@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
+import operator
 from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import jax
@@ -85,7 +87,7 @@ class Level:
     """Equations being emitted for one jaxpr under construction."""
 
     __slots__ = ("eqns", "env", "consts", "path", "context", "collected", "feeds", "dropped",
-                 "_local", "_occurrences")
+                 "changed", "_local", "_occurrences")
 
     def __init__(self, path: tuple[str, ...], context: Callable | None = None):
         # ``context()`` enters the tracing context of this jaxpr's body (set
@@ -103,6 +105,10 @@ class Level:
         # the state read replaces): their producers are dropped at the end
         # if nothing else uses them (``drop_unused_producers``).
         self.dropped: list = []
+        # ``(new ctx, the positions it changed)`` as a site rule that knows
+        # them records it (one state's set changes one leaf of n): the
+        # engine then does not compare all n leaves per site.
+        self.changed: tuple | None = None
         self._local: dict = {}
         self._occurrences: dict = {}  # site -> channels of it so far
 
@@ -524,7 +530,9 @@ class Engine:
                 if new_ctx[i] is not site_ctx[i]:
                     level.dropped.append(new_ctx[i])
                 new_ctx[i] = ctx[i]
-        changed = {i for i, (a, b) in enumerate(zip(ctx, new_ctx)) if a is not b}
+        told, level.changed = level.changed, None
+        changed = set(told[1] if told is not None and told[0] is new_ctx and site_ctx is ctx
+                      else changed_positions(ctx, new_ctx))
         if self._writing:
             self._writing[-1].update(changed)
         if changed:
@@ -656,6 +664,13 @@ class Engine:
 
 def _aval(atom) -> Any:
     return atom.aval
+
+
+def changed_positions(before: Sequence[Any], after: Sequence[Any]) -> list[int]:
+    """The positions where ``after`` holds another object than ``before``
+    (ctx leaves a site changed), compared in C: a site runs per state, and
+    ctx has one leaf per state."""
+    return list(itertools.compress(range(len(before)), map(operator.is_not, before, after)))
 
 
 def drop_unused_producers(eqns: list, dropped: Sequence[Any], roots: Sequence[Any]) -> list:

@@ -12,8 +12,8 @@ import jax
 from jax._src import core
 
 from . import _jaxpr, _traverse
-from ._engine import (Engine, Hooks, InjectError, Level, _describe, describe_tag,
-                      format_path, inline, trace_in)
+from ._engine import (Engine, Hooks, InjectError, Level, _describe, changed_positions,
+                      describe_tag, format_path, inline, trace_in)
 from ._find import Predicate
 from ._expand import expand_for, hidden_tags, keeps_a_function
 from .primitives._tag import (evaluated_fun, is_guarded, keep_tags, meta, n_values,
@@ -181,12 +181,16 @@ class _InjectSites:
             subst = self._substitute(eqn, params, ctx, ins)
             if subst is not None:
                 level.local(self)[tuple(map(id, ins))] = ctx
-                new_token, new_ctx = subst
-                kept = {id(a) for a in (*new_token, *new_ctx)}
+                new_token, new_ctx, changed = subst
+                # (an input also left unchanged in ctx may be reported: the
+                # producers of dropped atoms are removed only where unused)
+                kept = {id(a) for a in new_token}
+                kept.update(id(new_ctx[i]) for i in changed)
                 level.dropped.extend(a for a in ins if id(a) not in kept)
                 for o, a in zip(eqn.outvars, new_token):
                     if not isinstance(o, core.DropVar):
                         level.env[o] = a
+                level.changed = (new_ctx, changed)
                 return new_ctx
         tree = meta(eqn.params).tree
         n = n_values(eqn.params, len(eqn.invars)) if eqn.primitive is tag_p else len(eqn.invars)
@@ -232,17 +236,18 @@ class _InjectSites:
         out = self.direct(params, ctx, ins)
         if out is None:
             return None
-        new_token, new_ctx = out
+        new_token, new_ctx, *told = out
         if len(new_token) != len(eqn.outvars) or len(new_ctx) != len(self.ctx_avals):
             return None
         same = self._same_type
         for a, o in zip(new_token, eqn.outvars):
             if not same(_aval_of(a), o.aval):
                 return None
-        for a, old, want in zip(new_ctx, ctx, self.ctx_avals):
-            if a is not old and not same(_aval_of(a), want):
+        changed = list(told[0]) if told else changed_positions(ctx, new_ctx)
+        for i in changed:
+            if not same(_aval_of(new_ctx[i]), self.ctx_avals[i]):
                 return None
-        return list(new_token), list(new_ctx)
+        return list(new_token), list(new_ctx), changed
 
     def _same_type(self, a, b) -> bool:
         """``a == b`` for avals, remembered per pair of aval objects (a
@@ -447,8 +452,10 @@ class InjectPolicy:
             same on every shard).
         direct: for an injector that only moves values between the token
             and ctx, ``direct(params, ctx_atoms, token_atoms) ->
-            (new_token_atoms, new_ctx_atoms)``: sites are rewritten by
-            substituting atoms, without tracing the injector.
+            (new_token_atoms, new_ctx_atoms[, changed positions])``: sites are
+            rewritten by substituting atoms, without tracing the injector
+            (telling the positions it changed keeps a site's cost
+            independent of the number of ctx leaves).
         replays: whether a tag a ``custom_vjp`` bwd binds is a replay of the
             forward pass (``_replay``).
         expanded: the program was expanded already (``trace_program`` with a

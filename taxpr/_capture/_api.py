@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _jaxpr
 from .._inject import inject, split_arguments, trace_program
-from ..primitives._tag import evaluated_fun
+from ..primitives._tag import evaluated_fun, keeping_tags
 from ..harvest import _transforms as _harvest
 from ..harvest._plants import PlantRows
 from . import _rewrite, _sites
@@ -200,6 +200,7 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
         plan: dict[int, list] = {}
         planted: dict[str, Any] = {}
         taken: dict[str, Any] = {}
+        mark = keeping_tags()  # (traced inside capture: marked for it)
         for sel, replacement in items:
             by_function = callable(replacement) and not isinstance(replacement, PlantRows)
             for site in select(traced.sites, sel, "patch"):
@@ -213,10 +214,10 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
                 if not by_function:
                     _check_replacement(site, sel, replacement)
                 if by_function:
-                    insertion, consts = _rewrite.patch_insertion(site, replacement)
+                    insertion, consts = _rewrite.patch_insertion(site, replacement, mark)
                     planted.update(consts)
                 else:
-                    insertion = _rewrite.patch_value_insertion(site)
+                    insertion = _rewrite.patch_value_insertion(site, mark)
                     planted[site.name] = replacement
                 plan.setdefault(site.ordinal, []).append(insertion)
         rewritten = _rewrite.insert(traced.closed, plan)

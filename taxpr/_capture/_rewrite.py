@@ -129,9 +129,11 @@ def needs_carrying(site: Site) -> bool:
     return len({loop.kind for loop in site.loops}) > 1
 
 
-def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, dict]:
+def patch_insertion(site: Site, fn: Callable[[Any], Any], mark: bool = False
+                    ) -> tuple[Insertion, dict]:
     """The insertion applying ``fn`` at ``site`` and the values to plant
-    (the arrays ``fn`` closes over, each into a sow of its own)."""
+    (the arrays ``fn`` closes over, each into a sow of its own); ``mark``:
+    the patched value is marked for an enclosing ``capture``."""
     aval = site.aval
     with keep_tags():
         traced = _jaxpr.trace_flat(lambda v: [fn(v)], [aval], name="patch")
@@ -148,14 +150,17 @@ def patch_insertion(site: Site, fn: Callable[[Any], Any]) -> tuple[Insertion, di
     def build(v):
         cs = [_sow_as(jax.lax.full(np.shape(c), 0, c.dtype), n, mode)
               for c, n in zip(consts, names)]
-        return patched_marker(core.eval_jaxpr(jaxpr, cs, v)[0], site)
+        out = core.eval_jaxpr(jaxpr, cs, v)[0]
+        return patched_marker(out, site) if mark else out
 
     return Insertion(site.output, build, site, True), dict(zip(names, consts))
 
 
 # The tag param marking a site's value after a patch: ``capture`` of a
 # patched program selects it for the site of that name (a user checking a
-# patch sees the patched value).
+# patch sees the patched value). Only a patch traced inside a taxpr
+# transformation is marked (``keeping_tags()``): elsewhere nothing would
+# consume the mark.
 PATCHED_PARAM = "taxpr_patched"
 
 
@@ -163,12 +168,15 @@ def patched_marker(value: Any, site: Site) -> Any:
     return tag(value, **{PATCHED_PARAM: site.name})
 
 
-def patch_value_insertion(site: Site) -> Insertion:
-    """A sow of ``site``'s value that a planted array replaces, marked as
-    patched."""
+def patch_value_insertion(site: Site, mark: bool = False) -> Insertion:
+    """A sow of ``site``'s value that a planted array replaces (``mark``: as
+    ``patch_insertion``)."""
     mode = sow_mode(site)
-    return Insertion(site.output, lambda v: patched_marker(_sow_as(v, site.name, mode), site),
-                     site, True)
+
+    def build(v):
+        out = _sow_as(v, site.name, mode)
+        return patched_marker(out, site) if mark else out
+    return Insertion(site.output, build, site, True)
 
 
 def patched_sites(closed: Any) -> dict[str, int]:

@@ -142,18 +142,18 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
         return None
     if first.keys() != states.keys():
         return None
+    got = [n for n in states if first[n] is not None]
+    try:
+        inits = dict(zip(got, unreached_inits([(*first[n], n) for n in got], args)))
+    except StateError:
+        return None
     result = {}
     for n, info in states.items():
         aval = core.ShapedArray(info.shape, info.dtype)
         if first[n] is None:  # first set: zeros, as in the example run
             result[n] = jnp.zeros(info.shape, info.dtype)
             continue
-        chain, path = first[n]
-        try:
-            value = unreached_init(chain, path, n, args)
-        except StateError:
-            return None
-        value = _jaxpr.cast_weak_type(value, aval)
+        value = _jaxpr.cast_weak_type(inits[n], aval)
         # A fresh array, as the example run gives: the init may be the
         # user's own array (or a const of the program), and state0 may be
         # donated.
@@ -236,9 +236,12 @@ def _outer_operand(eqn, sub, i: int) -> Any | None:
     return None
 
 
-def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
-    """The value of a ``get_state``'s init operand that the example run never
-    reaches, computed from the program and ``args`` (the top-level inputs).
+def _unreached_inits(chain: list, tag_eqns: list, path: tuple[str, ...], name: str,
+                     args: Sequence[Any]) -> list:
+    """The values of the init operands of ``tag_eqns`` (``get_state`` calls
+    in the innermost jaxpr of ``chain``; ``name`` and ``path`` are the first's,
+    for errors) that the example run never reaches, computed from the
+    program and ``args`` (the top-level inputs) in one slice.
 
     The init's computation is sliced out of each enclosing jaxpr, from the
     site outwards; an input of a nested jaxpr is followed to the enclosing
@@ -295,6 +298,45 @@ def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence
                                      _traverse.effects_of_eqns(kept), dbg)
         return list(_jaxpr.jaxpr_as_fun(sliced)(*in_vals))
 
-    _, tag_eqn, _ = chain[-1]
     # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
-    return jnp.asarray(values(len(chain) - 1, [tag_eqn.invars[0]])[0])
+    return [jnp.asarray(v) for v in values(len(chain) - 1, [e.invars[0] for e in tag_eqns])]
+
+
+def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
+    """The value of a ``get_state``'s init operand that the example run never
+    reaches, computed from the program and ``args`` (``_unreached_inits``).
+
+    Raises:
+        StateError: the init depends on a value that differs per run of its
+            body (a loop's carry or xs), on a state, or on an effect.
+    """
+    return _unreached_inits(chain, [chain[-1][1]], path, name, args)[0]
+
+
+def unreached_inits(requests: Sequence[tuple[list, tuple[str, ...], str]],
+                    args: Sequence[Any]) -> list:
+    """``unreached_init`` of each ``(chain, path, name)``, the inits of
+    ``get_state`` calls in the same jaxpr (reached through the same equations)
+    computed by one slice of the program: linear in the number of states.
+
+    Raises:
+        StateError: as ``unreached_init``, naming the state.
+    """
+    groups: dict = {}
+    for i, (chain, path, name) in enumerate(requests):
+        key = (tuple((id(j), id(e), None if sub is None else (sub.key, sub.index))
+                     for j, e, sub in chain[:-1]), id(chain[-1][0]))
+        groups.setdefault(key, []).append(i)
+    out: list = [None] * len(requests)
+    for members in groups.values():
+        chain, path, name = requests[members[0]]
+        try:
+            values = _unreached_inits(chain, [requests[i][0][-1][1] for i in members], path,
+                                      name, args)
+        except StateError:
+            for i in members:  # (the error names the state whose init fails)
+                unreached_init(*requests[i], args)
+            raise
+        for i, v in zip(members, values):
+            out[i] = v
+    return out

@@ -29,10 +29,10 @@ def _state_direct(names: Sequence[str]) -> Callable:
     def direct(params: dict, ctx: list, token: list):
         i = index[params["name"]]
         if params["op"] is GET:
-            return [ctx[i]], ctx
+            return [ctx[i]], ctx, ()
         new = list(ctx)
         new[i] = token[0]
-        return token, new
+        return token, new, (i,)
 
     return direct
 
