@@ -18,6 +18,7 @@ TABLES = {
     "<!-- bench-figures-table -->": lambda: make_plots.figures_table(make_plots.load_results()),
     "<!-- bench-headline-table -->": lambda: make_plots.headline_table(make_plots.load_all_results()),
     "<!-- bench-dispatch-table -->": lambda: make_plots.dispatch_table(make_plots.load_all_results()),
+    "<!-- bench-states-table -->": lambda: make_plots.states_table(),
     "<!-- bench-gpu-table -->": lambda: make_plots.gpu_table(
         make_plots.load_results(make_plots.GPU_RESULTS)),
 }
