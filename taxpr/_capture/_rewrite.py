@@ -277,7 +277,11 @@ def _rewrite_carrying_loop(eqn, path, env, rewrite, ordinal: int, carried: list)
         body = eqn.params["jaxpr"]
         length = int(eqn.params["length"])
         outs = [_jaxpr.new_var(v.aval.update(shape=(length, *v.aval.shape))) for v in values]
+        n_consts, n_carry = _jaxpr.scan_counts(eqn.params)
         eqn = _traverse.with_subjaxprs(eqn, {("jaxpr", None): _with_outputs(body, [], values)})
+        eqn = eqn.replace(params=_jaxpr.scan_params(
+            eqn.params, n_consts, n_carry, len(eqn.invars) - n_consts - n_carry,
+            len(eqn.outvars) - n_carry + len(values)))
     else:
         cond, body = eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]
         inits = []
