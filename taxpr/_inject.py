@@ -247,7 +247,9 @@ class _InjectSites:
         for i in changed:
             if not same(_aval_of(new_ctx[i]), self.ctx_avals[i]):
                 return None
-        return list(new_token), list(new_ctx), changed
+        # (ctx itself where nothing changed: a site rule never mutates the
+        # ctx it is given, and copying n leaves per site is quadratic)
+        return list(new_token), new_ctx if type(new_ctx) is list else list(new_ctx), changed
 
     def _same_type(self, a, b) -> bool:
         """``a == b`` for avals, remembered per pair of aval objects (a
