@@ -87,6 +87,29 @@ KNOWN_GAPS = {
 }
 
 
+def _flax_before_0_12_9() -> bool:
+    from importlib import metadata
+    try:
+        version = metadata.version("flax")
+    except metadata.PackageNotFoundError:
+        return False
+    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit()) < (0, 12, 9)
+
+
+# flax 0.12.8 (the newest flax on Python 3.11) runs an nn.scan body with
+# broadcast params once more at run time (a jax.debug.callback counts it)
+# than taxpr applies its state updates: the counts differ by one per scan.
+_FLAX_0_12_8_SCAN = ("flax 0.12.8's nn.scan with broadcast params runs its body once more than "
+                     "taxpr counts its state updates (flax 0.12.9+, on Python 3.12, agrees)")
+if _flax_before_0_12_9():
+    KNOWN_GAPS.update({
+        f"test_flax_linen.py::{name}": _FLAX_0_12_8_SCAN for name in (
+            "test_scan_broadcast_params_state_set_from_the_carry_fails_as_a_callback_does",
+            "test_scan_broadcast_params_state_counter",
+            "test_scan_broadcast_params_state_counter_apply_only",
+            "test_state_counter_in_checkpointed_scanned_layers_counts_as_a_callback[remat_scan]")})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in LIBRARIES and item.path.parent.name == "ecosystem":
