@@ -1,8 +1,10 @@
 """tx.patch inside the custom derivative rules of libraries, differentiated
 from outside: optimistix's implicit differentiation of a root (the patched
 residual is what its rule differentiates) against the root of the residual
-patched by hand; diffrax's adjoints, whose rules run the solve again from
-their own Python code, a clear error rather than the unpatched derivative."""
+patched by hand; the relu of an equinox MLP and of a flax ``nn.remat``
+block against the model with relu patched by hand; diffrax's adjoints,
+whose rules run the solve again from their own Python code, a clear error
+rather than the unpatched derivative (``DirectAdjoint`` differentiates)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,66 @@ def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_
     else:
         with pytest.raises(CustomRuleError, match="vf/mul"):
             jax.value_and_grad(f)(y0, k)
+
+
+@jax.custom_jvp
+def _relu_doubled(x):
+    """jax.nn.relu patched by hand (2 * max), under relu's rule."""
+    return 2.0 * jnp.maximum(x, 0.0)
+
+
+_relu_doubled.defjvps(lambda g, ans, x: jax.lax.select(x > 0, g, jax.lax.full_like(g, 0)))
+
+
+def _leaves_close(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-5)
+
+
+def test_a_patched_relu_in_an_equinox_mlp_differentiates_like_the_mlp_patched_by_hand():
+    eqx = pytest.importorskip("equinox")
+    mlp = eqx.nn.MLP(3, 2, 8, 2, activation=jax.nn.relu, key=jax.random.key(0))
+    x = jnp.array([0.5, -1.0, 2.0])
+
+    def loss(m, x):
+        return jnp.sum(m(x) ** 2)
+
+    def loss_by_hand(m, x):  # the first hidden layer's relu doubled
+        h = x
+        for i, layer in enumerate(m.layers[:-1]):
+            h = layer(h)
+            h = _relu_doubled(h) if i == 0 else jax.nn.relu(h)
+        return jnp.sum(m.layers[-1](h) ** 2)
+
+    first = [s.name for s in tx.sites(loss, mlp, x) if s.primitive == "max"][0]
+    patched = tx.patch(loss, {first: lambda h: 2.0 * h})
+    np.testing.assert_allclose(patched(mlp, x), loss_by_hand(mlp, x), rtol=1e-6)
+    _leaves_close(eqx.filter_grad(patched)(mlp, x), eqx.filter_grad(loss_by_hand)(mlp, x))
+    _leaves_close(eqx.filter_jit(eqx.filter_grad(patched))(mlp, x),
+                  eqx.filter_grad(loss_by_hand)(mlp, x))
+
+
+def test_a_patched_relu_in_a_flax_remat_block_differentiates_like_the_block_patched_by_hand():
+    nn = pytest.importorskip("flax.linen")
+
+    def net(activation):
+        class Block(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return activation(nn.Dense(4)(x))
+
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                x = nn.remat(Block)(name="CheckpointBlock_0")(x)
+                return nn.Dense(1)(x).sum()
+        return Net()
+
+    x = jnp.array([0.5, -1.0, 2.0])
+    model, by_hand = net(jax.nn.relu), net(_relu_doubled)
+    variables = model.init(jax.random.key(0), x)
+    (site,) = [s.name for s in tx.sites(model.apply, variables, x) if s.primitive == "max"]
+    assert site == "Net/CheckpointBlock_0/max"
+    patched = tx.patch(model.apply, {site: lambda h: 2.0 * h})
+    np.testing.assert_allclose(patched(variables, x), by_hand.apply(variables, x), rtol=1e-6)
+    _leaves_close(jax.grad(patched)(variables, x), jax.grad(by_hand.apply)(variables, x))
