@@ -235,7 +235,7 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
             if call_after is None:  # (a replacement all the same: map_jaxpr
                 return [new_eqn]    # must not walk the function again)
             sites = tuple(i for o in range(ordinal + 1, walked[0]) for i in plan.get(o, ()))
-            return [_with_carrying_rules(new_eqn, eqn, call_after, sites)]
+            return [_with_carrying_rules(new_eqn, eqn, call_after, sites, path)]
         todo = plan.get(ordinal)
         if todo is None:
             return None
@@ -410,30 +410,34 @@ class _RewrittenCall:
     after, and the sites changed or recorded inside it."""
 
     primitive: Any
-    name: str
+    name: str | None
+    where: str  # the path of the call, for errors
     before: Any
     after: Any
     sites: tuple[Insertion, ...]
+
+    @property
+    def described(self) -> str:
+        named = f" {self.name!r}" if self.name else ""
+        return f"the {self.primitive.name}{named} at {self.where}"
 
     @property
     def patched(self) -> list[Site]:
         return [i.site for i in self.sites if i.changes]
 
 
-def _call_name(eqn) -> str:
-    """The custom function's name, for errors."""
+def _call_name(eqn) -> str | None:
+    """The custom function's name, for errors (None where only a library's
+    generic wrapper is named: equinox's ``fn_wrapped``, ``fn_jvp_wrapper``)."""
     p = eqn.params
-    name = p.get("name")
-    if not isinstance(name, str):
-        dbg = _jaxpr.jaxpr_parts(p["call_jaxpr"]).debug_info
-        name = getattr(dbg, "func_name", None)
-        if isinstance(name, str) and name.endswith("_wrapped"):
-            name = None
-    if not isinstance(name, str):
-        fun = p.get("jvp_jaxpr_fun") or p.get("fwd_jaxpr_thunk")
-        dbg = getattr(fun, "debug_info", None)
-        name = getattr(dbg, "func_name", None) or "?"
-    return name
+    names = [p.get("name"), getattr(_jaxpr.jaxpr_parts(p["call_jaxpr"]).debug_info,
+                                    "func_name", None)]
+    for fun in (p.get("jvp_jaxpr_fun"), p.get("fwd_jaxpr_thunk")):
+        names.append(getattr(getattr(fun, "debug_info", None), "func_name", None))
+    for name in names:
+        if isinstance(name, str) and not name.endswith(("_wrapped", "_wrapper")):
+            return name
+    return None
 
 
 def _rewrite_custom_call(eqn, path, env, rewrite):
@@ -450,10 +454,12 @@ def _rewrite_custom_call(eqn, path, env, rewrite):
             new.get(("call_jaxpr", None)))
 
 
-def _with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Insertion, ...]):
+def _with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Insertion, ...],
+                         path: tuple[str, ...]):
     """``new_eqn`` (``old_eqn`` with its function rewritten to ``after``,
-    holding ``sites``) with its rules wrapped to carry the change."""
-    call = _RewrittenCall(old_eqn.primitive, _call_name(old_eqn),
+    holding ``sites``; at ``path``) with its rules wrapped to carry the
+    change."""
+    call = _RewrittenCall(old_eqn.primitive, _call_name(old_eqn), "/".join(path) or "<top level>",
                           old_eqn.params["call_jaxpr"], after, sites)
     key = _RULES_OF[old_eqn.primitive]
     params = {**new_eqn.params, key: _carrying_rule(old_eqn.params[key], call)}
@@ -513,10 +519,10 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
         if not found and call.patched:
             raise CustomRuleError(
                 f"taxpr.patch: site {call.patched[0].name!r} is inside the function of "
-                f"{call.primitive.name} {call.name!r}, whose {kind} does not call the "
-                f"function: differentiated, JAX runs the rule in the function's place, and the "
-                f"rule computes the unpatched value and its derivative. Patch a value outside "
-                f"{call.name!r} (its inputs or outputs), or differentiate without it")
+                f"{call.described}, whose {kind} does not call the function: "
+                f"differentiated, JAX runs the rule in the function's place, and the rule "
+                f"computes the unpatched value and its derivative. Patch a value outside that "
+                f"function (its inputs or outputs), or differentiate without it")
         return (*_jaxpr.open_with_constvars(closed), *rest)
 
     return _jaxpr.wrap_fun(traced, rule_fun)
@@ -557,10 +563,10 @@ def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
             if _recomputes(closed, site):
                 raise CustomRuleError(
                     f"taxpr.patch: site {site.name!r} is inside the function of "
-                    f"{call.primitive.name} {call.name!r}, whose custom_vjp bwd computes it "
-                    f"again without the patch (it recomputes the function): its cotangents "
-                    f"would be those of the unpatched function. Patch a value outside "
-                    f"{call.name!r}, or differentiate without it")
+                    f"{call.described}, whose custom_vjp bwd computes it again without the "
+                    f"patch (it recomputes the function): its cotangents would be those of the "
+                    f"unpatched function. Patch a value outside that function, or "
+                    f"differentiate without it")
         return _compat.custom_vjp_bwd_result(*results(evaluated_fun(closed)()))
 
     return _jaxpr.wrap_fun(bwd, user_bwd)
