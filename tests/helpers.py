@@ -96,3 +96,18 @@ def all_effects(j) -> set:
         for _, sj in _traverse.subjaxprs(eqn):
             out |= set(sj.effects)
     return out
+
+
+def assert_same_bits(got, want) -> None:
+    """``got`` has ``want``'s dtype and, bit for bit, its values (compared as
+    unsigned integers of the dtype's width: bfloat16, the float8s and int4
+    included; complex and bool as values)."""
+    import numpy as np
+
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "cb":
+        np.testing.assert_array_equal(got, want)
+    else:
+        width = f"u{want.dtype.itemsize}"
+        np.testing.assert_array_equal(got.view(width), want.view(width))
