@@ -33,7 +33,7 @@ from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond
 from .._engine import traced_bwd
 from ..primitives._tag import evaluated_fun, keep_tags, tag, tag_p
-from ._sites import Site
+from ._sites import Site, scope_of
 
 
 class _CaptureTag:
@@ -231,7 +231,7 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
             return _rewrite_carrying_loop(eqn, path, env, rewrite, ordinal, carried)
         if eqn.primitive in _RULES_OF:
             # the function's equations are the next ones of the walk
-            new_eqn, call_after = _rewrite_custom_call(eqn, path, env, rewrite)
+            new_eqn, call_after = _rewrite_subjaxprs(eqn, path, env, rewrite)
             if call_after is None:  # (a replacement all the same: map_jaxpr
                 return [new_eqn]    # must not walk the function again)
             sites = tuple(i for o in range(ordinal + 1, walked[0]) for i in plan.get(o, ()))
@@ -260,15 +260,8 @@ def _rewrite_carrying_loop(eqn, path, env, rewrite, ordinal: int, carried: list)
     zeros before the first iteration); then it is handed to the loop around
     or, at the outermost loop it is carried out of, sown."""
     carried.append([])
-    new = {}
-    for sub, sj in _traverse.subjaxprs(eqn):
-        nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
-        if nj is not sj:
-            new[(sub.key, sub.index)] = nj
+    eqn, _ = _rewrite_subjaxprs(eqn, path, env, rewrite)
     handed = carried.pop()
-    if new:
-        eqn = _traverse.with_subjaxprs(eqn, new)
-    eqn = eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])
     if not handed:
         return [eqn]
     before: list = []
@@ -440,9 +433,10 @@ def _call_name(eqn) -> str | None:
     return None
 
 
-def _rewrite_custom_call(eqn, path, env, rewrite):
-    """A custom call with its function rewritten first (in the walk's order):
-    ``(the new equation, its new function or None if it is unchanged)``."""
+def _rewrite_subjaxprs(eqn, path, env, rewrite):
+    """An equation with its sub-jaxprs rewritten first (in the walk's order;
+    a custom call's function, a loop's body): ``(the new equation, its new
+    ``call_jaxpr`` or None if that is unchanged)``."""
     new = {}
     for sub, sj in _traverse.subjaxprs(eqn):
         nj = _traverse.map_jaxpr(sj, rewrite, path + (sub.label,))
@@ -528,21 +522,16 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
     return _jaxpr.wrap_fun(traced, rule_fun)
 
 
-def _scope_of(info: Any) -> tuple[str, ...]:
-    from jax._src import source_info_util
-    return tuple(s.name for s in info.name_stack.stack if isinstance(s, source_info_util.Scope))
-
-
 def _recomputes(closed: Any, site: Site) -> bool:
     """Whether ``closed`` (a traced custom_vjp bwd) computes ``site`` again:
     an equation of its primitive in the same innermost scope (or, for a
     site in no scope, of its primitive and type)."""
-    scope = _scope_of(site.source_info[0])
+    scope = scope_of(site.source_info[0])
     for eqn, _ in _traverse.iter_eqns(closed):
         if eqn.primitive.name != site.primitive:
             continue
         if scope:
-            if _scope_of(eqn.source_info)[-len(scope):] == scope:
+            if scope_of(eqn.source_info)[-len(scope):] == scope:
                 return True
         elif any(getattr(v.aval, "shape", None) == site.shape
                  and getattr(v.aval, "dtype", None) == site.dtype for v in eqn.outvars):

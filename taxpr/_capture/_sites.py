@@ -123,9 +123,14 @@ class _WalkCtx:
     enclosing: tuple = ()  # (ordinal, primitive) of the enclosing equations
 
 
+def scope_of(info: Any) -> tuple[str, ...]:
+    """The named scopes of a source info's name stack (without JAX's
+    transformation frames)."""
+    return tuple(s.name for s in info.name_stack.stack if isinstance(s, source_info_util.Scope))
+
+
 def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:
-    stack = eqn.source_info.name_stack
-    return tuple(s.name for s in stack.stack if isinstance(s, source_info_util.Scope))
+    return scope_of(eqn.source_info)
 
 
 def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iterator[int],

@@ -195,3 +195,19 @@ def test_a_capture_inside_relu_under_grad_is_the_functions_value():
     value, grad = jax.value_and_grad(captured_sum)(W1)
     np.testing.assert_allclose(value, jax.nn.relu(W1 * X).sum(), rtol=1e-6)
     np.testing.assert_allclose(grad, jnp.sum(jnp.where(X > 0, X, 0.0)), rtol=1e-6)
+
+
+def test_a_patch_inside_relu_of_a_function_that_differentiates_itself_under_jit_twice():
+    # differentiated inside the patched function, jitted and called again
+    # with other values (a warm trace cache)
+    def step(w1, w2, x):
+        return jax.value_and_grad(mlp, argnums=(0, 1))(w1, w2, x)
+
+    def step_by_hand(w1, w2, x):
+        return jax.value_and_grad(mlp_by_hand, argnums=(0, 1))(w1, w2, x)
+
+    f = jax.jit(tx.patch(step, {_relu_site(): lambda h: 2.0 * h}))
+    for w1 in (W1, -0.5 * W1, 2.0 * W1):
+        for g, w in zip(jax.tree_util.tree_leaves(f(w1, W2, X)),
+                        jax.tree_util.tree_leaves(step_by_hand(w1, W2, X))):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
