@@ -89,7 +89,7 @@ def _leaves_close(a, b):
 
 
 def test_a_patched_relu_in_an_equinox_mlp_differentiates_like_the_mlp_patched_by_hand():
-    eqx = pytest.importorskip("equinox")
+    import equinox as eqx  # (a dependency of taxpr)
     mlp = eqx.nn.MLP(3, 2, 8, 2, activation=jax.nn.relu, key=jax.random.key(0))
     x = jnp.array([0.5, -1.0, 2.0])
 
