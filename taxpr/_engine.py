@@ -281,6 +281,19 @@ class Hooks:
             f"inputs JAX differentiates, and its derivative is needed: the call's bwd gives "
             f"no derivative for it")
 
+    def differentiated_into_loop(self, what: str, path: tuple[str, ...]) -> Exception:
+        """A ctx leaf or fed value (``what``, as ``describe_ctx`` or
+        ``_site_name`` name it) that JAX differentiates and that reaches a
+        while loop inside a custom_vjp function: its cotangent would need
+        the loop reversed, which JAX cannot do, and the user's bwd does not
+        give it (it knows only the function's own inputs)."""
+        return NotImplementedError(
+            f"taxpr: {what} is differentiated, and it reaches a "
+            f"while loop inside the custom_vjp function at {format_path(path)}: the call's "
+            f"bwd gives derivatives of the function's own inputs only (a library's "
+            f"checkpointed loop or adjoint), and JAX cannot reverse a while loop. Pass the "
+            f"value in as an argument of the function instead")
+
     def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
         """The error for a custom_vjp bwd whose cotangents depend on ctx
         leaf ``index``, which the forward pass changes."""
@@ -1437,6 +1450,10 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
             fwd_jaxpr, fwd_consts = user_fwd.call_wrapped(*nonzeros[nc:nc + n_prims])
         if not speculative:
             differentiated_ctx.update(i for i in range(n_x) if nonzeros[n_all + i])
+            if not threads_fwd:
+                _reject_differentiated_into_loops(
+                    engine, threaded, nonzeros[n_all:], n_all,
+                    level.path + (_label(subs, "call_jaxpr"),))
         if threads_fwd:
             rule = _thread_rule(engine, eqn, fwd_jaxpr, fwd_consts, n_prims, fwd_path,
                                 level.context)
@@ -1518,6 +1535,46 @@ def _custom_vjp_rule(engine, eqn, level, ctx, subs):
     return [_ctx_through(level, after, before)
             if i not in written and _inexact(engine.ctx_avals[i]) and type(before) is core.Var
             else after for i, (after, before) in enumerate(zip(ctx_out, ctx))]
+
+
+def _reject_differentiated_into_loops(engine, threaded, differentiated: Sequence[bool],
+                                      at: int, path: tuple[str, ...]) -> None:
+    """A ctx leaf or fed value (a planted value: ``differentiated`` per ctx
+    leaf, then per fed value, from input ``at`` of ``threaded``) that JAX
+    differentiates and that reaches a while loop of the custom_vjp function (outside the custom rules nested
+    in it, which give their own derivatives): its cotangent could only come
+    from reversing the loop, which JAX cannot do, and the user's bwd knows
+    nothing of it (a library rule may even stop its gradient: equinox's
+    checkpointed loops stop the gradient of a loop whose own inputs are not
+    differentiated), so an error naming the value instead of a zero."""
+    if not any(differentiated):
+        return
+    own_loops = set()
+    pending = [threaded]
+    while pending:
+        for eqn in _jaxpr.jaxpr_parts(pending.pop()).eqns:
+            if eqn.primitive is _compat.while_p:
+                own_loops.add(id(eqn))
+            if eqn.primitive not in _compat.CUSTOM_CALL_PRIMITIVES:
+                pending.extend(sj for _, sj in _traverse.subjaxprs(eqn))
+    if not own_loops:
+        return
+    n_in = len(_jaxpr.jaxpr_parts(threaded).invars)
+    n = len(engine.ctx_avals)
+    names = [*map(engine.hooks.describe_ctx, range(n)),
+             *(f"the value fed to {_site_name(k)}"
+               for k, avals in engine.channels(threaded).feeds for _ in avals)]
+    for j, d in enumerate(differentiated):
+        if not d or not _inexact(_jaxpr.jaxpr_parts(threaded).invars[at + j].aval):
+            continue
+        reached: list = []
+
+        def visit(eqn, ins, looked_into):
+            if id(eqn) in own_loops and any(ins):
+                reached.append(eqn)
+        dep = _dependence.dependence(threaded, [i == at + j for i in range(n_in)], visit=visit)
+        if reached and any(dep.outputs):
+            raise engine.hooks.differentiated_into_loop(names[j], path)
 
 
 def _reject_differentiated_writes(engine, threaded, ct_ctx, nc: int, n_all: int, n_out: int,

@@ -180,6 +180,13 @@ class _HarvestHooks(Hooks):
         self.sites = sites
         self.rules = _HarvestRules(sites, traced_rules)
 
+    def describe_ctx(self, index):
+        for (kind, name), positions in self.sites.ctx_index.items():
+            if index in positions:
+                return f"the value planted for '{_disp(name)}'" if kind == "plant" else (
+                    f"the value reaped for '{_disp(name)}'")
+        return super().describe_ctx(index)
+
     def loop_channel(self, key, loop, path):
         name = key.site.name
         if loop == "while_loop":

@@ -343,6 +343,24 @@ def test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows(adjoint):
 
 
 @pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
+def test_grad_wrt_a_value_planted_in_the_vector_field_is_an_error_naming_it(adjoint):
+    # The adjoint's bwd gives derivatives of the solve's own inputs; the
+    # planted rate is not one of them (eagerly it would be: a value the
+    # vector field closes over), and JAX cannot reverse the solve's while
+    # loop: an error naming the plant, never a zero. Passed as the solve's
+    # args, the same rate differentiates (the reference).
+    f = lambda k: h.plant(lambda y0: _solve(_sowing_vf, y0, adjoint=adjoint).ys[-1][0],  # noqa: E731
+                          tag="dx")({"dx_k": k}, jnp.array([1.0]))
+    by_args = lambda k: _solve(lambda t, y, a: -a * y, jnp.array([1.0]), adjoint=adjoint,  # noqa: E731
+                               args=k).ys[-1][0]
+    close(f(jnp.float32(K)), by_args(jnp.float32(K)), rtol=1e-6)
+    close(jax.grad(by_args)(jnp.float32(K)), -T1 * np.exp(-K * T1), rtol=1e-3)
+    with pytest.raises(NotImplementedError,
+                       match=r"the value planted for 'dx_k' is differentiated.*while loop"):
+        jax.grad(f)(jnp.float32(K))
+
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve"])
 def test_tx_value_and_grad_through_a_state_passed_as_the_solves_args(adjoint):
     # A decay rate set from the differentiated parameter, kept in a state and
     # passed to the solve as its args, while the vector field counts its

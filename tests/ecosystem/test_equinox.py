@@ -261,6 +261,49 @@ def test_eqxi_while_loop_reap_plant_clobber(kind):
     close(h.plant(f, tag="wl")({"last": 5.0}, 1.0), 5.0)
 
 
+def _planted_rate_loop(loop: str, kind: str):
+    """``y <- y * k + x`` five times, ``k`` a sow in the loop's body."""
+    def g(x):
+        if loop == "while":
+            def body(c):
+                i, y = c
+                k = h.sow(jnp.float32(0.5), tag="rate", name="k", mode="clobber")
+                return i + 1, y * k + x
+            return eqxi.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=5, kind=kind)[1]
+
+        def step(y, _):
+            k = h.sow(jnp.float32(0.5), tag="rate", name="k", mode="clobber")
+            return y * k + x, None
+        return eqxi.scan(step, x, None, length=5, kind=kind, checkpoints=2)[0]
+    return lambda k: h.plant(g, tag="rate")({"k": k}, jnp.float32(1.3))
+
+
+def _rate_loop_by_hand(k, x=1.3):
+    y = x
+    for _ in range(5):
+        y = y * k + x
+    return y
+
+
+@pytest.mark.parametrize("loop", ["while", "scan"])
+def test_grad_wrt_a_value_planted_in_a_checkpointed_loop_is_an_error_naming_it(loop):
+    # The loop is a custom_vjp whose bwd differentiates the loop's own inputs
+    # only, behind a rule that stops the gradient of a loop whose inputs are
+    # not differentiated: the planted value's derivative has no way back.
+    f = _planted_rate_loop(loop, "checkpointed")
+    close(f(0.7), _rate_loop_by_hand(0.7))  # the value is right
+    with pytest.raises(NotImplementedError,
+                       match=r"the value planted for 'k' is differentiated.*while loop inside "
+                             r"the custom_vjp function"):
+        jax.grad(f)(0.7)
+
+
+def test_grad_wrt_a_value_planted_in_a_lax_kind_scan_is_the_loops():
+    f = _planted_rate_loop("scan", "lax")
+    close(f(0.7), _rate_loop_by_hand(0.7))
+    close(jax.grad(f)(0.7), jax.grad(_rate_loop_by_hand)(0.7))
+
+
 # --- filter_vmap with an axis name and tx.next_key ---------------------------
 
 def test_filter_vmap_axis_name_next_key():
