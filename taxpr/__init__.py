@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from . import _jax_overrides as _jax_overrides
+from . import _patches as _patches
 from . import harvest as harvest
 from . import ir as ir
 from . import select as select
@@ -61,7 +61,7 @@ from ._typed import (
 )
 from .primitives import keep_tags as keep_tags, tag as tag, tag_p as tag_p
 
-_jax_overrides.install()  # JAX's rules taxpr replaces: the table in _jax_overrides
+_patches.install()  # JAX's rules taxpr replaces: the table in taxpr._patches
 
 # Compatibility names (taxpr 0.0.3's), each the same object as the name that
 # says what it is: ``_COMPATIBILITY_NAMES[old]`` is the recommended name.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable, NamedTuple
 
 import jax
-from jax._src import core
+from ._jax.internals import core
 
 from . import _jaxpr
 from ._engine import Engine, Hooks, Level, format_path

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-from jax._src import core
+from ._jax.internals import core
 
 from . import _compat, _jaxpr
 from ._traverse import IdMemo, any_eqn, subjaxprs

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import jax
 import numpy as np
-from jax._src import core
+from ._jax.internals import config, core, shard_map_internals
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -51,7 +51,7 @@ def describe_tag(params: dict) -> str:
     return "tag(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")"
 
 
-def _describe(params: dict, path: Sequence[str]) -> str:
+def describe_site(params: dict, path: Sequence[str]) -> str:
     return f"{describe_tag(params)} at {format_path(path)}"
 
 
@@ -639,7 +639,7 @@ class Engine:
         ctx_in, ctx_out = parts.invars[in_pos:in_pos + n], parts.outvars[n_out:n_out + n]
         changed = any(o is not i for o, i in zip(ctx_out, ctx_in))
         if changed or self.channels(threaded) != NO_CHANNELS:
-            tags = [_describe(user_params(e.params), path + p)
+            tags = [describe_site(user_params(e.params), path + p)
                     for e, p in _traverse.iter_eqns(jaxpr) if is_selected(e, self.predicate)]
             raise NotImplementedError(
                 f"taxpr: the selected tags in {format_path(path)} change the context or "
@@ -1001,8 +1001,7 @@ register_thread_rule(_compat.remat_p, _open_call_rule("jaxpr"))
 def shard_map_body_context(params: dict) -> contextlib.ExitStack:
     """The tracing context of a shard_map body (manual axes, abstract mesh,
     vma checking), so code traced for the body gets the body's types."""
-    from jax._src import config, shard_map as sm
-    from jax._src.mesh import use_abstract_mesh
+    sm, use_abstract_mesh = shard_map_internals()
     mesh, axes = params["mesh"], params.get("newly_manual_axes", frozenset())
     stack = contextlib.ExitStack()
     stack.enter_context(sm._extend_axis_env(mesh, axes))

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax._src import core
+from ._jax.internals import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import jax
-from jax._src import core
+from ._jax.internals import core
 
 from . import _traverse
 from .primitives._tag import meta, n_values, tag_cotangent_p, tag_p, tag_tangent_p, user_params

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
-from jax._src.interpreters import batching
+from ._jax.internals import core
+from ._jax.internals import batching
 
 from . import _compat, _jaxpr, _per_example, _traverse
 from ._engine import Engine, Level, inline
@@ -102,7 +102,7 @@ def guard_jaxpr(closed: Any, label: str) -> Any:
 
 # ---- cond ---------------------------------------------------------------------------
 
-def _cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
+def cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
     """JAX's rule runs every branch and selects; here every branch's tags are
     guarded by ``index == i``. Unlike JAX's rule, unbatched operands stay
     unbatched (JAX broadcasts them, which would make e.g. a state's init read
@@ -144,7 +144,7 @@ def _bcast(pred, x):
 
 # ---- while --------------------------------------------------------------------------
 
-def _while_batching_rule(original, axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
+def while_batching_rule(original, axis_data, args, dims, *, cond_nconsts, cond_jaxpr,
                          body_nconsts, body_jaxpr):
     params = dict(cond_nconsts=cond_nconsts, cond_jaxpr=cond_jaxpr,
                   body_nconsts=body_nconsts, body_jaxpr=body_jaxpr)

@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import equinox as eqx
 import jax
-from jax._src import core
+from ._jax.internals import core
 
 from . import _jaxpr, _traverse
-from ._engine import (Engine, Hooks, InjectError, Level, _describe, changed_positions,
+from ._engine import (Engine, Hooks, InjectError, Level, describe_site, changed_positions,
                       describe_tag, format_path, inline, trace_in)
 from ._find import Predicate
 from ._expand import expand_for, hidden_tags, keeps_a_function
@@ -88,7 +88,7 @@ class _InjectSites:
             out = injector(ctx, token, dict(params))
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise InjectError(
-                    f"taxpr.inject: the injector for {_describe(params, path)} must return "
+                    f"taxpr.inject: the injector for {describe_site(params, path)} must return "
                     f"tx.Injected(value=..., ctx=...) (or a (value, ctx) tuple), got "
                     f"{type(out).__name__}")
             return out
@@ -141,7 +141,7 @@ class _InjectSites:
         return result
 
     def _check(self, closed, found, params, tree, token_avals, path, batched):
-        where = _describe(params, path)
+        where = describe_site(params, path)
         out_avals = [v.aval for v in _jaxpr.jaxpr_parts(closed).outvars]
         if found["token"] != tree:
             raise InjectError(f"taxpr.inject: the injector for {where} returned a value of "
@@ -219,7 +219,7 @@ class _InjectSites:
                 if site_ctx is None:
                     raise NotImplementedError(
                         f"taxpr.inject: the derivative of the injector for "
-                        f"{_describe(params, level.path)} depends on ctx, and the "
+                        f"{describe_site(params, level.path)} depends on ctx, and the "
                         f"{kind} of this tag is computed away from the tag itself "
                         f"(e.g. reverse mode); make the injector's derivative "
                         f"independent of ctx")
@@ -278,7 +278,7 @@ class _InjectSites:
             if any(used[len(ctx):]):
                 raise InjectError(
                     f"taxpr.inject: the injector for "
-                    f"{_describe(user_params(eqn.params), level.path)} stores a value computed "
+                    f"{describe_site(user_params(eqn.params), level.path)} stores a value computed "
                     f"from the token into ctx leaf {i} inside a shard_map without vma checking "
                     f"(check_vma=False, as jax.pmap uses): taxpr cannot tell whether it is the "
                     f"same on every shard, and ctx leaves shard_map replicated (only one "
@@ -294,7 +294,7 @@ class _InjectSites:
             return list(new_ctx)
         if self.guard_merge is None:
             raise InjectError(
-                f"taxpr.inject: the injector for {_describe(user_params(eqn.params), level.path)} "
+                f"taxpr.inject: the injector for {describe_site(user_params(eqn.params), level.path)} "
                 f"changes ctx leaf {changed[0]}, but the tag is inside "
                 f"{guarded_place(eqn.params)} whose predicate is batched by vmap: vmap runs "
                 f"it for every example although only some examples take it, so the new ctx "

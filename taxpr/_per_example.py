@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from jax._src import core
+from ._jax.internals import core
 
 from . import _compat, _jaxpr
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
+from ._jax.internals import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 from jax.sharding import get_abstract_mesh

@@ -13,7 +13,7 @@ import types
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import jax
-from jax._src import core
+from ._jax.internals import core
 
 from . import _compat, _jaxpr
 

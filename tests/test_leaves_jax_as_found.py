@@ -55,7 +55,7 @@ def test_the_script_imports_taxpr_only_when_asked():
 
 
 # What ``import taxpr`` replaces of JAX's own rules and functions: exactly the
-# table in ``taxpr/_jax_overrides.py``'s docstring.
+# table in ``taxpr/_patches/__init__.py``'s docstring.
 _SNAPSHOT = r"""
 import sys
 from jax._src.interpreters import ad, batching, partial_eval as pe
@@ -105,10 +105,10 @@ def test_import_taxpr_replaces_only_what_its_overrides_module_lists():
     where_present = {"ad.linearize_from_jvp", "loops._scan_known_hoisting",
                      "pe.custom_partial_eval_rules[scan]"}
     assert always <= changed <= always | where_present, changed
-    from taxpr import _jax_overrides
+    from taxpr import _patches
     for listed in ("batching rule of ``cond``", "batching rule of ``while``",
                    "partial-eval rule of ``cond``", "partial-eval rule of ``checkpoint``",
                    "partial-eval rule of ``while``", "``partial_eval_jaxpr_custom`` rule of ``while``",
                    "``ad.linearize_from_jvp``", "``loops._scan_known_hoisting``",
                    "``JaxprTrace.process_custom_jvp_call``"):
-        assert listed in _jax_overrides.__doc__, listed
+        assert listed in _patches.__doc__, listed

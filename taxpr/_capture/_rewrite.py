@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from jax._src import core
+from .._jax.internals import core
 
 from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond

@@ -9,8 +9,8 @@ import itertools
 import os
 from typing import Any, Iterator, NamedTuple
 
-from jax._src import core
-from jax._src import source_info_util
+from .._jax.internals import core
+from .._jax.internals import source_info_util
 
 from .. import _compat, _jaxpr, _traverse
 from .._engine import THREAD_RULES

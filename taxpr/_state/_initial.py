@@ -9,8 +9,8 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core
-from jax._src.debugging import debug_callback_p
+from .._jax.internals import core
+from .._jax.internals import debug_callback_p
 
 from .. import _compat, _jaxpr
 from .._engine import format_path

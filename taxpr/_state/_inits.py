@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Callable, Iterator
 
 import jax
-from jax._src import core
+from .._jax.internals import core
 
 from ..primitives._tag import keep_tags, keeping_tags
 

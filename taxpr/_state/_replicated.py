@@ -30,8 +30,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
-from jax._src import core
-from jax._src.lax import parallel as _parallel
+from .._jax.internals import core
+from .._jax.internals import callback, lax_internal
+from .._jax.internals import parallel as _parallel
 
 from .. import _compat, _jaxpr, _traverse
 from ..primitives._tag import tag_p
@@ -65,8 +66,6 @@ _AXIS_PARAMS = ("axes", "axis_name")
 
 
 def _per_device_primitives() -> frozenset:
-    from jax._src import callback
-    from jax._src.lax import lax as lax_internal
     return frozenset(p for p in (getattr(callback, "pure_callback_p", None),
                                  getattr(callback, "io_callback_p", None),
                                  getattr(lax_internal, "rng_uniform_p", None))

@@ -16,11 +16,8 @@ from typing import Iterator
 import jax
 
 from .. import _jaxpr
-from ..primitives._tag import keeping_tags, trace_context_string
-
-# "/"-joined scope parts ("outer/inner"), or None outside every scope.
-_SCOPE = trace_context_string(
-    "taxpr_state_scope", "taxpr: the tx.scope the states accessed now belong to")
+from .._jax.flags import STATE_SCOPE as _SCOPE
+from ..primitives._tag import keeping_tags
 
 
 class ScopedName(str):

@@ -11,11 +11,11 @@ from ..primitives._tag import is_guarded, meta, n_values, site_key, tag_p
 from ._sow import SOW
 
 
-def _is_sow(params: dict) -> bool:
+def is_sow(params: dict) -> bool:
     return params.get("op") is SOW
 
 
-class _Filter:
+class SowFilter:
     def __init__(self, tag_, allowlist, blocklist):
         self.tag = tag_
         self.allow = None if allowlist is None else set(allowlist)
@@ -29,11 +29,11 @@ class _Filter:
         return self.allow is None or name in self.allow or head in self.allow
 
     def __call__(self, params: dict, shape: Any = None) -> bool:
-        return (_is_sow(params) and params["tag"] == self.tag
+        return (is_sow(params) and params["tag"] == self.tag
                 and self.name_ok(params["name"]))
 
 
-def _site_aval(eqn) -> tuple:
+def site_aval(eqn) -> tuple:
     """(value avals, mode) of a sow equation (cond_clobber drops the pred)."""
     avals = tuple(v.aval for v in eqn.invars[:n_values(eqn.params, len(eqn.invars))])
     if eqn.params["mode"] == "cond_clobber":
@@ -41,12 +41,12 @@ def _site_aval(eqn) -> tuple:
     return avals
 
 
-def _disp(name) -> str:
+def display_name(name) -> str:
     return ".".join(map(str, name)) if isinstance(name, tuple) else str(name)
 
 
 class _SowCount(NamedTuple):
-    """What ``_check`` knows of a sow name within one jaxpr: how many sows,
+    """What ``check_sows`` knows of a sow name within one jaxpr: how many sows,
     the mode and value avals of the first, whether vmap batched them, and the
     batched-predicate cond it sits in (for the error's explanation)."""
     n: int
@@ -57,14 +57,14 @@ class _SowCount(NamedTuple):
 
 
 class _Scope(NamedTuple):
-    """One jaxpr as ``_check`` walks it: the counts of its sows, and whether
+    """One jaxpr as ``check_sows`` walks it: the counts of its sows, and whether
     it runs inside a scan or a while loop."""
     counts: dict
     in_scan: bool
     in_while: bool
 
 
-def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> None:
+def check_sows(jaxpr: Any, select: SowFilter, transformed: set, verb: Callable) -> None:
     """oryx's static rules: strict sows once per scope, no strict in scan,
     only clobber modes in while (for the ``transformed`` names), and every
     cond branch sows alike (for every ``select``-ed name, as oryx checks)."""
@@ -99,20 +99,20 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
                 f". The sow is inside {guard} whose predicate is batched by vmap: vmap runs "
                 f"every branch for every example, so a strict sow in several branches counts "
                 f"once per branch; use clobber mode there, or reap inside the vmap.")
-            raise ValueError(f"Variable has already been {verb(name)}: {_disp(name)}{why}")
+            raise ValueError(f"Variable has already been {verb(name)}: {display_name(name)}{why}")
         if n and name in transformed:
             # One reaped value (a carried one, or the rows of one stack) has
             # one type: every sow of the name must sow that type.
             first = counts[name]
             if [a.shape for a in avals] != [a.shape for a in first.avals]:
-                raise ValueError(f"Mismatched shape between sows: '{_disp(name)}'."
+                raise ValueError(f"Mismatched shape between sows: '{display_name(name)}'."
                                  f"{_vmap_why(batched, first.batched, 'sow')}")
             if mode != "append" and [a.dtype for a in avals] != [a.dtype for a in first.avals]:
-                raise ValueError(f"Mismatched dtype between sows: '{_disp(name)}'.")
+                raise ValueError(f"Mismatched dtype between sows: '{display_name(name)}'.")
             if ([_compat.explicit_sharding(a) for a in avals]
                     != [_compat.explicit_sharding(a) for a in first.avals]):
                 raise ValueError(
-                    f"Mismatched sharding between sows: '{_disp(name)}': "
+                    f"Mismatched sharding between sows: '{display_name(name)}': "
                     f"{', '.join(a.str_short() for a in first.avals)} and "
                     f"{', '.join(a.str_short() for a in avals)} (JAX's sharding in types: "
                     f"every sow of a name sows one type; reshard one of them).")
@@ -128,11 +128,11 @@ def _check(jaxpr: Any, select: _Filter, transformed: set, verb: Callable) -> Non
         if name in transformed:
             if scope.in_while and mode not in ("clobber", "cond_clobber"):
                 raise ValueError(f"Must use clobber or cond_clobber mode for "
-                                 f"'{_disp(name)}' inside of a `while_loop`.")
+                                 f"'{display_name(name)}' inside of a `while_loop`.")
             if scope.in_scan and mode == "strict":
                 raise ValueError(
-                    f"Cannot use strict mode for '{_disp(name)}' inside `scan`.")
-        _count(scope.counts, name, mode, _site_aval(eqn), meta(eqn.params).batched,
+                    f"Cannot use strict mode for '{display_name(name)}' inside `scan`.")
+        _count(scope.counts, name, mode, site_aval(eqn), meta(eqn.params).batched,
                guarded_place(eqn.params) if is_guarded(eqn.params) else None)
 
 
@@ -180,10 +180,10 @@ def _check_branches(branches: list[dict[Any, _SowCount]]) -> None:
             raise ValueError("Mismatching number of `sow`s between branches.")
         for name, c in other.items():
             if name not in first:
-                raise ValueError(f"Missing sow in branch: '{_disp(name)}'.")
+                raise ValueError(f"Missing sow in branch: '{display_name(name)}'.")
             f = first[name]
             if [a.shape for a in c.avals] != [a.shape for a in f.avals]:
-                raise ValueError(f"Mismatched shape between branches: '{_disp(name)}'."
+                raise ValueError(f"Mismatched shape between branches: '{display_name(name)}'."
                                  f"{_vmap_why(c.batched, f.batched, 'branch')}")
             if [a.dtype for a in c.avals] != [a.dtype for a in f.avals]:
-                raise ValueError(f"Mismatched dtype between branches: '{_disp(name)}'.")
+                raise ValueError(f"Mismatched dtype between branches: '{display_name(name)}'.")

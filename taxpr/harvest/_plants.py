@@ -9,24 +9,24 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core
+from .._jax.internals import core
 
 from .. import _jaxpr
 from .._engine import format_path
-from ._checks import _disp
+from ._checks import display_name
 
 
-_MISSING = object()
+MISSING = object()
 
 
-def _lookup_plant(plants: dict, name: Any) -> Any:
+def lookup_plant(plants: dict, name: Any) -> Any:
     """``plants[name]``, or for a nested name ``plants[s1][s2]...``."""
     if not isinstance(name, tuple):
-        return (plants or {}).get(name, _MISSING)
+        return (plants or {}).get(name, MISSING)
     d = plants or {}
     for part in name:
         if not isinstance(d, dict) or part not in d:
-            return _MISSING
+            return MISSING
         d = d[part]
     return d
 
@@ -50,10 +50,10 @@ def _plant_names(plants: dict, site_names) -> list:
 
 
 def _list(names) -> str:
-    return "[" + ", ".join(repr(_disp(n)) for n in sorted(names, key=_disp)) + "]"
+    return "[" + ", ".join(repr(display_name(n)) for n in sorted(names, key=display_name)) + "]"
 
 
-def _strict_check(tag_, all_names, allowlist, blocklist, plants, planted) -> None:
+def strict_check(tag_, all_names, allowlist, blocklist, plants, planted) -> None:
     """``strict=True``: every allowlist / blocklist entry and every planted
     name must match a sow of ``tag_`` in the program (a typo raises)."""
     def matches(entry):
@@ -73,7 +73,7 @@ def _strict_check(tag_, all_names, allowlist, blocklist, plants, planted) -> Non
                          + f". Sows of tag {tag_!r} in this program: {_list(all_names)}")
 
 
-class _Site(NamedTuple):
+class SowSite(NamedTuple):
     mode: str
     avals: tuple
     path: tuple
@@ -185,7 +185,7 @@ def _type_str(dtype, shape) -> str:
 
 def _plant_mismatch(name, value, aval, where: str, noun: str = "Planted value") -> ValueError:
     return ValueError(
-        f"{noun} for '{_disp(name)}' has type "
+        f"{noun} for '{display_name(name)}' has type "
         f"{_type_str(jax.dtypes.result_type(value), np.shape(value))}, but "
         f"{where.format(type=_type_str(aval.dtype, aval.shape))}"
         f"{' (weakly typed)' if aval.weak_type else ''}; "
@@ -211,13 +211,13 @@ def _conform(name, value: Any, aval: Any, where: str, allow_retype: bool,
     raise _plant_mismatch(name, value, aval, where, noun)
 
 
-def _plant_value(name, value, site: _Site, allow_retype: bool,
+def plant_value(name, value, site: SowSite, allow_retype: bool,
                  noun: str = "Planted value") -> tuple[list, list | None]:
     """Checked leaves of a non-append plant (or perturbation: ``noun``), or
     the types its sow must take."""
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) != len(site.avals):
-        raise ValueError(f"{noun} for '{_disp(name)}' has {len(leaves)} leaves, "
+        raise ValueError(f"{noun} for '{display_name(name)}' has {len(leaves)} leaves, "
                          f"expected {len(site.avals)}")
     where = f"the sow at {format_path(site.path)} has type {{type}}"
     fitted = [_conform(name, v, a, where, allow_retype, noun)
@@ -227,18 +227,18 @@ def _plant_value(name, value, site: _Site, allow_retype: bool,
     return [v for v, _ in fitted], None
 
 
-def _stack_occurrences(values: list, keys: list) -> Any:
+def stack_occurrences(values: list, keys: list) -> Any:
     # A collected value straight from a sow gets a new leading axis; one that
     # came out of a scan is already stacked along it.
     parts = [jnp.asarray(v) if k.stacked else jnp.asarray(v)[None] for v, k in zip(values, keys)]
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=0)
 
 
-def _unflatten_value(site: "_Site", vals):
+def unflatten_value(site: "SowSite", vals):
     return jax.tree_util.tree_unflatten(site.tree, [jnp.asarray(v) for v in vals])
 
 
-def _rows_stack(name, plant: PlantRows, total: int, site: _Site,
+def _rows_stack(name, plant: PlantRows, total: int, site: SowSite,
                 inner: tuple[int, ...] = ()) -> list:
     """``[mask, *stacked leaves]`` (``total`` rows each) for a rows(...) plant.
     A sow inside nested scans stacks to ``(total, *inner, ...)``: a row is an
@@ -247,7 +247,7 @@ def _rows_stack(name, plant: PlantRows, total: int, site: _Site,
     if plant.index_values is None:
         mask = jnp.asarray(plant.mask)
         if mask.shape != (total,) or mask.dtype != jnp.bool_:
-            raise ValueError(f"rows(mask=...) for '{_disp(name)}' has type "
+            raise ValueError(f"rows(mask=...) for '{display_name(name)}' has type "
                              f"{_type_str(mask.dtype, mask.shape)}, but its append sows (at "
                              f"{format_path(site.path)}) stack to {total} rows: want "
                              f"bool[{total}]")
@@ -257,13 +257,13 @@ def _rows_stack(name, plant: PlantRows, total: int, site: _Site,
     stacks = [jnp.zeros((total, *inner, *a.shape), a.dtype) for a in site.avals]
     for row, value in plant.index_values.items():
         if not -total <= row < total:
-            raise ValueError(f"rows(...) for '{_disp(name)}': row {row} is out of range; its "
+            raise ValueError(f"rows(...) for '{display_name(name)}': row {row} is out of range; its "
                              f"append sows (at {format_path(site.path)}) stack to {total} rows")
         row %= total
         mask[row] = True
         leaves = jax.tree_util.tree_leaves(value)
         if len(leaves) != len(site.avals):
-            raise ValueError(f"Planted row {row} for '{_disp(name)}' has {len(leaves)} leaves, "
+            raise ValueError(f"Planted row {row} for '{display_name(name)}' has {len(leaves)} leaves, "
                              f"expected {len(site.avals)}")
         for i, (v, a) in enumerate(zip(leaves, site.avals)):
             v, _ = _conform(name, v, a.update(shape=(*inner, *a.shape)), where,
@@ -272,7 +272,7 @@ def _rows_stack(name, plant: PlantRows, total: int, site: _Site,
     return [jnp.asarray(mask), *stacks]
 
 
-def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
+def plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     """The planted values for one fed occurrence: the occurrences of a name
     at the top level split the planted stack along its leading axis (one
     row per direct sow, one block per scan); its length must match."""
@@ -293,7 +293,7 @@ def _plant_for_feed(key, avals, plants, sites, all_feeds) -> list:
     out = []
     leaves = jax.tree_util.tree_leaves(value)
     if len(leaves) != len(avals):
-        raise ValueError(f"Planted value for '{_disp(name)}' has {len(leaves)} leaves, "
+        raise ValueError(f"Planted value for '{display_name(name)}' has {len(leaves)} leaves, "
                          f"expected {len(avals)}")
     for v, a in zip(leaves, avals):
         row = a.update(shape=a.shape[1:]) if key.stacked else a

@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
+from .._jax.internals import core
 
 from .. import _compat, _dependence, _jaxpr, _traverse
 from .._engine import (FUNCTION_AGAIN, Engine, Hooks, Level, RulePolicy, ShardMapBody,
@@ -18,7 +18,7 @@ from .._engine import (FUNCTION_AGAIN, Engine, Hooks, Level, RulePolicy, ShardMa
 from .._find import dissolve_tags, forward_dissolved
 from .._inject import guarded_place
 from ..primitives._tag import meta, n_values, tag_p, tag_tangent_p
-from ._checks import _disp
+from ._checks import display_name
 
 
 class _ChannelSite(NamedTuple):
@@ -89,12 +89,12 @@ class _HarvestRules(RulePolicy):
     """oryx's semantics for sows in derivative rules: the function's own
     sows are reaped from the function; a rule's sows of other names (and
     planted ones) are rewritten in the rule, after the function's, when JAX
-    runs it (``_JvpRules`` traces the rules ahead to find them). A rule's
+    runs it (``JvpRules`` traces the rules ahead to find them). A rule's
     own sow of a name the function sows too is rewritten there when it is
     the last of that name the rule makes (eagerly it clobbers the
     function's)."""
 
-    def __init__(self, sites: "_Sites", traced: "_JvpRules"):
+    def __init__(self, sites: "HarvestSites", traced: "JvpRules"):
         self.sites = sites
         self.traced = traced
         # custom call eqn -> how many sows of each name its body makes
@@ -152,7 +152,7 @@ class _HarvestRules(RulePolicy):
             if e.params.get("mode") == "strict":
                 name = e.params["name"]
                 verb = "planted" if name in self.sites.planted else "reaped"
-                raise ValueError(f"Variable has already been {verb}: {_disp(name)} (a strict "
+                raise ValueError(f"Variable has already been {verb}: {display_name(name)} (a strict "
                                  f"sow in a derivative rule, after its function's)")
         n_in = len(_jaxpr.jaxpr_parts(rule).invars)
         return _dissolve_rule_sows(engine, rule, [i >= n_primals for i in range(n_in)],
@@ -172,28 +172,28 @@ class _HarvestRules(RulePolicy):
                    for e, _ in _traverse.iter_eqns(rule))
 
 
-class _HarvestHooks(Hooks):
+class HarvestHooks(Hooks):
     """oryx's errors for channels (append sows, their plants) where they
     cannot go; channel sites are ``_ChannelSite``s."""
 
-    def __init__(self, sites: "_Sites", traced_rules: "_JvpRules"):
+    def __init__(self, sites: "HarvestSites", traced_rules: "JvpRules"):
         self.sites = sites
         self.rules = _HarvestRules(sites, traced_rules)
 
     def describe_ctx(self, index):
         for (kind, name), positions in self.sites.ctx_index.items():
             if index in positions:
-                return f"the value planted for '{_disp(name)}'" if kind == "plant" else (
-                    f"the value reaped for '{_disp(name)}'")
+                return f"the value planted for '{display_name(name)}'" if kind == "plant" else (
+                    f"the value reaped for '{display_name(name)}'")
         return super().describe_ctx(index)
 
     def loop_channel(self, key, loop, path):
         name = key.site.name
         if loop == "while_loop":
-            return ValueError(f"Must use clobber or cond_clobber mode for '{_disp(name)}' "
+            return ValueError(f"Must use clobber or cond_clobber mode for '{display_name(name)}' "
                               f"inside of a `while_loop`.")
         return ValueError(
-            f"taxpr.harvest: append-mode sow '{_disp(name)}' inside {loop} at "
+            f"taxpr.harvest: append-mode sow '{display_name(name)}' inside {loop} at "
             f"{format_path(path)} is not supported yet; use clobber mode there")
 
     def branches(self, collects, path):
@@ -201,7 +201,7 @@ class _HarvestHooks(Hooks):
             raise ValueError("Mismatching number of `sow`s between branches.")
 
 
-class _Sites:
+class HarvestSites:
     """Rewrites selected sows: reap (record) and/or plant (replace)."""
 
     def __init__(self, reaped: dict, planted: dict, ctx_index: dict, partial: frozenset = frozenset(),
@@ -231,7 +231,7 @@ class _Sites:
             tangents = [level.atom(v) for v in eqn.invars[n:]]
             if name in self.partial:
                 raise NotImplementedError(
-                    f"taxpr.harvest: a rows(...) plant for '{_disp(name)}' at "
+                    f"taxpr.harvest: a rows(...) plant for '{display_name(name)}' at "
                     f"{format_path(level.path)} reaches a derivative of its sow taken inside the "
                     f"planted function; plant the whole stack there instead")
             if name in self.planted and not self.perturb:
@@ -251,7 +251,7 @@ class _Sites:
         if guard is not None and mode == "append" and (name in self.planted
                                                        or name in self.reaped):
             raise ValueError(
-                f"taxpr.harvest: append-mode sow '{_disp(name)}' at {format_path(level.path)} "
+                f"taxpr.harvest: append-mode sow '{display_name(name)}' at {format_path(level.path)} "
                 f"is inside {guarded_place(eqn.params)} whose predicate is batched by vmap: "
                 f"vmap runs it for every example although only some examples take it, and "
                 f"the appended rows would differ per example; use clobber mode there, or "
@@ -262,7 +262,7 @@ class _Sites:
             if mode == "append":
                 if meta(eqn.params).replay_scope is not None:
                     raise NotImplementedError(
-                        f"taxpr.harvest: append-mode sow '{_disp(name)}' at "
+                        f"taxpr.harvest: append-mode sow '{display_name(name)}' at "
                         f"{format_path(level.path)} is bound again in a backward pass that "
                         f"recomputes the forward pass (a custom_vjp's bwd, or jax.checkpoint "
                         f"under jax_remat3), where plant cannot give it the row its forward "
@@ -357,7 +357,7 @@ def _guarded_update(name, path, params: dict, n: int) -> Callable:
                     index.append(slice(None))
                 elif guard_batched:
                     raise ValueError(
-                        f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is "
+                        f"taxpr.harvest: sow '{display_name(name)}' at {format_path(path)} is "
                         f"inside {guarded_place(params)} whose predicate is batched by vmap, "
                         f"and sows a value that vmap does not batch: the reaped value would "
                         f"differ per example (the sown value where the example takes the "
@@ -389,7 +389,7 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
     def fn(*xs):
         if not checks_vma:
             raise ValueError(
-                f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} is reaped inside a "
+                f"taxpr.harvest: sow '{display_name(name)}' at {format_path(path)} is reaped inside a "
                 f"shard_map without vma checking (check_vma=False, as jax.pmap uses): taxpr "
                 f"cannot tell whether the value is the same on every shard (only one shard's "
                 f"value would be reaped); use shard_map with check_vma=True, or reap outside "
@@ -397,7 +397,7 @@ def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
         for x in xs:
             if _jaxpr.varying_axes(core.typeof(x)):
                 raise ValueError(
-                    f"taxpr.harvest: sow '{_disp(name)}' at {format_path(path)} reaps a value "
+                    f"taxpr.harvest: sow '{display_name(name)}' at {format_path(path)} reaps a value "
                     f"that differs across the shards of a shard_map; sow a value that is the "
                     f"same on every shard (e.g. after a psum), or reap outside the shard_map")
         return list(xs)
@@ -429,7 +429,7 @@ def _remember_flags(fn: Any, flags: tuple | None = None) -> tuple | None:
         return None
 
 
-class _JvpRules:
+class JvpRules:
     """The JVP rules of ``custom_jvp_call`` equations and the fwd rules of
     ``custom_vjp_call`` ones, traced once each (as JAX would when
     differentiating), to find the sows inside them."""

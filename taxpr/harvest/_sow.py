@@ -38,7 +38,7 @@ _SCOPES: contextvars.ContextVar[tuple] = contextvars.ContextVar("taxpr_nest_scop
 
 # (tag, name) -> per-leaf avals a sow takes while a plant re-traces the
 # program (see ``_plant_types``); set only around that trace.
-_RETYPE: contextvars.ContextVar[dict] = contextvars.ContextVar("taxpr_plant_retype", default={})
+RETYPE: contextvars.ContextVar[dict] = contextvars.ContextVar("taxpr_plant_retype", default={})
 
 
 def _scope() -> tuple:
@@ -117,7 +117,7 @@ def sow_cond(value: Any, pred: Any, *, tag: Any, name: Any, mode: str = "cond_cl
 
 def _tag_sow(value, pred, tag_, name, mode):
     full = (*_scope(), name) if _scope() else name
-    retype = _RETYPE.get().get((tag_, full))
+    retype = RETYPE.get().get((tag_, full))
     if retype is not None:  # a plant re-traces this sow with the planted value's type
         leaves, tree = jax.tree_util.tree_flatten(value)
         value = jax.tree_util.tree_unflatten(tree, [

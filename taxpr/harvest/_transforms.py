@@ -1,5 +1,5 @@
 """The transformations: ``reap``, ``call_and_reap``, ``plant``, ``harvest``
-and ``perturb``, each a ``_run`` with its spec."""
+and ``perturb``, each a ``run_harvest`` with its spec."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 import inspect
 from typing import Any, Callable, Iterable
 
-from ._run import _HarvestSpec, _run
+from ._run import HarvestSpec, run_harvest
 
 
 _TRANSFORM_ARGS = """
@@ -52,7 +52,7 @@ def call_and_reap(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
                   strict: bool = False) -> Callable:
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
-        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
+        return run_harvest(f, HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
                     {}, args, kwargs)
 
     return wrapped
@@ -117,7 +117,7 @@ def plant(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
           strict: bool = False) -> Callable:
     @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False),
+        return run_harvest(f, HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False),
                     plants, args, kwargs)[0]
 
     return wrapped
@@ -162,7 +162,7 @@ def harvest(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
             strict: bool = False) -> Callable:
     @_wraps_taking_plants(f)
     def wrapped(plants, *args, **kwargs):
-        return _run(f, _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
+        return run_harvest(f, HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=True),
                     plants, args, kwargs)
 
     return wrapped
@@ -189,9 +189,9 @@ def perturb(f: Callable, *, tag: Any, allowlist: Iterable | None = None,
             strict: bool = False) -> Callable:
     @_wraps_taking_plants(f, "perturbations")
     def wrapped(perturbations, *args, **kwargs):
-        spec = _HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False,
+        spec = HarvestSpec(tag, allowlist, blocklist, exclusive, strict, reaps=False,
                             perturb=True)
-        return _run(f, spec, perturbations, args, kwargs)[0]
+        return run_harvest(f, spec, perturbations, args, kwargs)[0]
 
     return wrapped
 

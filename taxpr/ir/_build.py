@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from jax._src import core
-from jax._src.sharding_impls import UnspecifiedValue
+from .._jax.internals import UnspecifiedValue, core
 
 from .. import _compat, _jaxpr, _traverse
 

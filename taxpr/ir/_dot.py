@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from jax._src import core
+from .._jax.internals import core
 
 from .. import _jaxpr, _traverse
 

@@ -29,9 +29,8 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import numpy as np
 from jax import lax
-from jax._src.lax import lax as _lax_internal
-from jax._src import core
-from jax._src.interpreters import partial_eval as pe
+from .._jax.internals import core, pe
+from .._jax.internals import lax_internal as _lax_internal
 
 from .. import _compat, _jaxpr, _traverse
 from .._traverse import Level

@@ -36,13 +36,14 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
-from jax._src import config, core, effects
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jax._src.interpreters import batching as _batching
-from jax._src.interpreters import partial_eval as pe
 
-from .. import _compat, _jax_overrides, _jaxpr, _traverse
+from .. import _compat, _jaxpr, _traverse
+from .._jax import flags
+from .._jax.internals import config, core, effects, pe
+from .._jax.internals import batching as _batching
+from .._jax.flags import KEEP_TAGS, VJP_SCOPES
 
 # Users cannot pass param names with this prefix: taxpr's own record on a
 # tag is the one param ``META``, a ``TagMeta``.
@@ -98,13 +99,6 @@ def with_meta(params: dict, **changes: Any) -> dict:
     return {**params, META: meta(params)._replace(**changes)}
 
 
-# Keep mode is part of JAX's trace context, so that a trace JAX cached with
-# keep mode off (the user ran the function before) is never reused under
-# ``keep_tags()`` and vice versa.
-_KEEP = _compat.trace_context_flag(
-    "taxpr_keep_tags", "taxpr: bind tags as kept tags (set by taxpr.keep_tags())")
-
-
 @contextlib.contextmanager
 def keep_tags():
     """Bind every tag traced inside as a kept tag (with ``TagEffect``).
@@ -121,13 +115,13 @@ def keep_tags():
     they had run (a key drawn, a state written, a value sown once more than
     eagerly). So taxpr traces the program ``jax.jit`` would trace.
     """
-    with _KEEP(True), jax.disable_jit(False):
+    with KEEP_TAGS(True), jax.disable_jit(False):
         yield
 
 
 def keeping_tags() -> bool:
     """Whether tags traced now are kept (inside ``keep_tags()``)."""
-    return bool(_KEEP.value)
+    return bool(KEEP_TAGS.value)
 
 
 # closed jaxpr -> its plain version (None: it holds no kept tag).
@@ -140,7 +134,7 @@ def evaluated_here(closed: Any) -> Any:
     consume the tags left in it), else with those tags plain, as if traced
     outside (an effect reaching a top-level ``jax.jit`` turns off JAX's
     fast dispatch path, and ``jax.export`` refuses it)."""
-    if _KEEP.value:
+    if KEEP_TAGS.value:
         return closed
     try:
         plain = _PLAIN_VERSIONS[closed]
@@ -192,7 +186,7 @@ def _keeping_here(params: dict) -> bool:
     (``_ANALYSIS_TRACES``) unless its ``op`` is told of untransformed use (a
     state access: the analysis keeps it, and evaluates it as it does a
     ``jax.debug.callback``, also inside a ``checkpoint`` or ``jit`` there)."""
-    if not _KEEP.value:
+    if not KEEP_TAGS.value:
         return False
     return not _in_analysis_trace() or _wants_to_be_told(params)
 
@@ -279,7 +273,7 @@ class _TagPrimitive(Primitive):
     backward pass replaying a traced loop body), not only ``tag`` calls."""
 
     def bind(self, *args, **params):
-        if _SCOPES.value is not None and _KEEP.value:
+        if VJP_SCOPES.value is not None and KEEP_TAGS.value:
             params = _in_scopes(params)
         if _TAG_GUARDS.get():
             values = list(args[:n_values(params, len(args))])
@@ -310,17 +304,6 @@ class VjpScopes(NamedTuple):
     replay: int | None = None
 
 
-def trace_context_string(name: str, help: str) -> Any:
-    """A thread-local optional string that is part of JAX's trace context
-    (see ``_compat.trace_context_flag``): ``state.value`` (None by default)
-    and ``with state(value): ...``."""
-    if name in getattr(config, "config_states", {}):
-        return config.config_states[name]  # module reloaded: reuse the registered state
-    return config.optional_string_state(name, None, help, include_in_trace_context=True)
-
-
-_SCOPES = trace_context_string(
-    "taxpr_vjp_scopes", "taxpr: the custom_vjp fwd/bwd scopes tags are bound in")
 _SCOPE_IDS = itertools.count(1)
 
 
@@ -333,7 +316,7 @@ def _parse_scopes(value: str) -> VjpScopes:
 
 def current_vjp_scopes() -> VjpScopes:
     """The scopes tags bound now are marked with."""
-    value = _SCOPES.value
+    value = VJP_SCOPES.value
     return VjpScopes() if value is None else _parse_scopes(value)
 
 
@@ -341,7 +324,7 @@ def current_vjp_scopes() -> VjpScopes:
 def _entered(scopes: VjpScopes) -> Iterator[None]:
     value = ",".join(map(str, scopes.fwd)) + "/" + (
         "" if scopes.replay is None else str(scopes.replay))
-    with _SCOPES(value):
+    with VJP_SCOPES(value):
         yield
 
 
@@ -384,8 +367,7 @@ def _function_sites(fun: Any) -> frozenset:
     jaxprs = [jaxpr] if jaxpr is not None else _held_jaxprs(fun)
     if not jaxprs:
         return frozenset()
-    from .._traverse import iter_eqns
-    return frozenset(site_key(e.params) for j in jaxprs for e, _ in iter_eqns(j)
+    return frozenset(site_key(e.params) for j in jaxprs for e, _ in _traverse.iter_eqns(j)
                      if e.primitive is tag_p)
 
 
@@ -462,10 +444,10 @@ def _cell_filled(cell: Any) -> bool:
     return True
 
 
-def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
+def scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
     """A custom_vjp's fwd and bwd run in a new scope (inside a taxpr
     transformation's trace; elsewhere unchanged)."""
-    if not _KEEP.value:
+    if not KEEP_TAGS.value:
         return fwd, bwd
     k = next(_SCOPE_IDS)
     sites = _function_sites(fun)
@@ -487,7 +469,7 @@ def _scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
 
 def current_scope_key() -> Any:
     """The custom_vjp scopes now (what a staged rule's trace depends on)."""
-    return _SCOPES.value
+    return VJP_SCOPES.value
 
 
 tag_p = _TagPrimitive("tag")
@@ -829,8 +811,8 @@ def _tag_partial_eval(trace, *tracers, **params):
     than eagerly: hoisted out of a differentiated ``scan`` (once instead of
     every step), or in both parts of a partially evaluated ``while``. Not
     while JAX linearizes from a JVP (a custom_jvp rule under ``grad``), whose
-    primal outputs must stay known (see ``_jax_overrides.staging_known_kept_tags``)."""
-    if (meta(params).kept and _jax_overrides.staging_known_kept_tags()
+    primal outputs must stay known (see ``flags.staging_known_kept_tags``)."""
+    if (meta(params).kept and flags.staging_known_kept_tags()
             and all(t.pval.is_known() for t in tracers)):
         tracers = [trace.instantiate_const(t) for t in tracers]
     return trace.default_process_primitive(tag_p, tracers, params)
@@ -839,85 +821,12 @@ def _tag_partial_eval(trace, *tracers, **params):
 pe.custom_partial_eval_rules[tag_p] = _tag_partial_eval
 
 
-def _staged_whole(trace, prim, tracers, params: dict):
-    """``prim`` bound as one staged equation, all its inputs made unknown
-    (the partial evaluator keeps an effectful one)."""
-    tracers = [trace.instantiate_const(t) for t in tracers]
-    return trace.default_process_primitive(prim, tracers, params)
-
-
-def _cond_partial_eval(original, trace, index, *operands, branches, **params):
-    """Partial evaluation stages a ``cond`` whose branches hold kept tags
-    whole. JAX's rule (index known) splits each branch into a known and a
-    staged part, but keeps the staged ``cond`` only when its outputs are used:
-    a ``set_state`` in a branch (no used output) was dropped, e.g. under
-    ``jax.vjp`` of a ``scan`` whose body has such a ``cond``. Staged whole, the
-    ``cond`` is an effectful equation the partial evaluator always keeps.
-    Not while JAX linearizes from a JVP (as ``_tag_partial_eval``): there
-    JAX's split keeps the known kept tags in its known ``cond``."""
-    if index.pval.is_known() and _jax_overrides.staging_known_kept_tags() and any(
-            holds_kept_tags(b.effects) for b in branches):
-        return _staged_whole(trace, _compat.cond_p, (index, *operands),
-                             dict(branches=branches, **params))
-    return original(trace, index, *operands, branches=branches, **params)
-
-
-def _remat_partial_eval(original, trace, *tracers, jaxpr, **params):
-    """While partial evaluation splits a loop (``_jax_overrides.splitting_a_loop``),
-    a ``checkpoint`` holding kept tags is staged whole. JAX's rule splits its
-    body with ``partial_eval_jaxpr_custom``, which puts a tag with known inputs
-    in the known part: hoisted out of a scan (run once) or run by a while's
-    known loop and again by its staged loop (twice)."""
-    if (_jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop()
-            and holds_kept_tags(jaxpr.effects)):
-        return _staged_whole(trace, _compat.remat_p, tracers, dict(jaxpr=jaxpr, **params))
-    return original(trace, *tracers, jaxpr=jaxpr, **params)
-
-
-def _while_partial_eval(original, trace, *tracers, body_jaxpr, cond_jaxpr, **params):
-    """While a loop is split, a ``while`` whose inputs are all known and
-    whose body or predicate holds kept tags is staged whole: JAX's rule
-    evaluates it as known, and a differentiated scan then hoists it out of
-    its loop (run once instead of every step)."""
-    params = dict(body_jaxpr=body_jaxpr, cond_jaxpr=cond_jaxpr, **params)
-    if (_jax_overrides.staging_known_kept_tags() and _jax_overrides.splitting_a_loop()
-            and all(t.pval.is_known() for t in tracers)
-            and holds_kept_tags((*body_jaxpr.effects, *cond_jaxpr.effects))):
-        return _staged_whole(trace, _compat.while_p, tracers, params)
-    return original(trace, *tracers, **params)
-
-
-def _while_partial_eval_custom(original, saveable, unks_in, inst_in, eqn):
-    """``partial_eval_jaxpr_custom`` (a ``checkpoint``'s partial evaluation,
-    a differentiated scan's) of a ``while`` whose body or predicate holds
-    kept tags. JAX's rule splits the body into a known loop and runs the
-    whole loop again as the staged part, so the tags would run twice; and a
-    kept tag in the known part whose output feeds the carry would have to be
-    a per-step residual, which a while cannot save (JAX asserts). A loop
-    whose inputs are all known is known whole (it runs once, in the known
-    part, as a known effectful equation would); one with unknown inputs is
-    staged whole, as JAX's rule does for an unknown predicate, where
-    partial evaluation stages kept tags (not while JAX linearizes from a
-    JVP: its primal outputs must stay known, and JAX's rule applies)."""
-    params = eqn.params
-    if not holds_kept_tags((*params["body_jaxpr"].effects, *params["cond_jaxpr"].effects)):
-        return original(saveable, unks_in, inst_in, eqn)
-    n_carry = len(eqn.outvars)
-    if not any(unks_in):
-        return eqn, None, [False] * n_carry, [False] * n_carry, []
-    if _jax_overrides.staging_known_kept_tags():
-        residuals = [x for x, inst in zip(eqn.invars, inst_in)
-                     if type(x) is core.Var and not inst]
-        return None, eqn, [True] * n_carry, [True] * n_carry, residuals
-    return original(saveable, unks_in, inst_in, eqn)
-
-
 def holds_kept_tags(effects) -> bool:
     """Whether a jaxpr with these effects holds kept tags."""
     return any(isinstance(e, TagEffect) for e in effects)
 
-# (``_jax_overrides.install`` puts ``_cond_partial_eval`` and
-# ``_remat_partial_eval`` in place of JAX's rules.)
+# (``taxpr._patches`` puts its partial-evaluation rules of ``cond``,
+# ``while`` and ``checkpoint``, which stage kept tags, in place of JAX's.)
 
 
 def _tag_linearized_primal(*primals, **params):
