@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 
 import jax
@@ -111,3 +112,17 @@ def assert_same_bits(got, want) -> None:
     else:
         width = f"u{want.dtype.itemsize}"
         np.testing.assert_array_equal(got.view(width), want.view(width))
+
+
+@contextlib.contextmanager
+def thread_rules_restored():
+    """The registry of thread rules as it was, after the block (code that
+    registers a rule, such as docs/extending.md's, keeps it out of the other
+    tests)."""
+    from taxpr._engine import THREAD_RULES
+    saved = dict(THREAD_RULES)
+    try:
+        yield THREAD_RULES
+    finally:
+        THREAD_RULES.clear()
+        THREAD_RULES.update(saved)

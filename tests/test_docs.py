@@ -22,6 +22,8 @@ import pytest
 import taxpr
 from taxpr import harvest
 
+from helpers import thread_rules_restored
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -53,13 +55,10 @@ def test_docs_pages_exist_and_most_have_code():
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=[p.stem for p in PAGES_WITH_CODE])
-def test_docs_page_code_runs(page, monkeypatch):
-    # A page may register a thread rule (extending.md): keep it out of the
-    # other tests.
-    from taxpr import _engine
-    monkeypatch.setattr(_engine, "THREAD_RULES", dict(_engine.THREAD_RULES))
+def test_docs_page_code_runs(page):
     namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
-    with warnings.catch_warnings():
+    # A page may register a thread rule (extending.md): restored after it.
+    with warnings.catch_warnings(), thread_rules_restored():
         # A page may show a warning on purpose (state.md: forgetting uncurry);
         # it records it itself, so keep the run's output clean.
         warnings.simplefilter("ignore", taxpr.StateNotUncurriedWarning)

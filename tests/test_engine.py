@@ -1,4 +1,4 @@
-"""The threading engine (taxpr/_engine.py): how ``inject`` threads ctx
+"""The threading engine (taxpr/_engine/): how ``inject`` threads ctx
 through each primitive, and what the rewritten program looks like.
 
 Every program of the corpus (tests/inject_programs.py: straight-line code,

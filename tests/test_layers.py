@@ -61,6 +61,7 @@ class Import(NamedTuple):
     names: tuple[str, ...]  # names imported from it (empty for ``import x``)
     in_function: bool
     line: int
+    type_only: bool  # under ``if TYPE_CHECKING:`` (annotations only, never run)
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -84,6 +85,15 @@ def _function_nodes(tree: ast.AST) -> set[int]:
     return inside
 
 
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                                     "typing.TYPE_CHECKING"):
+            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return inside
+
+
 def _resolve(module: str, node: ast.ImportFrom) -> str | None:
     if not node.level:
         return node.module
@@ -102,6 +112,7 @@ def _imports() -> tuple[list[Import], dict[str, list[int]]]:
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
         inside = _function_nodes(tree)
+        typing_only = _type_checking_nodes(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -109,7 +120,7 @@ def _imports() -> tuple[list[Import], dict[str, list[int]]]:
                         private.setdefault(module, []).append(node.lineno)
                     if alias.name.startswith("taxpr."):
                         found.append(Import(module, alias.name, (), id(node) in inside,
-                                            node.lineno))
+                                            node.lineno, id(node) in typing_only))
             elif isinstance(node, ast.ImportFrom):
                 target = _resolve(module, node)
                 if target is None:
@@ -121,11 +132,11 @@ def _imports() -> tuple[list[Import], dict[str, list[int]]]:
                     continue
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
+                    at = (id(node) in inside, node.lineno, id(node) in typing_only)
                     if sub in MODULES:  # ``from . import _engine``
-                        found.append(Import(module, sub, (), id(node) in inside, node.lineno))
+                        found.append(Import(module, sub, (), *at))
                     else:
-                        found.append(Import(module, target, (alias.name,), id(node) in inside,
-                                            node.lineno))
+                        found.append(Import(module, target, (alias.name,), *at))
     return found, private
 
 
@@ -162,9 +173,10 @@ def test_imports_point_down_the_layers():
 
 
 def test_no_import_cycle_counting_imports_inside_functions():
+    # Imports for annotations only (``if TYPE_CHECKING:``) never run.
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for i in IMPORTS:
-        if i.target != i.module:
+        if i.target != i.module and not i.type_only:
             graph[i.module].add(i.target)
     # A package's __init__ imports its modules; a module importing a name
     # from its own package goes to the module that defines it, so an edge to

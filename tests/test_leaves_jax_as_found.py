@@ -55,60 +55,81 @@ def test_the_script_imports_taxpr_only_when_asked():
 
 
 # What ``import taxpr`` replaces of JAX's own rules and functions: exactly the
-# table in ``taxpr/_patches/__init__.py``'s docstring.
+# table in ``taxpr/_patches/__init__.py``'s docstring. The snapshot covers
+# every attribute of the JAX modules taxpr touches, every attribute of the
+# classes they define and every entry of their dict-valued tables.
 _SNAPSHOT = r"""
-import sys
-from jax._src.interpreters import ad, batching, partial_eval as pe
-from jax._src.lax.control_flow import loops
+import importlib
+names = ["jax._src.interpreters.ad", "jax._src.interpreters.batching",
+         "jax._src.interpreters.partial_eval", "jax._src.interpreters.mlir",
+         "jax._src.lax.control_flow.loops", "jax._src.lax.control_flow.conditionals",
+         "jax._src.core", "jax._src.custom_derivatives", "jax._src.ad_checkpoint",
+         "jax._src.pjit", "jax._src.shard_map", "jax._src.lax.lax", "jax._src.api"]
+mods = [importlib.import_module(n) for n in names]
 
 def snapshot():
-    tables = {"batching.fancy_primitive_batchers": getattr(batching, "fancy_primitive_batchers", {}),
-              "pe.custom_partial_eval_rules": pe.custom_partial_eval_rules,
-              "pe.partial_eval_jaxpr_custom_rules": pe.partial_eval_jaxpr_custom_rules,
-              "pe.dce_rules": pe.dce_rules, "ad.primitive_jvps": ad.primitive_jvps,
-              "ad.primitive_transposes": ad.primitive_transposes,
-              "ad.primitive_linearizations": getattr(ad, "primitive_linearizations", {})}
-    out = {f"{name}[{prim}]": id(rule) for name, table in tables.items()
-           if isinstance(table, dict) for prim, rule in list(table.items())}
-    out.update({f"ad.{n}": id(getattr(ad, n, None)) for n in ("linearize_from_jvp",)})
-    out.update({f"loops.{n}": id(getattr(loops, n, None)) for n in ("_scan_known_hoisting",)})
-    out.update({f"pe.JaxprTrace.{n}": id(getattr(pe.JaxprTrace, n))
-                for n in ("process_custom_jvp_call", "process_custom_vjp_call")})
+    out = {}
+    for m in mods:
+        for name, val in list(vars(m).items()):
+            key = f"{m.__name__.removeprefix('jax._src.')}.{name}"
+            out[key] = id(val)
+            if isinstance(val, type) and val.__module__ == m.__name__:
+                for attr, v in list(vars(val).items()):
+                    out[f"{key}.{attr}"] = id(v)
+            elif isinstance(val, dict) and name != "__builtins__":
+                for k, v in list(val.items()):
+                    out[f"{key}[{k}]"] = id(v)
     return out
 
 before = snapshot()
 import taxpr
-from taxpr.primitives import _tag
 after = snapshot()
-own = {str(p) for p in (_tag.tag_p, _tag.tag_tangent_p, _tag.tag_cotangent_p)}
-# (entries new after the import are primitives of modules imported with it)
-changed = sorted(k for k in before if before[k] != after[k])
-for k in changed:
-    if not any(f"[{p}]" in k for p in own) and "taxpr" not in k:
-        print(k)
+# (keys new after the import are taxpr's own primitives' rules)
+print("\n".join(sorted(k for k in before if k in after and before[k] != after[k])))
 """
 
+# Each replaced object, and how the table in ``taxpr._patches`` names it.
+_REPLACED = {
+    "interpreters.batching.fancy_primitive_batchers[cond]": "batching rule of ``cond``",
+    "interpreters.batching.fancy_primitive_batchers[while]": "batching rule of ``while``",
+    "interpreters.partial_eval.custom_partial_eval_rules[cond]": "partial-eval rule of ``cond``",
+    "interpreters.partial_eval.custom_partial_eval_rules[remat2]":
+        "partial-eval rule of ``checkpoint``",
+    "interpreters.partial_eval.custom_partial_eval_rules[while]": "partial-eval rule of ``while``",
+    "interpreters.partial_eval.partial_eval_jaxpr_custom_rules[while]":
+        "``partial_eval_jaxpr_custom`` rule of ``while``",
+    "interpreters.partial_eval.partial_eval_jaxpr_custom_rules[scan]":
+        "partial-eval rules of ``while`` and ``scan``",
+    "interpreters.partial_eval.JaxprTrace.process_custom_jvp_call":
+        "``JaxprTrace.process_custom_jvp_call``",
+    "interpreters.partial_eval.JaxprTrace.process_custom_vjp_call":
+        "``process_custom_vjp_call``",
+    "interpreters.partial_eval._memoize": "``pe._memoize``",
+    "interpreters.ad.JVPTrace.process_custom_vjp_call": "``JVPTrace``",
+    "custom_derivatives.CustomJVPCallPrimitive.bind_with_trace":
+        "``bind_with_trace`` of ``custom_jvp_call``",
+    "custom_derivatives.CustomVJPCallPrimitive.bind_with_trace": "``custom_vjp_call``",
+}
+# Where JAX has them (scan's JaxprTrace rule is wrapped where JAX lacks the
+# hoisting function).
+_REPLACED_WHERE_PRESENT = {
+    "interpreters.ad.linearize_from_jvp": "``ad.linearize_from_jvp``",
+    "interpreters.ad.LinearizeTrace.process_custom_vjp_call":
+        "``LinearizeTrace.process_custom_vjp_call``",
+    "lax.control_flow.loops._scan_known_hoisting": "``loops._scan_known_hoisting``",
+    "interpreters.partial_eval.custom_partial_eval_rules[scan]":
+        "partial-eval rules of ``while`` and ``scan``",
+}
 
-def test_import_taxpr_replaces_only_what_its_overrides_module_lists():
+
+def test_import_taxpr_replaces_only_what_its_patches_list():
     done = subprocess.run([sys.executable, "-c", _SNAPSHOT], capture_output=True, text=True,
                           timeout=600, cwd=HERE.parent)
     assert done.returncode == 0, done.stderr[-4000:]
     changed = set(done.stdout.split())
-    # Entries for taxpr's own primitives are not listed (they are taxpr's).
-    always = {"batching.fancy_primitive_batchers[cond]", "batching.fancy_primitive_batchers[while]",
-              "pe.custom_partial_eval_rules[cond]", "pe.custom_partial_eval_rules[remat2]",
-              "pe.custom_partial_eval_rules[while]", "pe.partial_eval_jaxpr_custom_rules[scan]",
-              "pe.partial_eval_jaxpr_custom_rules[while]",
-              "pe.JaxprTrace.process_custom_jvp_call", "pe.JaxprTrace.process_custom_vjp_call"}
-    # where JAX has them (scan's JaxprTrace rule is wrapped where it lacks
-    # the hoisting function)
-    where_present = {"ad.linearize_from_jvp", "loops._scan_known_hoisting",
-                     "pe.custom_partial_eval_rules[scan]"}
-    assert always <= changed <= always | where_present, changed
+    assert set(_REPLACED) <= changed <= set(_REPLACED) | set(_REPLACED_WHERE_PRESENT), (
+        sorted(changed - set(_REPLACED) - set(_REPLACED_WHERE_PRESENT)),
+        sorted(set(_REPLACED) - changed))
     from taxpr import _patches
-    for listed in ("batching rule of ``cond``", "batching rule of ``while``",
-                   "partial-eval rule of ``cond``", "partial-eval rule of ``checkpoint``",
-                   "partial-eval rule of ``while``", "``partial_eval_jaxpr_custom`` rule of ``while``",
-                   "``ad.linearize_from_jvp``", "``loops._scan_known_hoisting``",
-                   "``JaxprTrace.process_custom_jvp_call``"):
+    for listed in {**_REPLACED, **_REPLACED_WHERE_PRESENT}.values():
         assert listed in _patches.__doc__, listed

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import thread_rules_restored
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
@@ -25,12 +27,10 @@ def test_readme_has_python_blocks():
 
 
 @pytest.mark.parametrize("line,code", _blocks(), ids=[f"line{n}" for n, _ in _blocks()])
-def test_readme_block_runs(line, code, capsys, monkeypatch):
-    # A block may register a thread rule: keep it out of the other tests.
-    from taxpr import _engine
-    monkeypatch.setattr(_engine, "THREAD_RULES", dict(_engine.THREAD_RULES))
+def test_readme_block_runs(line, code, capsys):
     namespace = {"__name__": f"readme_block_line{line}"}
-    exec(compile(code, f"README.md:{line}", "exec"), namespace)
+    with thread_rules_restored():  # a block may register a thread rule
+        exec(compile(code, f"README.md:{line}", "exec"), namespace)
 
 
 def test_quickstart_has_two_commands():

@@ -15,9 +15,8 @@ import pytest
 from jax.extend.core import jaxpr_as_fun
 
 import taxpr as tx
-from taxpr import _engine
 
-from helpers import check
+from helpers import check, thread_rules_restored
 
 EXTENDING = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
@@ -25,12 +24,12 @@ OFF_DIAG = 0.1  # A = diag(d) + OFF_DIAG * (ones - I): diagonally dominant
 
 
 @pytest.fixture
-def registry(monkeypatch):
+def registry():
     """A private copy of the rule registry without custom_linear_solve's
     rule, restored after the test."""
-    rules = {p: r for p, r in _engine.THREAD_RULES.items() if p is not jax.lax.linear_solve_p}
-    monkeypatch.setattr(_engine, "THREAD_RULES", rules)
-    return rules
+    with thread_rules_restored() as rules:
+        rules.pop(jax.lax.linear_solve_p, None)
+        yield rules
 
 
 @pytest.fixture

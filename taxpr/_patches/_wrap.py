@@ -4,6 +4,7 @@ tables and methods, each marked ``_taxpr_wrapped`` so that installing twice
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from jax._src.interpreters import ad as _ad
@@ -15,25 +16,53 @@ from .. import _compat, _jaxpr
 from .._jax import flags
 
 
+def expect_signature(fn: Any, what: str, positional: int, keywords: tuple[str, ...] = ()) -> None:
+    """Check, before wrapping ``fn`` (JAX's ``what``), that it takes the
+    arguments taxpr's wrapper passes it: at least ``positional`` arguments
+    by position and the ``keywords`` by name. A JAX whose function changed
+    is an ImportError naming it, never a wrapper that fails later inside
+    JAX."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    params = list(sig.parameters.values())
+    by_position = [q for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    any_position = any(q.kind is q.VAR_POSITIONAL for q in params)
+    any_keyword = any(q.kind is q.VAR_KEYWORD for q in params)
+    missing = [k for k in keywords if k not in sig.parameters and not any_keyword]
+    if (len(by_position) < positional and not any_position) or missing:
+        raise ImportError(
+            f"taxpr: JAX's {what} takes {sig}; taxpr wraps it passing {positional} arguments "
+            f"by position" + (f" and {', '.join(keywords)} by name" if keywords else "")
+            + ": this JAX version is not supported")
+
+
+# What taxpr's wrappers pass the rules of JAX's tables they wrap.
+_RULE_ARGUMENTS = {"batching": (3, ()), "partial_eval": (1, ()), "partial_eval_custom": (4, ())}
+
+
 def wrap_batching_rule(prim: Any, wrapper: Callable) -> None:
     """Replace ``prim``'s batching rule by ``wrapper(original, axis_data,
     args, dims, **params)``; ``original`` takes ``(axis_data, args, dims,
     **params)`` too."""
     if hasattr(batching, "fancy_primitive_batchers") and prim in batching.fancy_primitive_batchers:
-        _wrap_rule(batching.fancy_primitive_batchers, prim, wrapper)
+        _wrap_rule(batching.fancy_primitive_batchers, prim, wrapper, "batching")
         return
     raise NotImplementedError(  # a JAX without axis-data batching rules
         f"taxpr: cannot find the batching rule of {prim}")
 
 
-def _wrap_rule(table: dict, prim: Any, wrapper: Callable) -> None:
+def _wrap_rule(table: dict, prim: Any, wrapper: Callable, kind: str) -> None:
     """Replace ``table[prim]`` by ``wrapper(original, *args, **kwargs)``
     (around a rule taxpr already wrapped with another wrapper, too; once
-    per wrapper)."""
+    per wrapper). ``kind`` names the table (``_RULE_ARGUMENTS``)."""
     original = table[prim]
     wrappers = getattr(original, "_taxpr_wrappers", frozenset())
     if wrapper.__qualname__ in wrappers:
         return
+    if not wrappers:
+        expect_signature(original, f"{kind} rule of {prim}", *_RULE_ARGUMENTS[kind])
     rule = lambda *args, **kwargs: wrapper(original, *args, **kwargs)  # noqa: E731
     rule._taxpr_wrapped = True
     rule._taxpr_wrappers = wrappers | {wrapper.__qualname__}
@@ -43,13 +72,13 @@ def _wrap_rule(table: dict, prim: Any, wrapper: Callable) -> None:
 def wrap_partial_eval_rule(prim: Any, wrapper: Callable) -> None:
     """Replace ``prim``'s partial-evaluation rule (``JaxprTrace``) by
     ``wrapper(original, trace, *tracers, **params)``."""
-    _wrap_rule(pe.custom_partial_eval_rules, prim, wrapper)
+    _wrap_rule(pe.custom_partial_eval_rules, prim, wrapper, "partial_eval")
 
 
 def wrap_partial_eval_custom_rule(prim: Any, wrapper: Callable) -> None:
     """Replace ``prim``'s ``partial_eval_jaxpr_custom`` rule by
     ``wrapper(original, saveable, unks_in, inst_in, eqn)``."""
-    _wrap_rule(pe.partial_eval_jaxpr_custom_rules, prim, wrapper)
+    _wrap_rule(pe.partial_eval_jaxpr_custom_rules, prim, wrapper, "partial_eval_custom")
 
 
 def unhoisted_custom_call(process: Callable, holds_kept_tags: Callable) -> Callable:
@@ -91,6 +120,9 @@ def install_known_kept_tag_scopes(holds_kept_tags: Callable[[Any], bool]) -> Non
     for name in ("process_custom_jvp_call", "process_custom_vjp_call"):
         process = getattr(pe.JaxprTrace, name)
         if not getattr(process, "_taxpr_wrapped", False):
+            # (self, prim, fun, *rules, tracers): a jvp rule, or a fwd and a bwd
+            expect_signature(process, f"JaxprTrace.{name}",
+                             5 if name == "process_custom_jvp_call" else 6)
             setattr(pe.JaxprTrace, name, unhoisted_custom_call(process, holds_kept_tags))
 
 
@@ -109,6 +141,7 @@ def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]]
     JAX's trace caches do per trace context."""
     memoize = pe._memoize
     if not getattr(memoize, "_taxpr_wrapped", False):
+        expect_signature(memoize, "partial_eval._memoize", 1)
         def memoize_per_scope(fn):
             per_scope: dict[Any, Callable] = {}
 
@@ -126,6 +159,8 @@ def install_custom_vjp_scopes(scoped: Callable[[Any, Any, Any], tuple[Any, Any]]
         process = getattr(cls, "process_custom_vjp_call", None)
         if process is None or getattr(process, "_taxpr_wrapped", False):
             continue
+        expect_signature(process, f"{cls.__name__}.process_custom_vjp_call", 6,
+                         ("out_trees", "symbolic_zeros"))
 
         def process_scoped(self, primitive, fun, fwd, bwd, tracers, /, *, _process=process,
                            **params):
@@ -145,6 +180,8 @@ def install_rules_in_call_scope(wrap_rules: Callable[[tuple], tuple | None]) -> 
         original = cls.bind_with_trace
         if getattr(original, "_taxpr_wrapped", False):
             continue
+        # (self, trace, args, *avals, params): the params last
+        expect_signature(original, f"{cls.__name__}.bind_with_trace", 4)
 
         def bind_with_trace(self, trace, args, *rest, _original=original):
             *avals, params = rest  # (JAX passes the avals before the params)
