@@ -31,9 +31,8 @@ done inside the transformed function were already done by JAX's rules.
 from __future__ import annotations
 
 import functools
-import sys
 import types
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -41,7 +40,7 @@ from ._jax.internals import core
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _compat, _engine, _jaxpr, _traverse
+from . import _compat, _engine, _jaxpr, _libraries, _traverse
 from ._engine import describe_tag, format_path
 from ._find import TAG_PRIMITIVES, Predicate, is_selected
 from ._traverse import hi_name, hidden_jaxprs
@@ -231,15 +230,6 @@ def _holds_selected(jaxpr: Any, selects: Predicate | None) -> bool:
     return any(is_selected(e, selects) for e, _ in _traverse.iter_eqns(jaxpr))
 
 
-def _implementation(prim: core.Primitive) -> Callable:
-    """The function JAX lowers ``prim`` with (equinox lowers its vprims with
-    an impl it keeps apart from the eager one, which only adds a check for
-    leaked tracers), else ``prim.impl``."""
-    vprims = sys.modules.get("equinox.internal._primitive")
-    impl = getattr(vprims, "_vprim_impl_registry", {}).get(prim) if vprims else None
-    return impl if impl is not None else prim.impl
-
-
 def _same_params(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
@@ -252,7 +242,7 @@ def _implementation_call(eqn: core.JaxprEqn, path: tuple[str, ...], env: dict,
     pallas_call's does), or when ``eqn`` keeps a Python function and its
     implementation holds no selected tag."""
     prim, params = eqn.primitive, eqn.params
-    impl = _implementation(prim)
+    impl = _libraries.lowering_implementation(prim)
     eqn = eqn.replace(invars=[env.get(v, v) if type(v) is core.Var else v for v in eqn.invars])
 
     def run(*args):

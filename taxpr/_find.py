@@ -9,7 +9,7 @@ import jax
 from ._jax.internals import core
 
 from . import _traverse
-from .primitives._tag import meta, n_values, tag_cotangent_p, tag_p, tag_tangent_p, user_params
+from .primitives._tag import TAG_PRIMITIVES, meta, n_values, tag_p, user_params
 
 Predicate = Callable[[dict, Any], bool]
 
@@ -70,7 +70,6 @@ def iter_tags(jaxpr: Any) -> Iterator[tuple[dict, Any]]:
             yield user_params(eqn.params), tag_shape(eqn)
 
 
-TAG_PRIMITIVES = (tag_p, tag_tangent_p, tag_cotangent_p)
 
 
 def is_selected(eqn: core.JaxprEqn, predicate: Predicate | None) -> bool:

@@ -3,15 +3,13 @@ threads a context through the whole program."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-import equinox as eqx
 import jax
 from ._jax.internals import core
 
-from . import _jaxpr, _traverse
+from . import _jaxpr, _libraries, _traverse
 from ._engine import (Engine, Hooks, InjectError, Level, describe_site, changed_positions,
                       describe_tag, format_path, inline, trace_in)
 from ._find import Predicate
@@ -338,15 +336,15 @@ class SplitArguments(NamedTuple):
 
     def rebuild(self, dyn: Any) -> Any:
         """``(args, kwargs)`` again from the traced leaves' pytree ``dyn``."""
-        return eqx.combine(dyn, self.static)
+        return _libraries.filter_combine(dyn, self.static)
 
 
 def split_arguments(args: tuple, kwargs: dict,
-                    traced: Callable[[Any], bool] = eqx.is_array) -> SplitArguments:
+                    traced: Callable[[Any], bool] = _libraries.is_traced_leaf) -> SplitArguments:
     """Split ``(args, kwargs)`` as ``equinox.filter_jit`` does: the leaves
     ``traced`` selects (arrays) are traced, the others (an equinox module's
     activation function, a string) are static."""
-    dyn, static = eqx.partition((args, kwargs), traced)
+    dyn, static = _libraries.filter_partition((args, kwargs), traced)
     leaves, tree = jax.tree_util.tree_flatten(dyn)
     return SplitArguments(leaves, tree, static)
 
@@ -381,37 +379,11 @@ def trace_program(fn: Callable, in_tree, in_avals, name: str = "fn",
         out_tree.append(t)
         return out
 
-    with keep_tags(), recording_tags() as recorded, _explain_kept_tag_dependencies():
+    with keep_tags(), recording_tags() as recorded, _libraries.explaining_kept_tag_dependencies():
         closed = expand_for(_jaxpr.trace_flat(flat, in_avals, name), consumes)
     if consumes is not None and recorded:
         check_no_hidden_tags(closed, recorded, consumes)
     return closed, out_tree[0]
-
-
-# What flax's ``nn.scan`` raises when dead-code elimination of its body finds
-# that a broadcast variable (e.g. the params of ``variable_broadcast=
-# "params"``) depends on the carry.
-_FLAX_BROADCAST_DEPENDENCY = "broadcasted variable has a data dependency on the scan body"
-
-
-@contextlib.contextmanager
-def _explain_kept_tag_dependencies() -> Iterator[None]:
-    """Inside a taxpr transformation tags are kept alive (they are
-    consumed), so an analysis that asks dead-code elimination which inputs a
-    body needs sees a tag of a carry-derived value as a use of the carry."""
-    try:
-        yield
-    except ValueError as e:
-        if _FLAX_BROADCAST_DEPENDENCY not in str(e):
-            raise
-        raise ValueError(
-            f"{e} (taxpr: inside a taxpr transformation every tag is kept alive, since "
-            f"it is consumed, and flax's nn.scan with variable_broadcast decides which "
-            f"variables are loop-invariant by dead-code elimination of its body: a tag "
-            f"of a value computed from the carry there counts as a use of the carry. "
-            f"Outside taxpr's transformations the same model initialises and runs. Sow "
-            f"or read state there with flax's own collections, or give the scanned "
-            f"variables an axis (variable_axes) instead of broadcasting them)") from e
 
 
 def check_no_hidden_tags(closed: Any, recorded: dict, consumes: Predicate) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from ._jax.internals import core
 
-from . import _compat, _jaxpr
+from . import _compat, _jaxpr, _libraries
 
 # Primitives whose output is, for each example of a batch, at least their
 # operand (a reduction with ``any``) or exactly it (a value asserted to be
@@ -44,17 +44,8 @@ def register_over_batch(primitive: core.Primitive) -> core.Primitive:
     return primitive
 
 
-def _register_equinox() -> None:
-    try:
-        from equinox._unvmap import unvmap_any_p
-        from equinox.internal._nontraceable import nonbatchable_p
-    except ImportError:  # another equinox layout: its loops are then not masked
-        return
-    register_over_batch(unvmap_any_p)
-    register_over_batch(nonbatchable_p)
-
-
-_register_equinox()
+for _primitive in _libraries.equinox_over_batch_primitives():
+    register_over_batch(_primitive)
 
 
 _LOOPS = frozenset({_compat.while_p, _compat.scan_p})

@@ -33,10 +33,12 @@ LAYERS = (
           "JAX's versions and private modules: feature detection (_compat), jaxpr "
           "building (_jaxpr), the switches set while JAX traces and the private "
           "modules taxpr uses (_jax)"),
-    Layer("base", ("_traverse", "primitives", "_find", "_dependence", "_per_example"),
+    Layer("base", ("_traverse", "_libraries", "primitives", "_find", "_dependence",
+                   "_per_example"),
           "the tag primitive and its own rules (primitives), one traversal of nested "
-          "jaxprs (_traverse), selecting tags (_find), data dependence, per-example "
-          "values under vmap (_per_example)"),
+          "jaxprs (_traverse), what taxpr knows of equinox and flax (_libraries), "
+          "selecting tags (_find), data dependence, per-example values under vmap "
+          "(_per_example)"),
     Layer("engine", ("_replay", "_engine", "_guards", "_expand", "_inject"),
           "one interpreter with thread rules per Primitive (_engine), replayed "
           "backward passes, guards of batched predicates, expanding high-level "

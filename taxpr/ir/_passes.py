@@ -34,14 +34,13 @@ from .._jax.internals import lax_internal as _lax_internal
 
 from .. import _compat, _jaxpr, _traverse
 from .._traverse import Level
-from ..primitives._tag import tag_cotangent_p, tag_p, tag_tangent_p
+from ..primitives._tag import TAG_PRIMITIVES
 
 __all__ = [
     "algebraic_simplification", "common_subexpression_elimination", "constant_fold",
     "copy_propagation", "dead_code_elimination", "optimize_jaxpr",
 ]
 
-TAG_PRIMITIVES = frozenset({tag_p, tag_tangent_p, tag_cotangent_p})
 DEFAULT_MAX_CONSTANT_ELEMENTS = 1000
 # Below this many equations a constant subgraph is evaluated op by op; above,
 # it is compiled once (one XLA compile beats thousands of dispatches).

@@ -39,7 +39,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .. import _compat, _jaxpr, _traverse
+from .. import _compat, _jaxpr, _libraries, _traverse
 from .._jax import flags
 from .._jax.internals import config, core, effects, pe
 from .._jax.internals import batching as _batching
@@ -157,29 +157,6 @@ def _plain_tag(eqn, path, env):
     return None
 
 
-# Traces a library makes to analyse a body: flax's ``nn.scan`` traces its
-# body once more (as "flax scan") to find which variables are
-# loop-invariant, by dead-code elimination of that trace, and evaluates what
-# is left for the broadcast outputs (effects included: a state access runs
-# there, as a ``jax.debug.callback`` does); the loop's body is traced again
-# for ``lax.scan``. A kept tag there would count as a use of the carry: tags
-# there are plain (a sow is dropped with the value it sows).
-_ANALYSIS_TRACES = frozenset({"flax scan"})
-
-
-def _in_analysis_trace() -> bool:
-    if "flax.core.axes_scan" not in sys.modules:  # the only one: no cost without it
-        return False
-    trace = core.trace_ctx.trace
-    while trace is not None:
-        frame = getattr(trace, "frame", None)
-        info = getattr(frame, "debug_info", None)
-        if getattr(info, "traced_for", None) in _ANALYSIS_TRACES:
-            return True
-        trace = getattr(trace, "parent_trace", None)
-    return False
-
-
 def _keeping_here(params: dict) -> bool:
     """Whether a tag bound now with ``params`` is kept: inside
     ``keep_tags()``, and not in a library's analysis trace
@@ -188,7 +165,7 @@ def _keeping_here(params: dict) -> bool:
     ``jax.debug.callback``, also inside a ``checkpoint`` or ``jit`` there)."""
     if not KEEP_TAGS.value:
         return False
-    return not _in_analysis_trace() or _wants_to_be_told(params)
+    return not _libraries.in_analysis_trace() or _wants_to_be_told(params)
 
 
 
@@ -482,6 +459,8 @@ tag_tangent_p = Primitive("tag_tangent")
 tag_tangent_p.multiple_results = True
 # The cotangent of a tag: ``tag_cotangent(*primals, *cts) -> cts``.
 tag_cotangent_p = Primitive("tag_cotangent")
+# A tag and the halves JAX differentiates it into: what "a tag" means to a pass.
+TAG_PRIMITIVES = frozenset({tag_p, tag_tangent_p, tag_cotangent_p})
 tag_cotangent_p.multiple_results = True
 
 
