@@ -190,7 +190,7 @@ def next_key(stream: str = DEFAULT_STREAM) -> jax.Array:
     # A stream is one sequence of keys wherever it is drawn: never scoped.
     key = read_state(stream, _init_key(stream))  # a key array: no asarray cost
     key, sub = jax.random.split(key)
-    write_state(stream, key)
+    write_state(stream, key, by="next_key")
     return key_p.bind(sub, stream=stream, folded=())
 
 

@@ -9,6 +9,8 @@ split(key)``; the draw is ``sub``): ``Eager`` from state_helpers plus
 from __future__ import annotations
 
 import functools
+import inspect
+import re
 
 import jax
 import jax.numpy as jnp
@@ -370,6 +372,34 @@ def test_next_key_in_a_cond_whose_predicate_vmap_batches_is_an_error_naming_the_
     fn = jax.vmap(lambda x: _loops(TX, x, x > 1.0), axis_name="b")
     with pytest.raises(tx.StateError, match=r"'rng'.*predicate is batched"):
         tx.uncurry(fn, jnp.arange(3.0))
+    jax_still_works()
+
+
+def _draw_in_branch(x):
+    return lax.cond(x > 0, lambda x: x + jax.random.normal(tx.next_key()), lambda x: x, x)
+
+
+def _draw_in_loop(x):
+    return lax.while_loop(lambda c: c < x, lambda c: c + jnp.abs(jax.random.normal(
+        tx.next_key())) + 0.5, 0.0)
+
+
+@pytest.mark.parametrize("fn,place", [(_draw_in_branch, r"cond\[branch=1\]"),
+                                      (_draw_in_loop, r"while\[body\]")])
+def test_next_key_under_a_batched_predicate_names_the_draw_and_the_users_line(fn, place):
+    # The error names the call the user wrote (next_key, at its line), not
+    # the set_state of the stream's key that next_key makes.
+    batched = jax.vmap(fn, axis_name="b")
+    lines, first = inspect.getsourcelines(fn)
+    line = first + next(i for i, text in enumerate(lines) if "next_key" in text)
+    for run in (lambda: tx.seed(batched, jax.random.key(0))(jnp.array([1.0, -1.0])),
+                lambda: tx.uncurry(batched, jnp.array([1.0, -1.0]))):
+        with pytest.raises(tx.StateError) as e:
+            run()
+        msg = str(e.value)
+        assert msg.startswith("taxpr: stream 'rng': next_key at "), msg
+        assert f"test_random.py:{line}" in msg and "set_state" not in msg, msg
+        assert re.search(place + " whose predicate is batched by vmap", msg), msg
     jax_still_works()
 
 

@@ -50,9 +50,12 @@ class StateInfo:
 
 def _at(eqn, path) -> str:
     """Where a state access is: its path through nested primitives and the
-    user's line that made it (a vmap leaves no primitive on the path)."""
+    user's line that made it (a vmap leaves no primitive on the path: a
+    batched cond's branches are inlined at the top level)."""
     line = _compat.user_line(eqn.source_info.traceback)
-    return format_path(path) if line is None else f"{format_path(path)} ({line})"
+    if line is None:
+        return format_path(path)
+    return line if not path else f"{format_path(path)} ({line})"
 
 
 def _describe_site(site) -> str:
@@ -69,6 +72,13 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
     sites, unchecked_sets = _walk_program(closed)
     for eqn, path in sites:  # a batched set is the clearer error: report it first
         p = eqn.params
+        if p["op"] is SET and is_guarded(p) and p.get("by") == "next_key":
+            raise StateError(
+                f"taxpr: stream {p['name']!r}: next_key at {_at(eqn, path)} is inside "
+                f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
+                f"take it, so the stream's key would advance per example, and a stream's "
+                f"key is not batched (draw the key before the cond/while and pass it in, or "
+                f"vmap the pure function over a batch of keys)")
         if p["op"] is SET and is_guarded(p):
             raise StateError(
                 f"taxpr: state {p['name']!r}: set_state at {_at(eqn, path)} is inside "

@@ -200,10 +200,13 @@ def set_state(name: str, value: Any) -> Any:
     return write(scoped(name), value)
 
 
-def write(name: str, value: Any) -> Any:
-    """``set_state`` of the state named ``name`` exactly (no scope added)."""
+def write(name: str, value: Any, by: str | None = None) -> Any:
+    """``set_state`` of the state named ``name`` exactly (no scope added).
+    ``by`` names the call that sets it for errors, where it is not
+    ``set_state`` (``"next_key"``: a draw advances its stream's key)."""
     leaves, tree = _leaves(name, value, "set_state's value")
+    extra = {} if by is None else {"by": by}
     if tree is None:
-        return tag(leaves[0][1], op=SET, name=name)
+        return tag(leaves[0][1], op=SET, name=name, **extra)
     return jax.tree_util.tree_unflatten(
-        tree, [tag(v, op=SET, name=n, state_tree=tree) for n, v in leaves])
+        tree, [tag(v, op=SET, name=n, state_tree=tree, **extra) for n, v in leaves])
