@@ -3,6 +3,7 @@ threads a context through the whole program."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
@@ -339,6 +340,57 @@ class SplitArguments(NamedTuple):
         return _libraries.filter_combine(dyn, self.static)
 
 
+class _Identity:
+    """An unhashable static argument in a cache key: equal only to the same
+    object, which the key holds (so its id is never reused for another
+    object while the entry lives)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is _Identity and other.obj is self.obj
+
+
+def hashable_static(x: Any) -> Any:
+    """``x`` as part of a cache key: itself when hashable, else by identity."""
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return _Identity(x)
+
+
+class SignatureCache:
+    """What a transformation made per call signature (``jax.jit``'s cache of
+    traces), the ``maxsize`` most recently used kept."""
+
+    def __init__(self, maxsize: int = 512):
+        self.maxsize = maxsize
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
+        hit = self._entries.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._entries[key] = make()
+            if len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_MISSING = object()
+
+
 def split_arguments(args: tuple, kwargs: dict,
                     traced: Callable[[Any], bool] = _libraries.is_traced_leaf) -> SplitArguments:
     """Split ``(args, kwargs)`` as ``equinox.filter_jit`` does: the leaves
@@ -502,22 +554,20 @@ def injected(fn: Callable, injector: Injector, *, predicate: Predicate | None = 
         ``pure(ctx, *args, **kwargs) -> (out, new_ctx)``, traced and injected
         once per input signature (cached like ``jax.jit``).
     """
-    cache: dict = {}
+    cache = SignatureCache()
 
     def pure(ctx, *args, **kwargs):
         ctx_leaves, ctx_tree = jax.tree_util.tree_flatten(ctx)
         arg_leaves, arg_tree = jax.tree_util.tree_flatten((args, kwargs))
         ctx_avals = tuple(_jaxpr.abstractify(x) for x in ctx_leaves)
         arg_avals = tuple(_jaxpr.abstractify(x) for x in arg_leaves)
-        key = (ctx_tree, ctx_avals, arg_tree, arg_avals)
-        hit = cache.get(key)
-        if hit is None:
+
+        def make():
             closed, out_tree = trace_program(fn, arg_tree, arg_avals,
                                              consumes=predicate or (lambda p, s: True))
             spec = jax.tree_util.tree_unflatten(ctx_tree, ctx_avals)
-            hit = (inject(closed, injector, spec, predicate), out_tree)
-            cache[key] = hit
-        new, out_tree = hit
+            return inject(closed, injector, spec, predicate), out_tree
+        new, out_tree = cache.get_or_make((ctx_tree, ctx_avals, arg_tree, arg_avals), make)
         outs = evaluated_fun(new)(*ctx_leaves, *arg_leaves)
         n_out = out_tree.num_leaves
         return (jax.tree_util.tree_unflatten(out_tree, outs[:n_out]),

@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import _jaxpr
 from .._expand import expand_for
-from .._inject import SplitArguments, check_no_hidden_tags, split_arguments, trace_program
+from .._inject import (SignatureCache, SplitArguments, check_no_hidden_tags, hashable_static,
+                       split_arguments, trace_program)
 from ..primitives._tag import evaluated_fun, recording_tags
 from . import _dicts
 from ._collect import collect_states, first_differences, tree_paths
@@ -156,32 +157,22 @@ def _names_in(state: dict) -> list[str]:
 def per_signature(make: Callable[[SplitArguments, tuple], Any]) -> Callable:
     """A cache of ``make(split, avals)`` per call signature, as
     ``equinox.filter_jit`` keys it: array leaves of ``(args, kwargs)`` are
-    traced (their avals count), other leaves are static (hashed, or by id).
+    traced (their avals count), other leaves are static (hashed, or by
+    identity), the most recently used signatures kept (``SignatureCache``).
 
     Returns:
         ``lookup(args, kwargs) -> (made, array_leaves)``.
     """
-    cache: dict = {}
+    cache = SignatureCache()
 
     def lookup(args: tuple, kwargs: dict) -> tuple[Any, list]:
         split = split_arguments(args, kwargs)
         avals = tuple(_jaxpr.abstractify(x) for x in split.leaves)
         static_leaves, static_tree = jax.tree_util.tree_flatten(split.static)
-        key = (split.tree, avals, static_tree, tuple(map(_hashable, static_leaves)))
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = make(split, avals)
-        return hit, split.leaves
+        key = (split.tree, avals, static_tree, tuple(map(hashable_static, static_leaves)))
+        return cache.get_or_make(key, lambda: make(split, avals)), split.leaves
 
     return lookup
-
-
-def _hashable(x: Any) -> Any:
-    try:
-        hash(x)
-        return x
-    except TypeError:
-        return ("id", id(x))
 
 
 def make_jaxpr_with_states(fun: Callable, static_argnums: int | Sequence[int] = (),

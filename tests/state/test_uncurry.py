@@ -565,3 +565,41 @@ def test_uncurry_inside_a_trace_does_not_repeat_the_effects_of_its_example_run(a
     assert float(out) == 6.0 and c.tolist() == [2.0, 4.0]
     assert reaps["y"].tolist() == [[2.0, 4.0]]
     assert len(calls) == 1
+
+
+class _Config:
+    """A static argument that is not hashable (as a config object with
+    ``__eq__`` and no ``__hash__``)."""
+
+    __hash__ = None
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __eq__(self, other):
+        return isinstance(other, _Config) and other.scale == self.scale
+
+
+def test_an_unhashable_static_argument_never_reuses_the_trace_of_another():
+    # Each new object is traced anew (it is told apart by identity, and the
+    # cache holds it, so its id cannot be reused by another one while the
+    # trace is cached): never a stale trace of an object that is gone.
+    def f(x, config):
+        n = tx.get_state("n", jnp.zeros(()))
+        tx.set_state("n", n + config.scale)
+        return x * config.scale
+
+    x = jnp.float32(2.0)
+    pure, s0 = tx.uncurry(f, x, _Config(1.0))
+    for scale in (2.0, 3.0, 4.0, 5.0):
+        out, s1 = pure(s0, x, _Config(scale))  # the object is freed after the call
+        assert float(out) == 2.0 * scale and float(s1["n"]) == scale
+
+
+def test_the_signature_cache_keeps_the_most_recently_used():
+    from taxpr._inject import SignatureCache
+    cache = SignatureCache(maxsize=2)
+    made = []
+    for key in ("a", "b", "a", "c", "a", "b"):
+        cache.get_or_make(key, lambda key=key: made.append(key) or key.upper())
+    assert made == ["a", "b", "c", "b"] and len(cache) == 2
