@@ -32,7 +32,7 @@ from jax._src import ad_util  # noqa: E402
 
 import codegen_corpus  # noqa: E402
 from taxpr import ir  # noqa: E402
-from taxpr.ir import _codegen  # noqa: E402
+from taxpr.ir._codegen_locate import location  # noqa: E402
 from taxpr.primitives import _tag  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results_codegen.json"
@@ -70,7 +70,7 @@ def why(prim) -> str:
     primitive a library other than JAX and taxpr defines, that library's."""
     if prim in WHY:
         return WHY[prim]
-    where = _codegen._location(prim) or ""
+    where = location(prim) or ""
     top = where.split(".")[0]
     if top and top not in ("jax", "jaxlib", "taxpr"):
         return f"{top}'s own primitive (`{where}`): JAX has no function for it"

@@ -360,7 +360,7 @@ def test_unusable_function_names_are_refused(bad):
 
 
 def test_variable_names_are_distinct_and_never_reserved_at_any_size():
-    from taxpr.ir._codegen import _RESERVED, _Names
+    from taxpr.ir._codegen_names import RESERVED as _RESERVED, Names as _Names
     names = _Names()
     got = [names.fresh() for _ in range(200_000)]
     assert len(set(got)) == len(got)
