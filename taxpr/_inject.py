@@ -67,6 +67,7 @@ class _InjectSites:
         # vma checking (off for the state layer's one-off run recording inits;
         # a predicate on the tag's eqn: only at the tags it selects).
         self.check_per_shard: bool | Callable[[core.JaxprEqn], bool] = True
+        self.hooks = Hooks()  # how errors name the layer's sites (the engine's hooks)
         self.ctx_tree = ctx_tree
         self.ctx_avals = list(ctx_avals)
         self._traced: dict = {}
@@ -165,11 +166,7 @@ class _InjectSites:
                         f"of type {_aval_str(g)}, expected {_aval_str(w)}{hint}")
         for i, g in enumerate(out_avals[ntok:]):
             if _jaxpr.varying_axes(g):
-                raise InjectError(
-                    f"taxpr.inject: the injector for {where} makes ctx leaf {i} differ "
-                    f"across the shards of a shard_map (it varies over mesh axes "
-                    f"{sorted(_jaxpr.varying_axes(g))}); ctx enters shard_map replicated "
-                    f"and must stay the same on every shard")
+                raise self.hooks.varying_ctx(i, params, path, _jaxpr.varying_axes(g))
 
     # -- the site rule --
     def __call__(self, engine: Engine, eqn, level: Level, ctx: list) -> list:
@@ -536,6 +533,8 @@ def inject_with(closed_jaxpr: Any, injector: Injector, ctx: Any,
     ctx_avals = [_jaxpr.abstractify(x) for x in leaves]
     sites = _InjectSites(injector, ctx_tree, ctx_avals, policy.guard_merge, policy.direct)
     sites.check_per_shard = policy.check_per_shard
+    if policy.hooks is not None:
+        sites.hooks = policy.hooks
     engine = Engine(sites, predicate, ctx_avals, policy.hooks)
     engine.replays = policy.replays
     outvars = _jaxpr.jaxpr_parts(closed_jaxpr).outvars

@@ -387,6 +387,20 @@ def _examples() -> dict:
     out["example_stateful_rnn_grad"] = _traced(
         jax.grad(lambda p, s: jnp.mean((pure(s, p, xs)[0] - targets) ** 2)), params, state1)
 
+    m = example("data_parallel")
+    pure, state0 = tx.uncurry(m.train_step, *m.global_batch(0))
+
+    def data_parallel_step(state, x, y):
+        # examples/data_parallel.py's step on one device; its dropout
+        # stream's key is given as its data.
+        state = {**state, "dropout": jax.random.wrap_key_data(state["dropout"])}
+        loss, new = pure(state, x, y)
+        return loss, {**new, "dropout": jax.random.key_data(new["dropout"])}
+
+    state0 = {**state0, "dropout": jax.random.key_data(state0["dropout"])}
+    out["example_data_parallel_step"] = _traced(jax.jit(data_parallel_step), state0,
+                                                *m.global_batch(0))
+
     if has("equinox"):
         out.update(_equinox_examples())
     return out

@@ -13,7 +13,9 @@ from .. import _jaxpr
 from .._inject import inject, split_arguments, trace_program
 from ..primitives._tag import evaluated_fun, keeping_tags
 from ..harvest import _transforms as _harvest
+from .._engine import format_path
 from ..harvest._plants import PlantRows
+from ..harvest._sites import PerShardReapError
 from . import _rewrite, _sites
 from ._select import SelectorLike, select
 from ._sites import Site
@@ -141,7 +143,15 @@ def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None
         run = traced.run(rewritten)
         if buffers:
             run = _with_row_buffers(rewritten, buffers)
-        outs, reaped = _harvest.call_and_reap(run, tag=_rewrite.CAPTURE_TAG)(*traced.leaves)
+        try:
+            outs, reaped = _harvest.call_and_reap(run, tag=_rewrite.CAPTURE_TAG)(*traced.leaves)
+        except PerShardReapError as e:
+            raise ValueError(
+                f"taxpr.capture: site {e.name!r} at {format_path(e.path)} holds a value that "
+                f"differs across the shards of a shard_map, and a capture outside the "
+                f"shard_map gets one value for the whole mesh: capture inside the body "
+                f"(tx.capture of the body function) and return the values through out_specs "
+                f"(stacked per shard)") from e
         n_out = traced.out_tree.num_leaves
         values = {}
         if buffers:

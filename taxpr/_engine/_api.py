@@ -273,6 +273,18 @@ class Hooks:
             f"checkpointed loop or adjoint), and JAX cannot reverse a while loop. Pass the "
             f"value in as an argument of the function instead")
 
+    def varying_ctx(self, index: int, params: dict, path: tuple[str, ...],
+                    axes: Sequence[str]) -> Exception:
+        """The error for a site (its user ``params``, at ``path``) inside a
+        shard_map whose rewrite makes ctx leaf ``index`` differ across the
+        shards (it varies over mesh ``axes``): ctx enters a shard_map
+        replicated."""
+        return InjectError(
+            f"taxpr.inject: the injector for {describe_site(params, path)} makes ctx leaf "
+            f"{index} differ across the shards of a shard_map (it varies over mesh axes "
+            f"{sorted(axes)}); ctx enters shard_map replicated and must stay the same on "
+            f"every shard")
+
     def replay_read(self, index: int, path: tuple[str, ...]) -> Exception:
         """The error for a custom_vjp bwd whose cotangents depend on ctx
         leaf ``index``, which the forward pass changes."""

@@ -146,6 +146,16 @@ class _StateHooks(Hooks):
             return super().describe_ctx(index)
         return f"state {self.leaf_names[index]!r}"
 
+    def varying_ctx(self, index, params, path, axes) -> Exception:
+        name = self.describe_ctx(index) if self.leaf_names is not None else (
+            f"state {params.get('name')!r}")
+        return StateError(
+            f"taxpr: {name}: set_state at {format_path(path)} sets a value that differs "
+            f"across the shards of the shard_map (it varies over mesh axes {sorted(axes)}), "
+            f"and a state enters a shard_map replicated, the same on every shard: reduce "
+            f"the value over the axes first (lax.pmean / lax.psum), or return the per-shard "
+            f"value through out_specs instead of setting a state")
+
     def differentiated_write(self, index: int, path: tuple[str, ...]) -> Exception:
         name = self.describe_ctx(index)
         return StateError(

@@ -385,21 +385,35 @@ def _checks_vma(level: Level) -> bool:
     return getattr(level.context, "checks_vma", True)
 
 
+class PerShardReapError(ValueError):
+    """A value reaped from outside a shard_map that differs across its
+    shards (or may, without vma checking): ``name`` the sow's, ``path``
+    where it is."""
+
+    def __init__(self, message: str, name: Any, path: tuple[str, ...]):
+        super().__init__(message)
+        self.name, self.path = name, path
+
+
 def _replicated_check(name, path, checks_vma: bool = True) -> Callable:
     def fn(*xs):
         if not checks_vma:
-            raise ValueError(
+            raise PerShardReapError(
                 f"taxpr.harvest: sow '{display_name(name)}' at {format_path(path)} is reaped inside a "
                 f"shard_map without vma checking (check_vma=False, as jax.pmap uses): taxpr "
                 f"cannot tell whether the value is the same on every shard (only one shard's "
-                f"value would be reaped); use shard_map with check_vma=True, or reap outside "
-                f"the shard_map / pmap")
+                f"value would be reaped); use shard_map with check_vma=True, or reap inside "
+                f"the body (call_and_reap there, or tx.capture of the body) and return the "
+                f"values through out_specs", name, path)
         for x in xs:
             if _jaxpr.varying_axes(core.typeof(x)):
-                raise ValueError(
+                raise PerShardReapError(
                     f"taxpr.harvest: sow '{display_name(name)}' at {format_path(path)} reaps a value "
-                    f"that differs across the shards of a shard_map; sow a value that is the "
-                    f"same on every shard (e.g. after a psum), or reap outside the shard_map")
+                    f"that differs across the shards of a shard_map, and a reap outside the "
+                    f"shard_map gets one value for the whole mesh: sow a value that is the same "
+                    f"on every shard (e.g. after a psum), or reap inside the body (call_and_reap "
+                    f"there, or tx.capture of the body) and return the values through out_specs "
+                    f"(stacked per shard)", name, path)
         return list(xs)
     return fn
 
