@@ -397,7 +397,7 @@ def test_next_key_under_a_batched_predicate_names_the_draw_and_the_users_line(fn
         with pytest.raises(tx.StateError) as e:
             run()
         msg = str(e.value)
-        assert msg.startswith("taxpr: stream 'rng': next_key at "), msg
+        assert msg.startswith("taxpr: stream 'rng': next_key "), msg
         assert f"test_random.py:{line}" in msg and "set_state" not in msg, msg
         assert re.search(place + " whose predicate is batched by vmap", msg), msg
     jax_still_works()

@@ -49,13 +49,14 @@ class StateInfo:
 
 
 def _at(eqn, path) -> str:
-    """Where a state access is: its path through nested primitives and the
-    user's line that made it (a vmap leaves no primitive on the path: a
-    batched cond's branches are inlined at the top level)."""
+    """Where a state access is, as "at <path> (<user's line>)": its path
+    through nested primitives and the line of the user's code that made it.
+    At the top level the line alone, "(<line>)" (a vmap leaves no primitive
+    on the path: a batched cond's branches are inlined at the top level)."""
     line = _compat.user_line(eqn.source_info.traceback)
     if line is None:
-        return format_path(path)
-    return line if not path else f"{format_path(path)} ({line})"
+        return f"at {format_path(path)}"
+    return f"({line})" if not path else f"at {format_path(path)} ({line})"
 
 
 def _describe_site(site) -> str:
@@ -74,21 +75,21 @@ def collect_states(closed: Any) -> dict[str, StateInfo]:
         p = eqn.params
         if p["op"] is SET and is_guarded(p) and p.get("by") == "next_key":
             raise StateError(
-                f"taxpr: stream {p['name']!r}: next_key at {_at(eqn, path)} is inside "
+                f"taxpr: stream {p['name']!r}: next_key {_at(eqn, path)} is inside "
                 f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
                 f"take it, so the stream's key would advance per example, and a stream's "
                 f"key is not batched (draw the key before the cond/while and pass it in, or "
                 f"vmap the pure function over a batch of keys)")
         if p["op"] is SET and is_guarded(p):
             raise StateError(
-                f"taxpr: state {p['name']!r}: set_state at {_at(eqn, path)} is inside "
+                f"taxpr: state {p['name']!r}: set_state {_at(eqn, path)} is inside "
                 f"{guarded_place(p)} whose predicate is batched by vmap: only some examples "
                 f"take it, so the state's new value would differ per example, and a state is "
                 f"not batched (compute the new value with jnp.where and set it outside the "
                 f"cond/while, or vmap the pure function over a batch of states)")
         if p["op"] is SET and meta(p).batched:
             raise StateError(
-                f"taxpr: state {p['name']!r}: set_state at {_at(eqn, path)} sets a value "
+                f"taxpr: state {p['name']!r}: set_state {_at(eqn, path)} sets a value "
                 f"batched by vmap; reads under vmap broadcast, but a state cannot be set to "
                 f"a batched value (set it outside the vmap, or vmap the pure function over "
                 f"a batch of states)")
