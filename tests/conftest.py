@@ -105,17 +105,29 @@ _check_each_jaxpr_once()
 # full float32 matmuls on every backend (GPUs default to TF32).
 jax.config.update("jax_default_matmul_precision", "highest")
 
-# The everyday subset, `python -m pytest -q -m "not slow"` (under two minutes
-# of CPU on 2 cores), leaves out the tests marked `slow`: these modules (the
+# The everyday suite, the README's `python -m pytest -q` (`addopts` in
+# pyproject.toml: `-m 'not slow'`), leaves out the tests marked `slow`: these modules (the
 # differential fuzzer, the benchmark smoke run and the examples compile whole
 # programs many times: more than half of the full run), the cross product
 # of inject's predicates and programs (test_engine.py; each program alone
 # stays, in test_matches_eager), the rendering of the built site in Chromium
-# (test_site.py) and every `long` test. Marked here, in one place,
-# rather than in each module.
+# (test_site.py), the generated code run standalone, the multi-process
+# runs, the markers' own collections, the longest library and x64 tests and
+# every `long` test. Marked here, in one place, rather than in each module.
 SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
-                          "test_site.py"})
+                          "test_site.py", "test_ir_codegen_standalone.py",
+                          "test_multiprocess.py", "test_markers.py"})
 SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
+                        ("test_diffrax.py", "test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows"),
+                        ("test_diffrax.py",
+                         "test_tx_value_and_grad_through_a_state_passed_as_the_solves_args"),
+                        ("test_diffrax.py", "test_vmap_inside_pure_vector_field_reads_state"),
+                        ("test_diffrax.py",
+                         "test_grad_inside_of_vmap_inside_pure_vector_field_reads_state"),
+                        ("test_capture_diffrax.py",
+                         "test_the_gradient_of_the_solution_with_step_sizes_captured"),
+                        ("test_capture_flax.py", "test_capture_under_grad_and_vmap"),
+                        ("test_x64.py", "test_ir_passes_and_codegen_on_programs_traced_with_x64"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",
                          "test_generated_code_reproduces_a_20_000_equation_fuzz_program")})
