@@ -337,10 +337,10 @@ class SplitArguments(NamedTuple):
         return _libraries.filter_combine(dyn, self.static)
 
 
-class _Identity:
-    """An unhashable static argument in a cache key: equal only to the same
-    object, which the key holds (so its id is never reused for another
-    object while the entry lives)."""
+class IdentityKey:
+    """An object in a cache key, equal only to the same object (an
+    unhashable static argument, a function's globals): the key holds it, so
+    its id is never reused for another object while the entry lives."""
 
     __slots__ = ("obj",)
 
@@ -351,7 +351,7 @@ class _Identity:
         return id(self.obj)
 
     def __eq__(self, other: Any) -> bool:
-        return type(other) is _Identity and other.obj is self.obj
+        return type(other) is IdentityKey and other.obj is self.obj
 
 
 def hashable_static(x: Any) -> Any:
@@ -360,7 +360,7 @@ def hashable_static(x: Any) -> Any:
         hash(x)
         return x
     except TypeError:
-        return _Identity(x)
+        return IdentityKey(x)
 
 
 class SignatureCache:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import jax
 from .._jax.internals import core
 
+from .._inject import IdentityKey
 from ..primitives._tag import keep_tags, keeping_tags
 
 
@@ -31,44 +32,29 @@ def _init_key(init: Callable) -> tuple | None:
     (a lambda written in a loop is a new object every iteration). None if
     that cannot be told (an empty closure cell)."""
     if not isinstance(init, types.FunctionType):
-        return ("object", _Ident(init))
+        return ("object", IdentityKey(init))
     try:
         cells = tuple(c.cell_contents for c in init.__closure__ or ())
     except ValueError:
         return None
-    held = [_Ident(x) if not isinstance(x, core.Tracer) else _WeakIdent(x) for x in cells]
+    held = [IdentityKey(x) if not isinstance(x, core.Tracer) else _WeakIdent(x) for x in cells]
     # A closure holding tracers inside another object (a dict of traced
     # params): not cached, rather than held.
-    if any(type(h) is _Ident and _holds_tracers(h.obj) for h in held):
+    if any(type(h) is IdentityKey and _holds_tracers(h.obj) for h in held):
         return None
     # The objects themselves (not their ids) are held in the key, so an id
     # cannot be reused while the trace lives (a tracer weakly: dead, it
     # equals nothing); compared by identity.
-    return ("function", init.__code__, _Ident(init.__globals__), _Ident(init.__defaults__),
-            _Ident(init.__kwdefaults__), tuple(held))
+    return ("function", init.__code__, IdentityKey(init.__globals__),
+            IdentityKey(init.__defaults__), IdentityKey(init.__kwdefaults__), tuple(held))
 
 
 def _holds_tracers(x: Any) -> bool:
     return any(isinstance(leaf, core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
 
-class _Ident:
-    """Wraps an object so that it hashes and compares by identity."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any):
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: Any) -> bool:
-        return type(other) is _Ident and other.obj is self.obj
-
-
 class _WeakIdent:
-    """``_Ident`` of a tracer, held weakly."""
+    """``IdentityKey`` of a tracer, held weakly."""
 
     __slots__ = ("ref", "hash")
 

@@ -165,10 +165,9 @@ def error_text(fn: Callable, *args) -> str:
     return ""
 
 
-# ---- 1. a training step under jit, the batch sharded over the mesh --------------
-
-def jit_train_step(x, y, perturb=0.0):
-    params = tx.get_state("params", init_params)
+def update_statistics(x) -> tuple:
+    """The running mean / variance states (in scope ``bn``) updated with the
+    batch's, the step count advanced: the batch's ``(mean, var)``."""
     with tx.scope("bn"):
         mean = tx.get_state("mean", lambda: jnp.zeros(D))
         var = tx.get_state("var", lambda: jnp.ones(D))
@@ -176,6 +175,14 @@ def jit_train_step(x, y, perturb=0.0):
         tx.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * bm)
         tx.set_state("var", MOMENTUM * var + (1 - MOMENTUM) * bv)
     tx.set_state("step", tx.get_state("step", lambda: jnp.zeros((), jnp.int32)) + 1)
+    return bm, bv
+
+
+# ---- 1. a training step under jit, the batch sharded over the mesh --------------
+
+def jit_train_step(x, y, perturb=0.0):
+    params = tx.get_state("params", init_params)
+    bm, bv = update_statistics(x)
     key = tx.next_key("dropout")
 
     def loss_fn(p):
@@ -426,13 +433,7 @@ def plain_shard_keys() -> dict:
 def stateful_loss(params, x, y):
     """A loss that updates states as it runs: running statistics, a step
     counter, a dropout key."""
-    with tx.scope("bn"):
-        mean = tx.get_state("mean", lambda: jnp.zeros(D))
-        var = tx.get_state("var", lambda: jnp.ones(D))
-        bm, bv = x.mean(0), x.var(0)
-        tx.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * bm)
-        tx.set_state("var", MOMENTUM * var + (1 - MOMENTUM) * bv)
-    tx.set_state("step", tx.get_state("step", lambda: jnp.zeros((), jnp.int32)) + 1)
+    bm, bv = update_statistics(x)
     pred = forward(params, x, bm, bv, tx.next_key("dropout"))
     return jnp.mean((pred - y) ** 2)
 
