@@ -11,10 +11,13 @@ and a dict: each call of the function does its effect once, and the
 derivative is the rule's (``2 cos(x)`` for ``2 sin(x)``) chained by hand.
 A state a rule writes is a constant with respect to the function's inputs
 (a rule runs on primal values: docs/state.md), so the accumulated state's
-derivative is 0 under a ``custom_jvp``; under a ``custom_vjp`` a float state
-that one call sets and the next reads counts as differentiated (JAX gives
-every float output of a custom_vjp call a tangent), taxpr's documented
-error (docs/limitations.md), which the case asserts.
+derivative is 0 under a ``custom_jvp``; under a ``custom_vjp``, whose fwd
+runs in the function's place, asking for it is taxpr's documented error
+(docs/limitations.md), which the case asserts. A float state one
+``custom_vjp`` call sets and the next reads has a tangent in JAX's eyes
+(every float output of a custom_vjp call does): taxpr's documented error
+(docs/limitations.md), which the case asserts, also where no derivative is
+asked of the state (an integer count has none, and differentiates).
 
 The everyday share runs a fixed sample of the cases; ``TAXPR_RULE_EFFECTS=all``
 runs every case."""
@@ -36,7 +39,7 @@ import taxpr as tx
 from taxpr import harvest as h
 
 KINDS = ("custom_jvp", "custom_vjp")
-EFFECTS = ("counter", "accumulated", "key", "sow", "plant")
+EFFECTS = ("counter", "float_counter", "accumulated", "key", "sow", "plant")
 CONTAINERS = ("chain", "scan")
 DERIVATIVES = ("grad", "vjp", "jvp")
 X0, PLANTED, NOISE = 0.7, 0.3, 0.1
@@ -70,6 +73,8 @@ def _body(effect: str, x):
     """``2 sin(x)`` (``2 p`` planted, plus noise for ``key``) with the effect."""
     if effect == "counter":  # an integer count: no derivative
         tx.set_state("n", tx.get_state("n", jnp.zeros((), jnp.int32)) + 1)
+    elif effect == "float_counter":  # a float count: JAX differentiates it after a custom_vjp
+        tx.set_state("n", tx.get_state("n", jnp.zeros(())) + 1.0)
     elif effect == "accumulated":
         tx.set_state("acc", tx.get_state("acc", jnp.zeros(())) + jnp.sin(x))
     elif effect in ("sow", "plant"):
@@ -125,7 +130,7 @@ def _reference(case: Case, x: float) -> dict:
             key, sub = jax.random.split(key)
             noise = float(jax.random.normal(sub))
         y = 2.0 * np.sin(c)
-        if case.effect == "counter":
+        if case.effect in ("counter", "float_counter"):
             state["n"] += 1
         elif case.effect == "accumulated":
             state["acc"] += np.sin(c)
@@ -166,24 +171,22 @@ def test_an_effect_in_a_custom_rules_function_differentiated_from_outside(case: 
     want = _reference(case, X0)
     program = _program(case)
     x = jnp.float32(X0)
-    if case.effect in ("counter", "accumulated", "key"):
+    if case.effect in ("counter", "float_counter", "accumulated", "key"):
         pure, state0 = tx.uncurry(program, x)
 
         def f(x):
             out, state = pure(state0, x)
             return out, state
-        if case.effect == "accumulated" and case.kind == "custom_vjp":
-            # The second call reads the float state the first one set, which
-            # JAX marks differentiated: the documented error, never a zero.
-            with pytest.raises(NotImplementedError,
-                               match=r"state 'acc', which the custom_vjp function at \S+ reads"):
+        if case.kind == "custom_vjp" and case.effect in ("accumulated", "float_counter"):
+            name = "acc" if case.effect == "accumulated" else "n"
+            with pytest.raises((tx.StateError, NotImplementedError), match=f"state '{name}'"):
                 _differentiate(case, f)(x)
             return
         (value, state), d = _differentiate(case, f)(x)
         _assert_close(value, want["out"], f"{case.id}: the value")
         _assert_close(d, want["d_out"], f"{case.id}: the derivative")
-        if case.effect == "counter":
-            assert int(state["n"]) == want["state"]["n"], (case.id, state["n"])
+        if case.effect in ("counter", "float_counter"):
+            assert float(state["n"]) == want["state"]["n"], (case.id, state["n"])
         elif case.effect == "accumulated":
             _assert_close(state["acc"], want["state"]["acc"], f"{case.id}: the state")
 
