@@ -19,7 +19,10 @@ is on in every process, so random bits do not depend on the sharding.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -237,3 +240,18 @@ def test_a_launch_whose_port_was_taken_is_made_again_on_a_new_port(tmp_path, mon
     launch.wait(60)
     assert launch.procs != first and all(proc.returncode == 0 for proc in launch.procs)
     assert first[0].returncode == 1 and first[1].poll() is not None
+
+
+# ---- the example -------------------------------------------------------------
+
+def test_the_data_parallel_example_prints_the_same_state_on_one_and_two_processes():
+    # `python examples/data_parallel.py` and `... --processes 2` (which
+    # starts the two processes itself): the same "final ..." lines.
+    script = Path(__file__).resolve().parents[2] / "examples" / "data_parallel.py"
+    finals = []
+    for args in ([], ["--processes", "2"]):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                              text=True, timeout=300, env=mp_harness.child_env(4))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        finals.append([line for line in done.stdout.splitlines() if line.startswith("final ")])
+    assert finals[0] and finals[0] == finals[1], finals
