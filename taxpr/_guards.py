@@ -114,25 +114,29 @@ def cond_batching_rule(original, axis_data, args, dims, *, branches, **params):
     ops = [x if d is None else batch_at_front(x, d, axis_data)
            for x, d in zip(args[1:], dims[1:])]
     op_axes = [None if d is None else 0 for d in dims[1:]]
-    index_aval = core.ShapedArray((), index.dtype)
-    op_avals = _jaxpr.in_avals(branches[0])
     n_out = len(_jaxpr.jaxpr_parts(branches[0]).outvars)
     outs = []
     for i, branch in enumerate(branches):
-        guarded = _jaxpr.jaxpr_as_fun(guard_jaxpr(branch, f"cond[branch={i}]"))
-
-        def fn(index, *ops, guarded=guarded, i=i):
-            return guarded(jnp.equal(index, i), *ops)
-
-        per_example = _jaxpr.trace_flat(fn, [index_aval, *op_avals], "guarded_branch")
-        batched = batch_closed_jaxpr(per_example, axis_data, [0, *op_axes], [0] * n_out)
         # As JAX's rule: an example's inputs to an untaken branch do not
         # get derivatives (no NaN gradients from the untaken branch).
         taken = jnp.equal(index, i)
-        safe = [x if a is None else jax.lax.select_n(_bcast(taken, x), jax.lax.stop_gradient(x), x)
-                for x, a in zip(ops, op_axes)]
-        outs.append(_jaxpr.jaxpr_as_fun(batched)(index, *safe))
+        safe = [x if a is None else _untaken_stopped(taken, x) for x, a in zip(ops, op_axes)]
+        if not has_tags(branch):  # nothing to guard: the branch as JAX batches it
+            batched = batch_closed_jaxpr(branch, axis_data, op_axes, [0] * n_out)
+            outs.append(_jaxpr.jaxpr_as_fun(batched)(*safe))
+            continue
+        # The branch's tags guarded by whether each example takes it.
+        guarded = guard_jaxpr(branch, f"cond[branch={i}]")
+        batched = batch_closed_jaxpr(guarded, axis_data, [0, *op_axes], [0] * n_out)
+        outs.append(_jaxpr.jaxpr_as_fun(batched)(taken, *safe))
     return [jax.lax.select_n(_bcast(index, o[0]), *o) for o in zip(*outs)], [0] * n_out
+
+
+def _untaken_stopped(taken, x):
+    """``x`` where an example takes the branch, ``stop_gradient(x)`` where
+    not (in the order JAX's rule binds them)."""
+    stopped = jax.lax.stop_gradient(x)
+    return jax.lax.select_n(_bcast(taken, x), stopped, x)
 
 
 def _bcast(pred, x):
