@@ -16,6 +16,17 @@ tracing the program in the first place.
 Convention: a threaded jaxpr takes the ctx leaves as inputs at ``in_pos``
 and returns them as outputs at ``out_pos``; the rules pick the positions the
 primitive needs (e.g. scan: after the consts / before the carry).
+
+Modules, each importing only those above it:
+
+* ``_api``: what clients and rules see: errors and paths, ``Level``,
+  channels, ``RulePolicy`` / ``Hooks``, the registry of thread rules;
+* ``_interpreter``: ``Engine``;
+* ``_control_flow``: the rules of calls, ``scan``, ``while``, ``cond``,
+  ``checkpoint``, ``shard_map``;
+* ``_custom_common``: what the custom-derivative rules share;
+* ``_custom_vjp``, ``_custom_jvp``: the rules of ``custom_vjp`` and
+  ``custom_jvp`` calls.
 """
 
 from __future__ import annotations
