@@ -328,6 +328,23 @@ def eager_constant_folding() -> bool:
 _TAXPR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def traceback_codes(traceback: Any) -> tuple:
+    """The code objects of the frames of a traced equation's traceback
+    (innermost first): which Python functions were running when it was
+    bound."""
+    return tuple(traceback.raw_frames()[0]) if traceback is not None else ()
+
+
+def user_frame_key(traceback: Any) -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost frame of a traceback that is
+    neither JAX's nor taxpr's, or None: where a user's code bound it."""
+    from jax._src import source_info_util
+    for frame in source_info_util.user_frames(traceback):
+        if not frame.file_name.startswith(_TAXPR_DIR):
+            return frame.file_name, frame.start_line
+    return None
+
+
 def user_line(traceback: Any) -> str | None:
     """``"model.py:12, in Block.__call__"``: the innermost frame of a traced
     equation's traceback that is neither JAX's nor taxpr's, or None."""

@@ -30,9 +30,10 @@ done inside the transformed function were already done by JAX's rules.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -186,6 +187,8 @@ def expand_for(program: Any, selects: Predicate | None) -> Any:
     tag, so each such implementation is traced to look). The same object
     when nothing is expanded.
     """
+    kept: list[KeptCode] = []
+
     def rewrite(eqn, path, env):
         prim = eqn.primitive
         if prim in _engine.THREAD_RULES or prim in TAG_PRIMITIVES:
@@ -197,6 +200,9 @@ def expand_for(program: Any, selects: Predicate | None) -> Any:
                 env.get(v, v) if type(v) is core.Var else v for v in eqn.invars]), selects)]
         if not _may_hold_code(eqn):
             return None
+        code = _kept_code(eqn, path, selects)
+        if code is not None:
+            kept.append(code)
         if any(_holds_selected(sj, selects) for _, sj in _traverse.subjaxprs(eqn)):
             return _implementation_call(eqn, path, env, selects, "taxpr has no thread rule for it")
         if keeps_a_function(eqn):
@@ -206,6 +212,120 @@ def expand_for(program: Any, selects: Predicate | None) -> Any:
             except Exception:  # noqa: BLE001 - a look for tags: what it raises may not escape
                 return None
         return None
+
+    expanded = _traverse.map_jaxpr(program, rewrite)
+    return _guard_copies(expanded, kept, selects) if kept else expanded
+
+
+# ---- code kept for derivative rules ---------------------------------------------
+#
+# An equation may keep, in its params, code that its derivative rule runs
+# again when JAX differentiates it: lineax's ``linear_solve`` keeps a
+# ``FunctionLinearOperator``'s matvec (the Python function, or its
+# closure-converted jaxpr) and differentiates the solve through it, while the
+# traced program runs a copy of the same code elsewhere (LU materializes the
+# matrix from the matvec, and stops its gradient: the rule is meant to give
+# the derivative). taxpr rewrites the copy in the program, never the kept
+# code, so a derivative that comes through a changed value there would be
+# that of the unchanged code (for LU: 0). Such a value passes through
+# ``expanded_inputs_p`` with an error for any derivative.
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptCode:
+    """The code an equation keeps for its rules: ``codes``, the functions'
+    code objects (a tag a frame of which runs is a copy); ``lines``, where
+    the selected tags of the jaxprs it keeps were bound (``(file, line)``)."""
+
+    primitive: str
+    path: tuple[str, ...]
+    codes: frozenset
+    lines: frozenset
+
+    def copies(self, eqn: core.JaxprEqn) -> bool:
+        """Whether ``eqn`` (a tag) runs code this equation keeps."""
+        tb = eqn.source_info.traceback
+        if self.codes and any(c in self.codes for c in _compat.traceback_codes(tb)):
+            return True
+        return bool(self.lines) and _compat.user_frame_key(tb) in self.lines
+
+
+def _kept_code(eqn: core.JaxprEqn, path: tuple[str, ...],
+               selects: Predicate | None) -> KeptCode | None:
+    codes = frozenset(f.__code__ for f in _foreign_functions(eqn.params.values(), set()))
+    lines = frozenset(
+        key for _, sj in _traverse.subjaxprs(eqn) for e, _ in _traverse.iter_eqns(sj)
+        if is_selected(e, selects)
+        and (key := _compat.user_frame_key(e.source_info.traceback)) is not None)
+    if not codes and not lines:
+        return None
+    return KeptCode(eqn.primitive.name, path, codes, lines)
+
+
+def _foreign_functions(values, seen: set):
+    """The functions defined outside JAX and taxpr in ``values`` (through
+    tuples, lists, dicts, partials and closures)."""
+    for v in values:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, (tuple, list)):
+            yield from _foreign_functions(v, seen)
+        elif isinstance(v, dict):
+            yield from _foreign_functions(v.values(), seen)
+        elif isinstance(v, functools.partial):
+            yield from _foreign_functions((v.func, *v.args, *v.keywords.values()), seen)
+        elif isinstance(v, types.MethodType):
+            yield from _foreign_functions((v.__func__,), seen)
+        elif isinstance(v, types.FunctionType) and _is_foreign(v):
+            yield v
+            cells = []
+            for cell in v.__closure__ or ():
+                try:
+                    cells.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+            yield from _foreign_functions(cells, seen)
+
+
+def _is_foreign(fn: Callable) -> bool:
+    return not (getattr(fn, "__module__", None) or "").startswith(("jax.", "jax", "taxpr"))
+
+
+def _describe(params: dict) -> str:
+    # A layer's own sows name what they stand for (capture: the site).
+    describe_sow = getattr(params.get("tag"), "describe_sow", None)
+    if describe_sow is not None and "name" in params:
+        return describe_sow(params["name"])
+    return describe_tag(params)
+
+
+def _guard_copies(program: Any, kept: list[KeptCode], selects: Predicate | None) -> Any:
+    """``program`` with each selected tag that copies kept code followed by
+    ``expanded_inputs_p``, whose derivative is an error naming the tag."""
+    def rewrite(eqn, path, env):
+        if eqn.primitive not in TAG_PRIMITIVES or not is_selected(eqn, selects):
+            return None
+        keeper = next((k for k in kept if k.copies(eqn)), None)
+        if keeper is None:
+            return None
+        eqn = eqn.replace(invars=[env.get(v, v) if type(v) is core.Var else v
+                                  for v in eqn.invars])
+        fresh = [_jaxpr.new_var(v.aval) for v in eqn.outvars]
+        where = _compat.user_line(eqn.source_info.traceback)
+        error = (
+            f"taxpr: differentiating {_describe(user_params(eqn.params))} at "
+            f"{format_path(path)}{f' ({where})' if where else ''} from outside the transformed "
+            f"function is not supported: '{keeper.primitive}' at {format_path(keeper.path)} "
+            f"keeps the code that binds it and differentiates the code itself, outside "
+            f"taxpr's rewrite (lineax's linear_solve differentiates its operator's matvec), "
+            f"so the derivative would be that of the unchanged code. Compute the value "
+            f"outside that code and pass it in (close the matvec over it), or take the "
+            f"derivative inside the transformed function")
+        guard = core.new_jaxpr_eqn(
+            fresh, list(eqn.outvars), expanded_inputs_p,
+            dict(derivative_error=error, batching_error=None), core.no_effects, eqn.source_info)
+        return [eqn.replace(outvars=fresh), guard]
 
     return _traverse.map_jaxpr(program, rewrite)
 

@@ -44,6 +44,10 @@ class _CaptureTag:
     def __repr__(self) -> str:
         return "taxpr.capture"
 
+    def describe_sow(self, name: str) -> str:
+        """How an error names the site of a sow of this tag."""
+        return f"the site {name.partition('|')[0]!r}"
+
 
 CAPTURE_TAG = _CaptureTag()
 
@@ -207,6 +211,14 @@ def _fragment(build: Callable[..., Any], in_atoms: Sequence[Any]) -> tuple[list,
     return eqns, env.get(out, out) if type(out) is core.Var else out
 
 
+def _bound_at(eqns: list, site_eqn: core.JaxprEqn) -> list:
+    """``eqns`` (a fragment inserted after ``site_eqn``) with the site's
+    traceback: what code bound them is the site's (a site in code that
+    another equation keeps for its rules is known by it, ``_expand``)."""
+    tb = site_eqn.source_info.traceback
+    return [e.replace(source_info=e.source_info.replace(traceback=tb)) for e in eqns]
+
+
 def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
     """``closed`` with ``plan[ordinal]``'s fragments after the equation at
     that place of ``_traverse.walk``'s order (``Site.ordinal``)."""
@@ -247,7 +259,7 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
                 carried[-1].append((item, env.get(v, v)))
                 continue
             frag, new = _fragment(item.build, [v])
-            out.extend(frag)
+            out.extend(_bound_at(frag, eqn))
             env[v] = new
         return out
 

@@ -158,43 +158,73 @@ def _solve_with_named_matvec(solver):
     return f
 
 
-# Known wrong result, not yet an error (docs/limitations.md): lineax's
-# linear_solve differentiates the operator through its own JVP rule, w.r.t.
-# the operator's leaves only, and a value a patch closes over or a planted
-# value is not one of them: its derivative comes out 0.
-_LINEAR_SOLVE_RULE = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="lineax's linear_solve rule differentiates the operator's leaves only: the "
-           "derivative w.r.t. a value patched or planted into its matvec is 0")
+# lineax's linear_solve differentiates the solve through its operator's
+# matvec, which it keeps (the Python function) and runs in its own rule,
+# while LU materializes the matrix from a copy of the matvec in the traced
+# program and stops its gradient. taxpr rewrites the copy only: a derivative
+# that would come through a value the rewrite changed there is a clear error.
+_KEPT_CODE = r"from outside the transformed function is not supported: 'linear_solve' .* keeps the code"
 
 
-@pytest.mark.parametrize("solver", [pytest.param("lu", marks=_LINEAR_SOLVE_RULE)])
-def test_a_patched_matvec_is_what_the_solve_and_its_derivative_use(solver):
-    # The matvec's product scaled by s by a patch: the solve is of s A, and
-    # so are its derivatives w.r.t. b and w.r.t. s (which the patch closes
-    # over): d sum(x) / db = (s A)^-T 1, d sum(x) / ds = -sum(x) / s.
-    f = _solve_with_named_matvec(solver)
+def test_a_patched_matvec_is_what_the_solve_and_its_derivative_wrt_b_use():
+    # The matvec's product scaled by 2 by a patch: the solve is of 2 A, and
+    # so is its derivative w.r.t. b: d sum(x) / db = (2 A)^-T 1.
+    f = _solve_with_named_matvec("lu")
+    site = [s.name for s in tx.sites(f, B) if s.primitive == "dot_general"][0]
+    patched = lambda b: tx.patch(f, {site: lambda v: v * SCALE})(b).sum()  # noqa: E731
+    value, d_b = jax.value_and_grad(patched)(B)
+    close(value, _scaled_solution(SCALE).sum(), rtol=1e-4)
+    close(d_b, np.linalg.solve((SCALE * np.asarray(A, np.float64)).T, np.ones(2)), rtol=1e-4)
+
+
+def test_grad_wrt_a_value_a_matvec_patch_closes_over_is_an_error():
+    f = _solve_with_named_matvec("lu")
     site = [s.name for s in tx.sites(f, B) if s.primitive == "dot_general"][0]
 
-    def patched(b, s):
-        return tx.patch(f, {site: lambda v: v * s})(b).sum()
+    def patched(s):
+        return tx.patch(f, {site: lambda v: v * s})(B).sum()
 
-    s = jnp.float32(SCALE)
-    value, (d_b, d_s) = jax.value_and_grad(patched, argnums=(0, 1))(B, s)
-    want = _scaled_solution(SCALE)
-    close(value, want.sum(), rtol=1e-4)
-    close(d_b, np.linalg.solve((SCALE * np.asarray(A, np.float64)).T, np.ones(2)), rtol=1e-4)
-    close(d_s, -want.sum() / SCALE, rtol=1e-3)
+    close(patched(jnp.float32(SCALE)), _scaled_solution(SCALE).sum(), rtol=1e-4)
+    with pytest.raises(NotImplementedError, match=r"taxpr: differentiating the site 'matvec/dot_general' .*in "
+                                                  r"_solve_with_named_matvec.<locals>.f.<locals>.mv\).*"
+                                                  + _KEPT_CODE):
+        jax.grad(patched)(jnp.float32(SCALE))
 
 
-@pytest.mark.parametrize("solver", [pytest.param("lu", marks=_LINEAR_SOLVE_RULE)])
-def test_grad_wrt_a_value_planted_in_the_matvec(solver):
+def test_grad_wrt_a_value_planted_in_the_matvec_is_an_error():
     def f(b):
         mv = lambda x: h.sow(jnp.float32(1.0), tag="lx", name="s", mode="clobber") * (A @ x)  # noqa: E731
-        return lx.linear_solve(_op(mv, solver), b, _solvers()[solver]).value
+        return lx.linear_solve(_op(mv, "lu"), b, _solvers()["lu"]).value
 
     planted = lambda s: h.plant(f, tag="lx")({"s": s}, B).sum()  # noqa: E731
-    value, d_s = jax.value_and_grad(planted)(jnp.float32(SCALE))
+    close(planted(jnp.float32(SCALE)), _scaled_solution(SCALE).sum(), rtol=1e-4)
+    with pytest.raises(NotImplementedError, match=r"taxpr: differentiating tag\(op=sow, tag='lx', "
+                                                  r"name='s'.*" + _KEPT_CODE):
+        jax.grad(planted)(jnp.float32(SCALE))
+
+
+def test_grad_wrt_a_state_read_in_the_matvec_is_an_error():
+    def f(b):
+        mv = lambda x: tx.get_state("lx_scale", jnp.float32(1.0)) * (A @ x)  # noqa: E731
+        return lx.linear_solve(_op(mv, "lu"), b, _solvers()["lu"]).value
+
+    pure, _ = tx.uncurry(f, B)
+    loss = lambda s: pure({"lx_scale": s}, B)[0].sum()  # noqa: E731
+    close(loss(jnp.float32(SCALE)), _scaled_solution(SCALE).sum(), rtol=1e-4)
+    with pytest.raises(NotImplementedError, match=r"name='lx_scale'.*" + _KEPT_CODE):
+        jax.grad(loss)(jnp.float32(SCALE))
+
+
+def test_grad_wrt_a_state_the_matvec_closes_over():
+    # Read outside the matvec, the state is a leaf of the operator, which
+    # lineax's rule differentiates: d sum(x) / ds = -sum(x) / s.
+    def f(b):
+        scale = tx.get_state("lx_scale", jnp.float32(1.0))
+        return lx.linear_solve(_op(lambda x: scale * (A @ x), "lu"), b, _solvers()["lu"]).value
+
+    pure, _ = tx.uncurry(f, B)
+    value, d_s = jax.value_and_grad(lambda s: pure({"lx_scale": s}, B)[0].sum())(
+        jnp.float32(SCALE))
     want = _scaled_solution(SCALE)
     close(value, want.sum(), rtol=1e-4)
     close(d_s, -want.sum() / SCALE, rtol=1e-3)
