@@ -292,8 +292,9 @@ def _is_foreign(fn: Callable) -> bool:
     return not (getattr(fn, "__module__", None) or "").startswith(("jax.", "jax", "taxpr"))
 
 
-def _describe(params: dict) -> str:
-    # A layer's own sows name what they stand for (capture: the site).
+def describe_named_tag(params: dict) -> str:
+    """How an error names a tag: ``describe_tag``, or for a layer's own
+    sows what they stand for (capture's: the site)."""
     describe_sow = getattr(params.get("tag"), "describe_sow", None)
     if describe_sow is not None and "name" in params:
         return describe_sow(params["name"])
@@ -314,7 +315,7 @@ def _guard_copies(program: Any, kept: list[KeptCode], selects: Predicate | None)
         fresh = [_jaxpr.new_var(v.aval) for v in eqn.outvars]
         where = _compat.user_line(eqn.source_info.traceback)
         error = (
-            f"taxpr: differentiating {_describe(user_params(eqn.params))} at "
+            f"taxpr: differentiating {describe_named_tag(user_params(eqn.params))} at "
             f"{format_path(path)}{f' ({where})' if where else ''} from outside the transformed "
             f"function is not supported: '{keeper.primitive}' at {format_path(keeper.path)} "
             f"keeps the code that binds it and differentiates the code itself, outside "

@@ -1,23 +1,31 @@
-"""Every effect inside a custom derivative rule's function, differentiated
-from outside: a state counter, a state set from the differentiated value, a
-key drawn, a value sown and reaped, a value planted, inside a
-``custom_jvp`` (its rule calls the function) or a ``custom_vjp`` (its fwd
-calls the function), called twice in a chain or three times in a
-``lax.scan``, differentiated by ``grad``, ``vjp`` or ``jvp`` (``jvp``: the
-custom_jvp only, as JAX), with and without ``jit``.
+"""Every effect inside a custom derivative rule's function, differentiated:
+a state counter, a state set from the differentiated value, a key drawn, a
+value sown and reaped, a value planted, a site patched by a function or by
+a value, a site captured; inside a ``custom_jvp`` (its rule calls the
+function) or a ``custom_vjp`` (its fwd calls the function), called twice in
+a chain, three times in a ``lax.scan``, or three times in a ``lax.scan``
+whose body is a ``jax.checkpoint`` (recomputed when differentiated);
+differentiated by ``grad``, ``vjp`` or ``jvp`` (``jvp``: the custom_jvp
+only, as JAX), from outside the transformed function or inside it, with
+and without ``jit``, for one input or a ``vmap`` batch of two.
 
 The reference is the program run eagerly in Python with NumPy (float64)
 and a dict: each call of the function does its effect once, and the
-derivative is the rule's (``2 cos(x)`` for ``2 sin(x)``) chained by hand.
-A state a rule writes is a constant with respect to the function's inputs
-(a rule runs on primal values: docs/state.md), so the accumulated state's
-derivative is 0 under a ``custom_jvp``; under a ``custom_vjp``, whose fwd
-runs in the function's place, asking for it is taxpr's documented error
+derivative is the rule's (``2 cos(x)`` for ``2 sin(x)``) chained by hand:
+the rule is what JAX differentiates, whatever the function's value (a
+patch or a plant changes the value, not the rule). A state a rule writes
+is a constant with respect to the function's inputs (a rule runs on primal
+values: docs/state.md), so the accumulated state's derivative is 0 under a
+``custom_jvp``; under a ``custom_vjp``, whose fwd runs in the function's
+place, asking for it from outside is taxpr's documented error
 (docs/limitations.md), which the case asserts. A float state one
 ``custom_vjp`` call sets and the next reads has a tangent in JAX's eyes
-(every float output of a custom_vjp call does): taxpr's documented error
-(docs/limitations.md), which the case asserts, also where no derivative is
-asked of the state (an integer count has none, and differentiates).
+(every float output of a custom_vjp call does): from outside, taxpr's
+documented error (docs/limitations.md), which the case asserts, also where
+no derivative is asked of the state. A site patched by value inside a
+scan gets one row per iteration, which the rule's own call of the function
+cannot be given: from outside, taxpr's documented error, which the case
+asserts.
 
 The everyday share runs a fixed sample of the cases; ``TAXPR_RULE_EFFECTS=all``
 runs every case."""
@@ -39,11 +47,15 @@ import taxpr as tx
 from taxpr import harvest as h
 
 KINDS = ("custom_jvp", "custom_vjp")
-EFFECTS = ("counter", "float_counter", "accumulated", "key", "sow", "plant")
-CONTAINERS = ("chain", "scan")
+EFFECTS = ("counter", "float_counter", "accumulated", "key", "sow", "plant",
+           "patch_fn", "patch_value", "capture")
+STATE_EFFECTS = ("counter", "float_counter", "accumulated", "key")
+CONTAINERS = ("chain", "scan", "remat_scan")
 DERIVATIVES = ("grad", "vjp", "jvp")
-X0, PLANTED, NOISE = 0.7, 0.3, 0.1
-CALLS = {"chain": 2, "scan": 3}
+WHERE = ("outside", "inside")
+X0, PLANTED, NOISE, SHIFT = 0.7, 0.3, 0.1, 0.25
+XS = (0.7, -0.4)  # a vmap batch
+CALLS = {"chain": 2, "scan": 3, "remat_scan": 3}
 
 
 class Case(NamedTuple):
@@ -51,20 +63,23 @@ class Case(NamedTuple):
     effect: str
     container: str
     derivative: str
+    where: str
     jit: bool
+    batch: bool
 
     @property
     def id(self) -> str:
-        return "-".join([*self[:4], "jit" if self.jit else "eager"])
+        return "-".join([*self[:5], "jit" if self.jit else "eager",
+                         "vmap" if self.batch else "one"])
 
 
 def _cases() -> list[Case]:
     cases = [Case(*c) for c in itertools.product(KINDS, EFFECTS, CONTAINERS, DERIVATIVES,
-                                                  (False, True))
+                                                  WHERE, (False, True), (False, True))
              if not (c[0] == "custom_vjp" and c[3] == "jvp")]
     if os.environ.get("TAXPR_RULE_EFFECTS") == "all":
         return cases
-    return random.Random(0).sample(cases, 24)
+    return random.Random(0).sample(cases, 32)
 
 
 # ---- the program, with taxpr ---------------------------------------------------
@@ -79,6 +94,8 @@ def _body(effect: str, x):
         tx.set_state("acc", tx.get_state("acc", jnp.zeros(())) + jnp.sin(x))
     elif effect in ("sow", "plant"):
         return 2.0 * h.sow(jnp.sin(x), tag="fz", name="s", mode="clobber")
+    elif effect in ("patch_fn", "patch_value", "capture"):  # the site: sin
+        return 2.0 * jnp.sin(x)
     elif effect == "key":
         return 2.0 * jnp.sin(x) + NOISE * jax.random.normal(tx.next_key())
     return 2.0 * jnp.sin(x)
@@ -113,8 +130,10 @@ def _program(case: Case):
     act = _activation(case.kind, case.effect)
     if case.container == "chain":
         return lambda x: act(act(x))
-    return lambda x: lax.scan(lambda c, _: (act(c), None), x, None,
-                              length=CALLS["scan"])[0]
+    body = lambda c, _: (act(c), None)  # noqa: E731
+    if case.container == "remat_scan":
+        body = jax.checkpoint(body)
+    return lambda x: lax.scan(body, x, None, length=CALLS[case.container])[0]
 
 
 # ---- the reference: eager, NumPy float64, a dict --------------------------------
@@ -124,7 +143,7 @@ def _reference(case: Case, x: float) -> dict:
     reaped value, as eager Python computes them."""
     state = {"n": 0, "acc": 0.0}
     key = jax.random.key(0)  # the stream's initial key (tx.next_key's default)
-    c, dc, reaped = np.float64(x), 1.0, None
+    c, dc, reaped, captured = np.float64(x), 1.0, None, []
     for _ in range(CALLS[case.container]):
         if case.effect == "key":
             key, sub = jax.random.split(key)
@@ -140,25 +159,75 @@ def _reference(case: Case, x: float) -> dict:
             y = 2.0 * PLANTED
         elif case.effect == "key":
             y = y + NOISE * noise
+        elif case.effect == "patch_fn":
+            y = 2.0 * (np.sin(c) + SHIFT)
+        elif case.effect == "patch_value":
+            y = 2.0 * PLANTED
+        elif case.effect == "capture":
+            captured.append(np.sin(c))
         c, dc = y, 2.0 * np.cos(c) * dc  # the rule's derivative, whatever the value
-    return {"out": c, "d_out": dc, "state": state, "reaped": reaped, "key": key}
+    return {"out": c, "d_out": dc, "state": state, "reaped": reaped, "key": key,
+            "captured": captured}
 
 
 # ---- running a case with taxpr ---------------------------------------------------
 
-def _differentiate(case: Case, f):
-    """``(value, derivative at X0)`` of the scalar function ``f``."""
+def _with_derivative(case: Case, f):
+    """``x -> ((value, aux), derivative)`` of ``f: x -> (scalar, aux)``."""
     if case.derivative == "grad":
-        run = lambda x: jax.value_and_grad(f, has_aux=True)(x)  # noqa: E731
-    elif case.derivative == "vjp":
+        return lambda x: jax.value_and_grad(f, has_aux=True)(x)  # noqa: E731
+
+    if case.derivative == "vjp":
         def run(x):
             value, pullback, aux = jax.vjp(f, x, has_aux=True)
             return (value, aux), pullback(jnp.ones_like(value))[0]
+        return run
+
+    def run(x):
+        value, t, aux = jax.jvp(f, (x,), (jnp.ones_like(x),), has_aux=True)
+        return (value, aux), t
+    return run
+
+
+def _transformed(case: Case, g):
+    """``x -> (g(x), aux)``: ``g`` with taxpr's transformation of the case's
+    effect (aux: the states, the reaped or captured values)."""
+    sin = tx.select.primitive("sin")
+    if case.effect in STATE_EFFECTS:
+        pure, state0 = tx.uncurry(g, jnp.float32(X0))
+        return lambda x: pure(state0, x)  # noqa: E731
+    if case.effect == "sow":
+        return h.call_and_reap(g, tag="fz")
+    if case.effect == "plant":
+        return lambda x: (h.plant(g, tag="fz")({"s": jnp.float32(PLANTED)}, x), {})  # noqa: E731
+    if case.effect == "patch_fn":
+        return lambda x: (tx.patch(g, {sin: lambda v: v + SHIFT})(x), {})  # noqa: E731
+    if case.effect == "patch_value":
+        # inside a scan: one value per iteration
+        value = (jnp.float32(PLANTED) if case.container == "chain"
+                 else jnp.full((CALLS[case.container],), PLANTED, jnp.float32))
+        return lambda x: (tx.patch(g, {sin: value})(x), {})  # noqa: E731
+    return tx.capture(g, sin)
+
+
+def _run(case: Case, f=None):
+    """``((value, aux), derivative)`` at the case's input(s); ``f``: what is
+    differentiated from outside (default: the transformed program)."""
+    program = _program(case)
+    if case.where == "outside":
+        run = _with_derivative(case, f or _transformed(case, program))
     else:
+        differentiated = _with_derivative(case, lambda x: (program(x), ()))
+        inner = _transformed(case, lambda x: (lambda r: (r[0][0], r[1]))(differentiated(x)))
+
         def run(x):
-            value, t, aux = jax.jvp(f, (x,), (jnp.ones_like(x),), has_aux=True)
-            return (value, aux), t
-    return jax.jit(run) if case.jit else run
+            (value, d), aux = inner(x)
+            return (value, aux), d
+    if case.batch:
+        run = jax.vmap(run)
+    if case.jit:
+        run = jax.jit(run)
+    return run(jnp.array(XS, jnp.float32) if case.batch else jnp.float32(X0))
 
 
 def _assert_close(got, want, what: str) -> None:
@@ -166,49 +235,64 @@ def _assert_close(got, want, what: str) -> None:
                                err_msg=what)
 
 
+def _stacked(case: Case, what: str):
+    """The reference's ``what``, per example under ``vmap``."""
+    if not case.batch:
+        return _reference(case, X0)[what]
+    return np.stack([np.asarray(_reference(case, x)[what], np.float64) for x in XS])
+
+
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
-def test_an_effect_in_a_custom_rules_function_differentiated_from_outside(case: Case):
-    want = _reference(case, X0)
-    program = _program(case)
-    x = jnp.float32(X0)
-    if case.effect in ("counter", "float_counter", "accumulated", "key"):
-        pure, state0 = tx.uncurry(program, x)
-
-        def f(x):
-            out, state = pure(state0, x)
-            return out, state
-        if case.kind == "custom_vjp" and case.effect in ("accumulated", "float_counter"):
-            name = "acc" if case.effect == "accumulated" else "n"
-            with pytest.raises((tx.StateError, NotImplementedError), match=f"state '{name}'"):
-                _differentiate(case, f)(x)
-            return
-        (value, state), d = _differentiate(case, f)(x)
-        _assert_close(value, want["out"], f"{case.id}: the value")
-        _assert_close(d, want["d_out"], f"{case.id}: the derivative")
-        if case.effect in ("counter", "float_counter"):
-            assert float(state["n"]) == want["state"]["n"], (case.id, state["n"])
-        elif case.effect == "accumulated":
-            _assert_close(state["acc"], want["state"]["acc"], f"{case.id}: the state")
-
-            def f_acc(x):
-                out, state = pure(state0, x)
-                return state["acc"], out
-            (_, _), d_acc = _differentiate(case, f_acc)(x)
-            # what a rule writes is a constant w.r.t. the function's inputs
-            _assert_close(d_acc, 0.0, f"{case.id}: the state's derivative")
-        else:
-            np.testing.assert_array_equal(jax.random.key_data(state["rng"]),
-                                          jax.random.key_data(want["key"]),
-                                          err_msg=f"{case.id}: the stream's key")
+def test_an_effect_in_a_custom_rules_function_differentiated(case: Case):
+    outside = case.where == "outside"
+    if (outside and case.kind == "custom_vjp"
+            and case.effect in ("accumulated", "float_counter")):
+        name = "acc" if case.effect == "accumulated" else "n"
+        with pytest.raises((tx.StateError, NotImplementedError), match=f"state '{name}'"):
+            _run(case)
         return
-    if case.effect == "sow":
-        def f(x):
-            return h.call_and_reap(program, tag="fz")(x)
-    else:
-        def f(x):
-            return h.plant(program, tag="fz")({"s": jnp.float32(PLANTED)}, x), {}
-    (value, reaps), d = _differentiate(case, f)(x)
-    _assert_close(value, want["out"], f"{case.id}: the value")
-    _assert_close(d, want["d_out"], f"{case.id}: the derivative")
-    if case.effect == "sow":
-        _assert_close(reaps["s"], want["reaped"], f"{case.id}: the reaped value")
+    if outside and case.effect == "patch_value" and case.container != "chain":
+        # Patched by value in a scan: one row per iteration, fed to the
+        # function; the rule's own call of the function cannot be given its
+        # row: taxpr's documented error (docs/limitations.md), never the
+        # unpatched value.
+        with pytest.raises(NotImplementedError, match=r"the site 'sin', planted with one value "
+                                                      r"per sow .* the rule calls the function"):
+            _run(case)
+        return
+    if case.effect == "key" and case.batch:
+        # One unbatched key for every example: taxpr's documented error
+        # (docs/random.md), which names the stream.
+        with pytest.raises(tx.StateError, match=r"next_key\('rng'\) runs under jax.vmap "
+                                                r"without an axis name"):
+            _run(case)
+        return
+    (value, aux), d = _run(case)
+    _assert_close(value, _stacked(case, "out"), f"{case.id}: the value")
+    _assert_close(d, _stacked(case, "d_out"), f"{case.id}: the derivative")
+    want = _reference(case, X0)
+    if case.effect in ("counter", "float_counter"):
+        np.testing.assert_array_equal(np.asarray(aux["n"]), want["state"]["n"],
+                                      err_msg=f"{case.id}: the count")
+    elif case.effect == "accumulated":
+        _assert_close(aux["acc"], np.asarray([_reference(case, x)["state"]["acc"] for x in XS])
+                      if case.batch else want["state"]["acc"], f"{case.id}: the state")
+        if outside:
+            def f_acc(x):
+                out, state = _transformed(case, _program(case))(x)
+                return state["acc"], out
+            (_, _), d_acc = _run(case, f_acc)
+            # what a rule writes is a constant w.r.t. the function's inputs
+            _assert_close(d_acc, np.zeros_like(np.asarray(d_acc)), f"{case.id}: the state's derivative")
+    elif case.effect == "key":
+        keys = np.asarray(jax.random.key_data(aux["rng"]))
+        want_key = np.asarray(jax.random.key_data(want["key"]))
+        np.testing.assert_array_equal(keys, np.broadcast_to(want_key, keys.shape),
+                                      err_msg=f"{case.id}: the stream's key")
+    elif case.effect == "sow":
+        _assert_close(aux["s"], _stacked(case, "reaped"), f"{case.id}: the reaped value")
+    elif case.effect == "capture":
+        rows = [np.asarray(v, np.float64).reshape((len(XS), -1) if case.batch else (-1,))
+                for v in aux.values()]
+        _assert_close(np.concatenate(rows, axis=-1), _stacked(case, "captured"),
+                      f"{case.id}: the captured values ({list(aux)})")

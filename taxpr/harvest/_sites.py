@@ -16,8 +16,9 @@ from .. import _compat, _dependence, _jaxpr, _traverse
 from .._engine import (FUNCTION_AGAIN, Engine, Hooks, Level, RulePolicy, ShardMapBody,
                        format_path, inline, speculative_rule_traces)
 from .._find import dissolve_tags, forward_dissolved
+from .._expand import describe_named_tag
 from .._inject import guarded_place
-from ..primitives._tag import meta, n_values, tag_p, tag_tangent_p
+from ..primitives._tag import meta, n_values, tag_p, tag_tangent_p, user_params
 from ._checks import display_name
 
 
@@ -148,6 +149,7 @@ class _HarvestRules(RulePolicy):
         the function sows too, made by the rule that runs in its place, is
         oryx's error for a name sown twice."""
         own = self._rule_own_last(engine, eqn, rule)
+        self._reject_rows_in_rule(engine, eqn, rule)
         for e in own:
             if e.params.get("mode") == "strict":
                 name = e.params["name"]
@@ -157,6 +159,25 @@ class _HarvestRules(RulePolicy):
         n_in = len(_jaxpr.jaxpr_parts(rule).invars)
         return _dissolve_rule_sows(engine, rule, [i >= n_primals for i in range(n_in)],
                                    self._rewritten(engine, eqn, own))
+
+    def _reject_rows_in_rule(self, engine, eqn, rule) -> None:
+        """A rule that calls its function sows again the names the function
+        sows; a name planted in append mode gets one row per sow, fed to the
+        function, which the rule cannot be given: its call would compute
+        the unplanted value, which JAX then takes for the call's. An error
+        naming the sow and the call instead."""
+        counts = self._body_counts(engine, eqn)
+        for e, _ in _traverse.iter_eqns(rule):
+            if e.primitive is tag_p and engine.predicate(e.params) and self._planted_per_row(
+                    e, counts):
+                raise NotImplementedError(
+                    f"taxpr: {describe_named_tag(user_params(e.params))}, planted with one value "
+                    f"per sow (per iteration of a scan), is inside the function of the "
+                    f"{eqn.primitive.name} whose derivative rule JAX runs in its place, and the "
+                    f"rule calls the function again: taxpr cannot give that call its row, and "
+                    f"the call would compute the unplanted value. Plant one value for every "
+                    f"iteration (a clobber-mode sow), patch it by a function of the value "
+                    f"(tx.patch(f, {{site: fn}})), or differentiate inside the planted function")
 
     def has_selected(self, engine, eqn) -> bool:
         # Sows of names the function does not sow, planted sows and a rule's
@@ -168,8 +189,15 @@ class _HarvestRules(RulePolicy):
         if rule is None:
             return False
         rewritten = self._rewritten(engine, eqn, self._rule_own_last(engine, eqn, rule))
-        return any(e.primitive is tag_p and engine.predicate(e.params) and rewritten(e)
+        counts = self._body_counts(engine, eqn)
+        # (a rule sowing again a name planted per row: ``prepare`` raises)
+        return any(e.primitive is tag_p and engine.predicate(e.params)
+                   and (rewritten(e) or self._planted_per_row(e, counts))
                    for e, _ in _traverse.iter_eqns(rule))
+
+    def _planted_per_row(self, sow, counts: dict) -> bool:
+        name = sow.params["name"]
+        return name in counts and self.sites.planted.get(name) == "append"
 
 
 class HarvestHooks(Hooks):
