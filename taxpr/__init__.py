@@ -23,6 +23,14 @@ from ._capture import (
     perturb as perturb,
     sites as sites,
 )
+from ._debug import (
+    CheckError as CheckError,
+    NonFiniteError as NonFiniteError,
+    Origin as Origin,
+    checked as checked,
+    debug_nans as debug_nans,
+    error_if as error_if,
+)
 from ._engine import (
     InjectError as InjectError,
     ThreadRule as ThreadRule,
@@ -73,7 +81,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "CustomRuleError", "InjectError", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
+    "CheckError", "CustomRuleError", "InjectError", "NonFiniteError", "Origin", "checked", "debug_nans", "error_if", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "grad", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",

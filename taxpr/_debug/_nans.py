@@ -1,0 +1,224 @@
+"""``tx.debug_nans``: where a NaN (or an infinity) was born.
+
+The wrapped function runs as it would (compiled, under the caller's
+transformations) with one check added: whether an output (and, when it is
+differentiated, a gradient) holds a non-finite value. Only then does the
+host run the program again, eagerly and equation by equation (``_eager``),
+on the inputs of the failing call (of the failing ``vmap`` example), to
+find the equation where the value was born.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._jax.internals import core
+from .. import _jaxpr
+from ._eager import Origin, Run, run_closed
+from ._notify import notify
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN (or, with ``inf=True``, an infinity) reached an output of a
+    function wrapped by ``tx.debug_nans``, or its gradient.
+
+    Attributes:
+        kind: ``"NaN"`` or ``"inf"``.
+        primitive: the primitive of the equation where it was born (``"log"``),
+            or ``"input i"`` when the function was given it.
+        source: the user's line that bound that equation
+            (``"model.py:42, in Block.__call__"``), or None.
+        path: the enclosing primitives, outermost first
+            (``("jit[loss]", "scan[length=12]", "cond[branch=1]")``).
+        iterations: ``((loop kind, index), ...)``: the iteration of each
+            enclosing loop, outermost first.
+        example: the index of the example along the innermost ``jax.vmap``
+            around the wrapped function, or None.
+        phase: ``"forward"`` or ``"backward"`` (the gradient's computation).
+        inputs: the equation's inputs, described.
+        origin: all of the above as a ``taxpr.Origin``, or None when the
+            eager run computed no non-finite value (compiled numerics
+            differ from eager ones).
+    """
+
+    def __init__(self, message: str, origin: Origin | None, example: int | None):
+        super().__init__(message)
+        self.origin = origin
+        self.example = example
+        self.kind = origin.kind if origin else None
+        self.primitive = origin.primitive if origin else None
+        self.source = origin.source if origin else None
+        self.path = origin.path if origin else ()
+        self.iterations = origin.iterations if origin else ()
+        self.phase = origin.phase if origin else None
+        self.inputs = origin.inputs if origin else ()
+
+
+def _message(name: str, origin: Origin | None, example: int | None, phase: str) -> str:
+    where = f" (vmap example {example})" if example is not None else ""
+    if origin is None:
+        return (f"taxpr.debug_nans: {name} computed a non-finite value in its {phase} pass"
+                f"{where}, but running it again eagerly computed only finite values (compiled "
+                f"numerics differ from eager ones); try jax.config.update('jax_debug_nans', True)")
+    parts = [f"{origin.kind} produced by `{origin.primitive}`"
+             + (f" at {origin.source}" if origin.source else ""),
+             f"{origin.phase} pass"]
+    if origin.path:
+        parts.append("path " + " / ".join(origin.path))
+    for loop, i in origin.iterations:
+        parts.append(f"{loop} iteration {i}")
+    if example is not None:
+        parts.append(f"vmap example {example}")
+    text = f"taxpr.debug_nans: in {name}: " + ", ".join(parts)
+    if origin.inputs:
+        text += "; inputs: " + ", ".join(origin.inputs)
+    return text
+
+
+def _is_float(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _finite_flag(leaves, inf: bool) -> Any:
+    flags = [jnp.any(~jnp.isfinite(x) if inf else jnp.isnan(x)) for x in leaves if _is_float(x)]
+    return functools.reduce(jnp.logical_or, flags, jnp.bool_(False))
+
+
+class _Reports:
+    """Reports found on the host, for the call that waits for them."""
+
+    def __init__(self):
+        self.found: list[NonFiniteError] = []
+
+
+def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Callable:
+    """``fn`` checked for non-finite values, reporting where one was born.
+
+    The wrapped function returns what ``fn`` returns, bit for bit, when
+    every floating output is finite. Otherwise it raises a
+    ``NonFiniteError`` naming the equation where the value was born: the
+    first equation (in program order; in a loop, the first iteration)
+    whose inputs are finite and whose output is not, among those whose
+    non-finite values reach a non-finite output. A NaN that a
+    ``jnp.where`` masks away, or that an untaken branch computes, is not
+    reported.
+
+    Arguments:
+        fn: the function (any pytrees in and out).
+        inf: report infinities too (an ``exp`` overflow), not only NaNs.
+        backward: when the wrapped function is differentiated in reverse
+            mode (``jax.grad``), check the gradient too and report where
+            a non-finite value in it was born in the backward pass. The
+            wrapped function is then a ``custom_vjp``: forward mode
+            (``jax.jvp``) needs ``backward=False``.
+
+    Returns:
+        The wrapped function. Called with concrete values, it waits for its
+        outputs and raises the ``NonFiniteError`` itself; called inside
+        ``jax.jit`` / ``jax.vmap`` / ``jax.grad``, the error is raised by a
+        host callback, which JAX reports as its runtime error with the
+        ``NonFiniteError``'s message. Under ``vmap`` the first failing
+        example is named.
+    """
+    name = getattr(fn, "__name__", repr(fn))
+    reports = _Reports()
+    programs: dict = {}
+
+    def traced(key_parts, flat_fn, values):
+        """``flat_fn`` traced at the types of ``values`` (on the CPU: the
+        host may be inside a callback of a program holding the
+        accelerator)."""
+        key = (*key_parts, tuple((np.shape(v), np.result_type(v)) for v in values))
+        if key not in programs:
+            with jax.default_device(jax.devices("cpu")[0]):
+                programs[key] = jax.make_jaxpr(flat_fn)(*values)
+        return programs[key]
+
+    def report(closed, values, phase, example, raise_now):
+        outs = run_closed(closed, values, Run(inf, phase))
+        origins = [v.origin for v in outs if v.origin is not None]
+        origin = min(origins, key=lambda o: o.order) if origins else None
+        error = NonFiniteError(_message(name, origin, example, phase), origin, example)
+        if raise_now:
+            raise error
+        reports.found.append(error)
+
+    def diagnose(in_tree, raise_now, values, example):
+        closed = traced((in_tree, "forward"),
+                        lambda *flat: jax.tree_util.tree_leaves(_call_flat(fn, in_tree, flat)),
+                        values)
+        report(closed, values, "forward", example, raise_now)
+
+    def diagnose_backward(in_tree, raise_now, values, example):
+        n = in_tree.num_leaves
+
+        def vjp_flat(*flat):
+            out, pullback = jax.vjp(lambda *p: _call_flat(fn, in_tree, p), *flat[:n])
+            tree = jax.tree_util.tree_structure(out)
+            return list(pullback(jax.tree_util.tree_unflatten(tree, list(flat[n:]))))
+
+        closed = traced((in_tree, "backward"), vjp_flat, values)
+        report(closed, values, "backward", example, raise_now)
+
+    def forward_body(in_tree, raise_now, flat):
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+        out = fn(*args, **kwargs)
+        flag = _finite_flag(jax.tree_util.tree_leaves(out), inf)
+        notify(flag, flat, functools.partial(diagnose, in_tree, raise_now))
+        return out
+
+    def checked_body(in_tree, raise_now, *flat):
+        if not backward:
+            return forward_body(in_tree, raise_now, flat)
+
+        @jax.custom_vjp
+        def call(*flat):
+            return forward_body(in_tree, raise_now, flat)
+
+        def fwd(*flat):
+            return forward_body(in_tree, raise_now, flat), flat
+
+        def bwd(flat, ct):
+            _, pullback = jax.vjp(lambda *p: _call_flat(fn, in_tree, p), *flat)
+            grads = list(pullback(ct))
+            ct_leaves = jax.tree_util.tree_leaves(ct)
+            flag = jnp.logical_and(_finite_flag(grads, inf),
+                                   jnp.logical_not(_finite_flag(ct_leaves, inf)))
+            notify(flag, [*flat, *ct_leaves],
+                   functools.partial(diagnose_backward, in_tree, raise_now))
+            return grads
+
+        call.defvjp(fwd, bwd)
+        return call(*flat)
+
+    jitted: dict = {}
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        raise_now = any(isinstance(x, core.Tracer) for x in flat)
+        key = (in_tree, raise_now)
+        if key not in jitted:
+            jitted[key] = jax.jit(functools.partial(checked_body, in_tree, raise_now))
+        if raise_now:
+            return jitted[key](*flat)
+        del reports.found[:]
+        out = jitted[key](*flat)
+        jax.effects_barrier()
+        if reports.found:
+            error = reports.found[0]
+            del reports.found[:]
+            raise error
+        return out
+
+    return wrapped
+
+
+def _call_flat(fn: Callable, in_tree: Any, flat) -> Any:
+    args, kwargs = jax.tree_util.tree_unflatten(in_tree, list(flat))
+    return fn(*args, **kwargs)
