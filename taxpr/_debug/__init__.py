@@ -10,3 +10,5 @@ only when a device flag is set, told the ``vmap`` example), ``_nans``
 from ._eager import Origin as Origin
 from ._nans import NonFiniteError as NonFiniteError, debug_nans as debug_nans
 from ._checks import CheckError as CheckError, checked as checked, error_if as error_if
+
+__all__ = ["CheckError", "NonFiniteError", "Origin", "checked", "debug_nans", "error_if"]

@@ -25,7 +25,7 @@ from jax.interpreters import ad, batching, mlir
 from .._jax.internals import core
 from .. import _compat
 from ._eager import EAGER_RULES, Frame, Run, run_closed
-from ._notify import notify
+from ._notify import collecting, deliver, notify
 
 
 class CheckError(RuntimeError):
@@ -101,12 +101,9 @@ EAGER_RULES[error_if_p] = _error_if_rule
 
 # ---- error_if and checked -----------------------------------------------------------
 
-# Whether ``checked`` is running a function again eagerly (its callbacks
-# then do nothing: the marker raises), and the errors of the ``checked``
-# calls running, innermost last (a plain stack: callbacks may run on
-# another thread, outside the caller's context).
+# Whether ``checked`` is running a function again eagerly: its callbacks
+# then do nothing (the marker raises).
 _REPLAYING = contextvars.ContextVar("taxpr_check_replaying", default=False)
-_SINK_LIST: list[list] = []
 
 
 def error_if(pred: Any, msg: str, *args: Any) -> None:
@@ -139,11 +136,7 @@ def error_if(pred: Any, msg: str, *args: Any) -> None:
 def _on_host(msg: str, values: list, example: int | None) -> None:
     if _REPLAYING.get():
         return
-    error = CheckError(_format(msg, values), example=example)
-    if _SINK_LIST:
-        _SINK_LIST[-1].append(error)
-        return
-    raise error
+    deliver(CheckError(_format(msg, values), example=example))
 
 
 def checked(fn: Callable) -> Callable:
@@ -156,25 +149,25 @@ def checked(fn: Callable) -> Callable:
 
     Returns:
         The wrapped function. Called with concrete values, it waits for its
-        outputs; called inside ``jax.jit`` / ``vmap`` / ``grad``, it is
-        ``fn`` (an ``error_if`` raises from its callback).
+        outputs and raises the error found, run again eagerly to name the
+        loop iteration. Called inside ``jax.vmap`` / ``jax.grad`` run
+        eagerly, it raises the error (naming the vmap example); inside
+        ``jax.jit``, an ``error_if`` raises from its callback (JAX reports
+        its runtime error, with the message).
     """
     jitted = jax.jit(fn)
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         flat = jax.tree_util.tree_leaves((args, kwargs))
-        if any(isinstance(x, core.Tracer) for x in flat):
-            return fn(*args, **kwargs)
-        errors: list = []
-        _SINK_LIST.append(errors)
-        try:
-            out = jitted(*args, **kwargs)
+        traced = any(isinstance(x, core.Tracer) for x in flat)
+        # Run eagerly (under no outer jit), the call's callbacks run before
+        # it returns: their error is raised here, cleanly.
+        with collecting() as errors:
+            out = (fn if traced else jitted)(*args, **kwargs)
             jax.effects_barrier()
-        finally:
-            _SINK_LIST.pop()
         if errors:
-            raise _located(fn, args, kwargs) or errors[0]
+            raise (None if traced else _located(fn, args, kwargs)) or errors[0]
         return out
 
     return wrapped

@@ -46,6 +46,8 @@ class Origin:
             outermost first.
         phase: ``"forward"``, or ``"backward"`` for an equation of a
             transposed (reverse-mode) program.
+        derivative: whether the equation computes a derivative (JAX's
+            linearization in the forward pass, or the backward pass).
         inputs: the equation's inputs, described (``"x = -0.5"``).
         order: when it ran: the earliest origin is the one reported.
     """
@@ -56,6 +58,7 @@ class Origin:
     path: tuple[str, ...]
     iterations: tuple[tuple[str, int], ...]
     phase: str
+    derivative: bool
     inputs: tuple[str, ...]
     order: int
 
@@ -88,8 +91,6 @@ class Run:
     too) and the counter giving origins their order."""
 
     inf: bool
-    # "backward": the program computes a gradient (every equation serves it)
-    phase: str = "forward"
     counter: Any = dataclasses.field(default_factory=itertools.count)
     # Called on each equation with (frame, eqn, input values) before it
     # runs; may raise (``tx.checked`` reports its errors this way).
@@ -156,7 +157,7 @@ def _given(frame: Frame, value: Any, what: str) -> Value:
     if not frame.run.bad(value):
         return Value(value, None)
     return Value(value, Origin(frame.run.kind(value), what, None, frame.path, frame.iterations,
-                               "forward", (), -1))
+                               "forward", False, (), -1))
 
 
 def _call_jaxpr(eqn: core.JaxprEqn) -> Any:
@@ -196,7 +197,7 @@ def blame(frame: Frame, eqn: core.JaxprEqn, ins: list[Value], outs: list) -> lis
         else:
             result.append(Value(o, Origin(
                 run.kind(o), eqn.primitive.name, _compat.user_line(eqn.source_info.traceback),
-                frame.path, frame.iterations, run.phase,
+                frame.path, frame.iterations, *_phase(eqn),
                 tuple(_describe_input(eqn, i, v.array, o) for i, v in enumerate(ins)),
                 next(run.counter))))
     return result
@@ -208,6 +209,15 @@ def _earliest(origins) -> Origin | None:
         if o is not None and (best is None or o.order < best.order):
             best = o
     return best
+
+
+def _phase(eqn: core.JaxprEqn) -> tuple[str, bool]:
+    """``(phase, derivative)``: ``"backward"`` for a transposed equation of
+    reverse mode (JAX names them ``transpose(...)``), else ``"forward"``;
+    and whether the equation computes a derivative (``jvp(...)``: also the
+    forward pass of ``jax.grad``, whose linearization it is)."""
+    stack = str(eqn.source_info.name_stack)
+    return ("backward" if "transpose(" in stack else "forward"), "jvp(" in stack
 
 
 def _describe_input(eqn: core.JaxprEqn, i: int, x: Any, out: Any) -> str:

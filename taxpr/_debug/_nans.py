@@ -17,10 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._jax.internals import core
-from .. import _jaxpr
 from ._eager import Origin, Run, run_closed
-from ._notify import notify
+from ._notify import collecting, deliver, notify
 
 
 class NonFiniteError(FloatingPointError):
@@ -39,7 +37,11 @@ class NonFiniteError(FloatingPointError):
             enclosing loop, outermost first.
         example: the index of the example along the innermost ``jax.vmap``
             around the wrapped function, or None.
-        phase: ``"forward"`` or ``"backward"`` (the gradient's computation).
+        phase: ``"forward"`` or ``"backward"`` (reverse mode's transposed
+            program).
+        derivative: whether the equation computes a derivative (JAX's
+            linearization in the forward pass of ``jax.grad``, or the
+            backward pass).
         inputs: the equation's inputs, described.
         origin: all of the above as a ``taxpr.Origin``, or None when the
             eager run computed no non-finite value (compiled numerics
@@ -56,6 +58,7 @@ class NonFiniteError(FloatingPointError):
         self.path = origin.path if origin else ()
         self.iterations = origin.iterations if origin else ()
         self.phase = origin.phase if origin else None
+        self.derivative = origin.derivative if origin else False
         self.inputs = origin.inputs if origin else ()
 
 
@@ -67,7 +70,8 @@ def _message(name: str, origin: Origin | None, example: int | None, phase: str) 
                 f"numerics differ from eager ones); try jax.config.update('jax_debug_nans', True)")
     parts = [f"{origin.kind} produced by `{origin.primitive}`"
              + (f" at {origin.source}" if origin.source else ""),
-             f"{origin.phase} pass"]
+             f"{origin.phase} pass" + (" (computing a derivative)" if origin.derivative
+                                       and origin.phase == "forward" else "")]
     if origin.path:
         parts.append("path " + " / ".join(origin.path))
     for loop, i in origin.iterations:
@@ -87,13 +91,6 @@ def _is_float(x: Any) -> bool:
 def _finite_flag(leaves, inf: bool) -> Any:
     flags = [jnp.any(~jnp.isfinite(x) if inf else jnp.isnan(x)) for x in leaves if _is_float(x)]
     return functools.reduce(jnp.logical_or, flags, jnp.bool_(False))
-
-
-class _Reports:
-    """Reports found on the host, for the call that waits for them."""
-
-    def __init__(self):
-        self.found: list[NonFiniteError] = []
 
 
 def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Callable:
@@ -126,74 +123,75 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         example is named.
     """
     name = getattr(fn, "__name__", repr(fn))
-    reports = _Reports()
     programs: dict = {}
 
     def traced(key_parts, flat_fn, values):
         """``flat_fn`` traced at the types of ``values`` (on the CPU: the
         host may be inside a callback of a program holding the
         accelerator)."""
-        key = (*key_parts, tuple((np.shape(v), np.result_type(v)) for v in values))
+        key = (*key_parts, tuple((np.shape(v), np.asarray(v).dtype) for v in values))
         if key not in programs:
             with jax.default_device(jax.devices("cpu")[0]):
                 programs[key] = jax.make_jaxpr(flat_fn)(*values)
         return programs[key]
 
-    def report(closed, values, phase, example, raise_now):
-        outs = run_closed(closed, values, Run(inf, phase))
+    def report(closed, values, phase, example):
+        outs = run_closed(closed, values, Run(inf))
         origins = [v.origin for v in outs if v.origin is not None]
         origin = min(origins, key=lambda o: o.order) if origins else None
-        error = NonFiniteError(_message(name, origin, example, phase), origin, example)
-        if raise_now:
-            raise error
-        reports.found.append(error)
+        deliver(NonFiniteError(_message(name, origin, example, phase), origin, example))
 
-    def diagnose(in_tree, raise_now, values, example):
+    def diagnose(in_tree, values, example):
         closed = traced((in_tree, "forward"),
                         lambda *flat: jax.tree_util.tree_leaves(_call_flat(fn, in_tree, flat)),
                         values)
-        report(closed, values, "forward", example, raise_now)
+        report(closed, values, "forward", example)
 
-    def diagnose_backward(in_tree, raise_now, values, example):
+    def diagnose_backward(in_tree, wrt, values, example):
         n = in_tree.num_leaves
 
         def vjp_flat(*flat):
-            out, pullback = jax.vjp(lambda *p: _call_flat(fn, in_tree, p), *flat[:n])
-            tree = jax.tree_util.tree_structure(out)
-            return list(pullback(jax.tree_util.tree_unflatten(tree, list(flat[n:]))))
+            return _pullback(fn, in_tree, wrt, flat[:n], flat[n:])
 
-        closed = traced((in_tree, "backward"), vjp_flat, values)
-        report(closed, values, "backward", example, raise_now)
+        closed = traced((in_tree, "backward", wrt), vjp_flat, values)
+        report(closed, values, "backward", example)
 
-    def forward_body(in_tree, raise_now, flat):
+    def forward_body(in_tree, flat):
         args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
         out = fn(*args, **kwargs)
         flag = _finite_flag(jax.tree_util.tree_leaves(out), inf)
-        notify(flag, flat, functools.partial(diagnose, in_tree, raise_now))
+        notify(flag, flat, functools.partial(diagnose, in_tree))
         return out
 
-    def checked_body(in_tree, raise_now, *flat):
+    def checked_body(in_tree, *flat):
         if not backward:
-            return forward_body(in_tree, raise_now, flat)
+            return forward_body(in_tree, flat)
 
         @jax.custom_vjp
         def call(*flat):
-            return forward_body(in_tree, raise_now, flat)
+            return forward_body(in_tree, flat)
 
-        def fwd(*flat):
-            return forward_body(in_tree, raise_now, flat), flat
+        # Symbolic zeros: the inputs JAX differentiates are known, so only
+        # their gradients are computed and checked (an input not asked for
+        # may have an infinite derivative nobody uses).
+        def fwd(*primals):
+            flat = [p.value for p in primals]
+            wrt = _Static(tuple(i for i, p in enumerate(primals) if p.perturbed))
+            return forward_body(in_tree, flat), (flat, wrt)
 
-        def bwd(flat, ct):
-            _, pullback = jax.vjp(lambda *p: _call_flat(fn, in_tree, p), *flat)
-            grads = list(pullback(ct))
-            ct_leaves = jax.tree_util.tree_leaves(ct)
+        def bwd(residuals, ct):
+            flat, wrt = residuals
+            ct_leaves = [_instantiate(c, o) for c, o in
+                         zip(jax.tree_util.tree_leaves(ct), _out_avals(fn, in_tree, flat))]
+            grads = _pullback(fn, in_tree, wrt.value, flat, ct_leaves)
             flag = jnp.logical_and(_finite_flag(grads, inf),
                                    jnp.logical_not(_finite_flag(ct_leaves, inf)))
             notify(flag, [*flat, *ct_leaves],
-                   functools.partial(diagnose_backward, in_tree, raise_now))
-            return grads
+                   functools.partial(diagnose_backward, in_tree, wrt.value))
+            by_input = dict(zip(wrt.value, grads))
+            return tuple(by_input.get(i) for i in range(len(flat)))
 
-        call.defvjp(fwd, bwd)
+        call.defvjp(fwd, bwd, symbolic_zeros=True)
         return call(*flat)
 
     jitted: dict = {}
@@ -201,19 +199,15 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        raise_now = any(isinstance(x, core.Tracer) for x in flat)
-        key = (in_tree, raise_now)
-        if key not in jitted:
-            jitted[key] = jax.jit(functools.partial(checked_body, in_tree, raise_now))
-        if raise_now:
-            return jitted[key](*flat)
-        del reports.found[:]
-        out = jitted[key](*flat)
-        jax.effects_barrier()
-        if reports.found:
-            error = reports.found[0]
-            del reports.found[:]
-            raise error
+        if in_tree not in jitted:
+            jitted[in_tree] = jax.jit(functools.partial(checked_body, in_tree))
+        # Run eagerly (not under an outer jit), the call's callbacks run
+        # before it returns: their error is raised here, cleanly.
+        with collecting() as found:
+            out = jitted[in_tree](*flat)
+            jax.effects_barrier()
+        if found:
+            raise found[0]
         return out
 
     return wrapped
@@ -222,3 +216,44 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
 def _call_flat(fn: Callable, in_tree: Any, flat) -> Any:
     args, kwargs = jax.tree_util.tree_unflatten(in_tree, list(flat))
     return fn(*args, **kwargs)
+
+
+@jax.tree_util.register_static
+class _Static:
+    """A static value among a custom_vjp's residuals."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and other.value == self.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+
+def _out_avals(fn: Callable, in_tree: Any, flat) -> list:
+    return jax.tree_util.tree_leaves(jax.eval_shape(lambda *p: _call_flat(fn, in_tree, p), *flat))
+
+
+def _instantiate(ct: Any, aval: Any) -> Any:
+    """A symbolic zero cotangent as zeros."""
+    if ct is None or type(ct).__name__ == "SymbolicZero":
+        return jnp.zeros(aval.shape, aval.dtype)
+    return ct
+
+
+def _pullback(fn: Callable, in_tree: Any, wrt: tuple[int, ...], flat, ct_leaves) -> list:
+    """The gradients of ``fn`` w.r.t. the flat inputs ``wrt``, for the
+    output cotangents ``ct_leaves``."""
+    flat = list(flat)
+
+    def of_wrt(*xs):
+        args = list(flat)
+        for i, x in zip(wrt, xs):
+            args[i] = x
+        return _call_flat(fn, in_tree, args)
+
+    out, pullback = jax.vjp(of_wrt, *[flat[i] for i in wrt])
+    tree = jax.tree_util.tree_structure(out)
+    return list(pullback(jax.tree_util.tree_unflatten(tree, list(ct_leaves))))

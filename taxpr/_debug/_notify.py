@@ -10,7 +10,8 @@ host in one call (``custom_vmap``), so that the example's index is known.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,9 @@ from jax.custom_batching import custom_vmap
 def notify(flag: Any, values: Sequence[Any], host: Callable[[list, int | None], None]) -> None:
     """See the module docstring. ``host`` runs at most once per call (per
     innermost ``vmap`` batch)."""
-    values = list(values)
+    # What the host is told is not differentiated (custom_vmap has no JVP).
+    flag = jax.lax.stop_gradient(flag)
+    values = [jax.lax.stop_gradient(v) for v in values]
 
     def unbatched(values):
         jax.debug.callback(lambda *vs: host(list(vs), None), *values)
@@ -46,3 +49,32 @@ def notify(flag: Any, values: Sequence[Any], host: Callable[[list, int | None], 
         return flag, flag_batched
 
     call(flag, values)
+
+
+# The errors found while a wrapper waits for its call, innermost wrapper
+# last (a plain list: callbacks may run on another thread, outside the
+# caller's context).
+_COLLECTORS: list[list] = []
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list]:
+    """Errors ``deliver``ed while the block runs (the wrapped call and its
+    ``jax.effects_barrier()``) are appended to the yielded list instead of
+    raised from their callbacks."""
+    found: list = []
+    _COLLECTORS.append(found)
+    try:
+        yield found
+    finally:
+        _COLLECTORS.remove(found)
+
+
+def deliver(error: Exception) -> None:
+    """``error``, found by a host callback: kept for the wrapper waiting for
+    the call (``collecting``), else raised from the callback (JAX reports
+    it as its runtime error, with the message)."""
+    if _COLLECTORS:
+        _COLLECTORS[-1].append(error)
+        return
+    raise error
