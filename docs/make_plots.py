@@ -329,6 +329,24 @@ def states_table(path: Path = STATES_RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+DEBUG_TOOLS_RESULTS = RESULTS.parent / "results_debug_tools.json"
+
+
+def debug_tools_table(path: Path = DEBUG_TOOLS_RESULTS) -> str:
+    """``bench/debug_tools.py``'s run: per program, what each NaN-debugging
+    tool reported."""
+    results = json.loads(Path(path).read_text())
+    rows = results["rows"]
+    tools = list(next(iter(rows.values())))
+    lines = ["| program | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
+    for case, cells in rows.items():
+        lines.append(f"| {case} | " + " | ".join(cells[t] for t in tools) + " |")
+    lines.append("")
+    lines.append(f"Measured with Python {results['python']}, JAX {results['jax']} "
+                 f"(`python bench/debug_tools.py`).")
+    return "\n".join(lines) + "\n"
+
+
 GPU_RESULTS = RESULTS.parent / "results-gpu.json"
 
 

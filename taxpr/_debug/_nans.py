@@ -89,8 +89,16 @@ def _is_float(x: Any) -> bool:
 
 
 def _finite_flag(leaves, inf: bool) -> Any:
-    flags = [jnp.any(~jnp.isfinite(x) if inf else jnp.isnan(x)) for x in leaves if _is_float(x)]
-    return functools.reduce(jnp.logical_or, flags, jnp.bool_(False))
+    """Whether any floating leaf holds a NaN (``inf``: or an infinity).
+    ``sum(x * 0)`` is NaN exactly when ``x`` holds a NaN or an infinity,
+    and never overflows: one fused reduction per leaf, cheaper than
+    ``any(~isfinite(x))``."""
+    leaves = [x for x in leaves if _is_float(x)]
+    if not leaves:
+        return jnp.bool_(False)
+    if inf:
+        return functools.reduce(jnp.logical_or, [jnp.isnan(jnp.sum(x * 0)) for x in leaves])
+    return functools.reduce(jnp.logical_or, [jnp.any(jnp.isnan(x)) for x in leaves])
 
 
 def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Callable:
