@@ -145,7 +145,8 @@ def test_sqrt_at_zero_is_infinite_in_the_derivative_only():
     with pytest.raises(tx.NonFiniteError) as info:
         tx.debug_nans(jax.grad(f))(x)
     e = info.value
-    assert (e.kind, e.primitive, e.phase, e.derivative) == ("inf", "div", "forward", True)
+    # (the derivative's 0.5 / sqrt(x), computed in the forward pass of grad)
+    assert (e.kind, e.primitive, e.phase) == ("inf", "div", "forward")
     assert e.source.startswith(_line("origin: sqrt's derivative"))
 
 

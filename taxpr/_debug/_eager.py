@@ -46,8 +46,6 @@ class Origin:
             outermost first.
         phase: ``"forward"``, or ``"backward"`` for an equation of a
             transposed (reverse-mode) program.
-        derivative: whether the equation computes a derivative (JAX's
-            linearization in the forward pass, or the backward pass).
         inputs: the equation's inputs, described (``"x = -0.5"``).
         order: when it ran: the earliest origin is the one reported.
     """
@@ -58,7 +56,6 @@ class Origin:
     path: tuple[str, ...]
     iterations: tuple[tuple[str, int], ...]
     phase: str
-    derivative: bool
     inputs: tuple[str, ...]
     order: int
 
@@ -157,7 +154,7 @@ def _given(frame: Frame, value: Any, what: str) -> Value:
     if not frame.run.bad(value):
         return Value(value, None)
     return Value(value, Origin(frame.run.kind(value), what, None, frame.path, frame.iterations,
-                               "forward", False, (), -1))
+                               "forward", (), -1))
 
 
 def _call_jaxpr(eqn: core.JaxprEqn) -> Any:
@@ -197,7 +194,7 @@ def blame(frame: Frame, eqn: core.JaxprEqn, ins: list[Value], outs: list) -> lis
         else:
             result.append(Value(o, Origin(
                 run.kind(o), eqn.primitive.name, _compat.user_line(eqn.source_info.traceback),
-                frame.path, frame.iterations, *_phase(eqn),
+                frame.path, frame.iterations, _phase(eqn),
                 tuple(_describe_input(eqn, i, v.array, o) for i, v in enumerate(ins)),
                 next(run.counter))))
     return result
@@ -211,13 +208,11 @@ def _earliest(origins) -> Origin | None:
     return best
 
 
-def _phase(eqn: core.JaxprEqn) -> tuple[str, bool]:
-    """``(phase, derivative)``: ``"backward"`` for a transposed equation of
-    reverse mode (JAX names them ``transpose(...)``), else ``"forward"``;
-    and whether the equation computes a derivative (``jvp(...)``: also the
-    forward pass of ``jax.grad``, whose linearization it is)."""
-    stack = str(eqn.source_info.name_stack)
-    return ("backward" if "transpose(" in stack else "forward"), "jvp(" in stack
+def _phase(eqn: core.JaxprEqn) -> str:
+    """``"backward"`` for a transposed equation of reverse mode (JAX names
+    them ``transpose(...)``), else ``"forward"`` (in ``jax.grad``'s forward
+    pass, JAX names the primal and the linearization alike: ``jvp(...)``)."""
+    return "backward" if "transpose(" in str(eqn.source_info.name_stack) else "forward"
 
 
 def _describe_input(eqn: core.JaxprEqn, i: int, x: Any, out: Any) -> str:

@@ -39,9 +39,6 @@ class NonFiniteError(FloatingPointError):
             around the wrapped function, or None.
         phase: ``"forward"`` or ``"backward"`` (reverse mode's transposed
             program).
-        derivative: whether the equation computes a derivative (JAX's
-            linearization in the forward pass of ``jax.grad``, or the
-            backward pass).
         inputs: the equation's inputs, described.
         origin: all of the above as a ``taxpr.Origin``, or None when the
             eager run computed no non-finite value (compiled numerics
@@ -58,7 +55,6 @@ class NonFiniteError(FloatingPointError):
         self.path = origin.path if origin else ()
         self.iterations = origin.iterations if origin else ()
         self.phase = origin.phase if origin else None
-        self.derivative = origin.derivative if origin else False
         self.inputs = origin.inputs if origin else ()
 
 
@@ -70,8 +66,7 @@ def _message(name: str, origin: Origin | None, example: int | None, phase: str) 
                 f"numerics differ from eager ones); try jax.config.update('jax_debug_nans', True)")
     parts = [f"{origin.kind} produced by `{origin.primitive}`"
              + (f" at {origin.source}" if origin.source else ""),
-             f"{origin.phase} pass" + (" (computing a derivative)" if origin.derivative
-                                       and origin.phase == "forward" else "")]
+             f"{origin.phase} pass"]
     if origin.path:
         parts.append("path " + " / ".join(origin.path))
     for loop, i in origin.iterations:
