@@ -151,10 +151,17 @@ def run_jaxpr(frame: Frame, jaxpr: Any, args: Sequence[Value]) -> list[Value]:
 
 
 def _given(frame: Frame, value: Any, what: str) -> Value:
+    """A value the program holds (a constant) or is given (an input). A
+    non-finite constant is usually meant (an ``inf`` a library starts a
+    minimum from): blamed last, after any equation; an input, first."""
     if not frame.run.bad(value):
         return Value(value, None)
+    order = _CONSTANT_ORDER if what == "constant" else -1
     return Value(value, Origin(frame.run.kind(value), what, None, frame.path, frame.iterations,
-                               "forward", (), -1))
+                               "forward", (), order))
+
+
+_CONSTANT_ORDER = 1 << 62
 
 
 def _call_jaxpr(eqn: core.JaxprEqn) -> Any:

@@ -144,35 +144,34 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         origin = min(origins, key=lambda o: o.order) if origins else None
         deliver(NonFiniteError(_message(name, origin, example, phase), origin, example))
 
-    def diagnose(in_tree, values, example):
-        closed = traced((in_tree, "forward"),
-                        lambda *flat: jax.tree_util.tree_leaves(_call_flat(fn, in_tree, flat)),
+    def diagnose(sig, values, example):
+        closed = traced((sig, "forward"),
+                        lambda *flat: jax.tree_util.tree_leaves(sig.call(fn, flat)),
                         values)
         report(closed, values, "forward", example)
 
-    def diagnose_backward(in_tree, wrt, values, example):
-        n = in_tree.num_leaves
+    def diagnose_backward(sig, wrt, values, example):
+        n = sig.num_dynamic
 
         def vjp_flat(*flat):
-            return _pullback(fn, in_tree, wrt, flat[:n], flat[n:])
+            return _pullback(fn, sig, wrt, flat[:n], flat[n:])
 
-        closed = traced((in_tree, "backward", wrt), vjp_flat, values)
+        closed = traced((sig, "backward", wrt), vjp_flat, values)
         report(closed, values, "backward", example)
 
-    def forward_body(in_tree, flat):
-        args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
-        out = fn(*args, **kwargs)
+    def forward_body(sig, flat):
+        out = sig.call(fn, flat)
         flag = _finite_flag(jax.tree_util.tree_leaves(out), inf)
-        notify(flag, flat, functools.partial(diagnose, in_tree))
+        notify(flag, flat, functools.partial(diagnose, sig))
         return out
 
-    def checked_body(in_tree, *flat):
+    def checked_body(sig, *flat):
         if not backward:
-            return forward_body(in_tree, flat)
+            return forward_body(sig, flat)
 
         @jax.custom_vjp
         def call(*flat):
-            return forward_body(in_tree, flat)
+            return forward_body(sig, flat)
 
         # Symbolic zeros: the inputs JAX differentiates are known, so only
         # their gradients are computed and checked (an input not asked for
@@ -180,17 +179,17 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         def fwd(*primals):
             flat = [p.value for p in primals]
             wrt = _Static(tuple(i for i, p in enumerate(primals) if p.perturbed))
-            return forward_body(in_tree, flat), (flat, wrt)
+            return forward_body(sig, flat), (flat, wrt)
 
         def bwd(residuals, ct):
             flat, wrt = residuals
             ct_leaves = [_instantiate(c, o) for c, o in
-                         zip(jax.tree_util.tree_leaves(ct), _out_avals(fn, in_tree, flat))]
-            grads = _pullback(fn, in_tree, wrt.value, flat, ct_leaves)
+                         zip(jax.tree_util.tree_leaves(ct), _out_avals(fn, sig, flat))]
+            grads = _pullback(fn, sig, wrt.value, flat, ct_leaves)
             flag = jnp.logical_and(_finite_flag(grads, inf),
                                    jnp.logical_not(_finite_flag(ct_leaves, inf)))
             notify(flag, [*flat, *ct_leaves],
-                   functools.partial(diagnose_backward, in_tree, wrt.value))
+                   functools.partial(diagnose_backward, sig, wrt.value))
             by_input = dict(zip(wrt.value, grads))
             return tuple(by_input.get(i) for i in range(len(flat)))
 
@@ -201,13 +200,13 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        if in_tree not in jitted:
-            jitted[in_tree] = jax.jit(functools.partial(checked_body, in_tree))
+        sig, dynamic = _Signature.of(args, kwargs)
+        if sig not in jitted:
+            jitted[sig] = jax.jit(functools.partial(checked_body, sig))
         # Run eagerly (not under an outer jit), the call's callbacks run
         # before it returns: their error is raised here, cleanly.
         with collecting() as found:
-            out = jitted[in_tree](*flat)
+            out = jitted[sig](*dynamic)
             jax.effects_barrier()
         if found:
             raise found[0]
@@ -216,9 +215,48 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
     return wrapped
 
 
-def _call_flat(fn: Callable, in_tree: Any, flat) -> Any:
-    args, kwargs = jax.tree_util.tree_unflatten(in_tree, list(flat))
-    return fn(*args, **kwargs)
+class _Signature:
+    """How a call's arguments split into arrays (the jitted function's
+    inputs) and everything else (functions, flags: equinox modules hold
+    them), which is part of the signature."""
+
+    def __init__(self, in_tree: Any, static: tuple[tuple[int, Any], ...]):
+        self.in_tree, self.static = in_tree, static
+        self.num_dynamic = in_tree.num_leaves - len(static)
+        self._key = (in_tree, tuple((i, _hashable(v)) for i, v in static))
+
+    @staticmethod
+    def of(args, kwargs) -> "tuple[_Signature, list]":
+        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        static = tuple((i, x) for i, x in enumerate(flat) if not _is_array(x))
+        dynamic = [x for x in flat if _is_array(x)]
+        return _Signature(in_tree, static), dynamic
+
+    def call(self, fn: Callable, dynamic) -> Any:
+        flat, given = [], iter(dynamic)
+        static = dict(self.static)
+        for i in range(self.in_tree.num_leaves):
+            flat.append(static[i] if i in static else next(given))
+        args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
+        return fn(*args, **kwargs)
+
+    def __eq__(self, other):
+        return isinstance(other, _Signature) and other._key == self._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
 
 
 @jax.tree_util.register_static
@@ -235,8 +273,8 @@ class _Static:
         return hash(self.value)
 
 
-def _out_avals(fn: Callable, in_tree: Any, flat) -> list:
-    return jax.tree_util.tree_leaves(jax.eval_shape(lambda *p: _call_flat(fn, in_tree, p), *flat))
+def _out_avals(fn: Callable, sig: _Signature, flat) -> list:
+    return jax.tree_util.tree_leaves(jax.eval_shape(lambda *p: sig.call(fn, p), *flat))
 
 
 def _instantiate(ct: Any, aval: Any) -> Any:
@@ -246,7 +284,7 @@ def _instantiate(ct: Any, aval: Any) -> Any:
     return ct
 
 
-def _pullback(fn: Callable, in_tree: Any, wrt: tuple[int, ...], flat, ct_leaves) -> list:
+def _pullback(fn: Callable, sig: _Signature, wrt: tuple[int, ...], flat, ct_leaves) -> list:
     """The gradients of ``fn`` w.r.t. the flat inputs ``wrt``, for the
     output cotangents ``ct_leaves``."""
     flat = list(flat)
@@ -255,7 +293,7 @@ def _pullback(fn: Callable, in_tree: Any, wrt: tuple[int, ...], flat, ct_leaves)
         args = list(flat)
         for i, x in zip(wrt, xs):
             args[i] = x
-        return _call_flat(fn, in_tree, args)
+        return sig.call(fn, args)
 
     out, pullback = jax.vjp(of_wrt, *[flat[i] for i in wrt])
     tree = jax.tree_util.tree_structure(out)
