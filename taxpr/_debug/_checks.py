@@ -25,7 +25,7 @@ from jax.interpreters import ad, batching, mlir
 from .._jax.internals import core
 from .. import _compat
 from ._eager import EAGER_RULES, Frame, Run, run_closed
-from ._notify import collecting, deliver, notify
+from .._host import collecting, deliver, notify
 
 
 class CheckError(RuntimeError):

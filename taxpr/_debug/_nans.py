@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._eager import Origin, Run, run_closed
-from ._notify import collecting, deliver, notify
+from .._calls import Signature
+from .._host import collecting, deliver, notify
 
 
 class NonFiniteError(FloatingPointError):
@@ -200,7 +201,7 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        sig, dynamic = _Signature.of(args, kwargs)
+        sig, dynamic = Signature.of(args, kwargs)
         if sig not in jitted:
             jitted[sig] = jax.jit(functools.partial(checked_body, sig))
         # Run eagerly (not under an outer jit), the call's callbacks run
@@ -213,50 +214,6 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         return out
 
     return wrapped
-
-
-class _Signature:
-    """How a call's arguments split into arrays (the jitted function's
-    inputs) and everything else (functions, flags: equinox modules hold
-    them), which is part of the signature."""
-
-    def __init__(self, in_tree: Any, static: tuple[tuple[int, Any], ...]):
-        self.in_tree, self.static = in_tree, static
-        self.num_dynamic = in_tree.num_leaves - len(static)
-        self._key = (in_tree, tuple((i, _hashable(v)) for i, v in static))
-
-    @staticmethod
-    def of(args, kwargs) -> "tuple[_Signature, list]":
-        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        static = tuple((i, x) for i, x in enumerate(flat) if not _is_array(x))
-        dynamic = [x for x in flat if _is_array(x)]
-        return _Signature(in_tree, static), dynamic
-
-    def call(self, fn: Callable, dynamic) -> Any:
-        flat, given = [], iter(dynamic)
-        static = dict(self.static)
-        for i in range(self.in_tree.num_leaves):
-            flat.append(static[i] if i in static else next(given))
-        args, kwargs = jax.tree_util.tree_unflatten(self.in_tree, flat)
-        return fn(*args, **kwargs)
-
-    def __eq__(self, other):
-        return isinstance(other, _Signature) and other._key == self._key
-
-    def __hash__(self):
-        return hash(self._key)
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
-
-
-def _hashable(v: Any) -> Any:
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return ("id", id(v))
 
 
 @jax.tree_util.register_static
@@ -273,7 +230,7 @@ class _Static:
         return hash(self.value)
 
 
-def _out_avals(fn: Callable, sig: _Signature, flat) -> list:
+def _out_avals(fn: Callable, sig: Signature, flat) -> list:
     return jax.tree_util.tree_leaves(jax.eval_shape(lambda *p: sig.call(fn, p), *flat))
 
 
@@ -284,7 +241,7 @@ def _instantiate(ct: Any, aval: Any) -> Any:
     return ct
 
 
-def _pullback(fn: Callable, sig: _Signature, wrt: tuple[int, ...], flat, ct_leaves) -> list:
+def _pullback(fn: Callable, sig: Signature, wrt: tuple[int, ...], flat, ct_leaves) -> list:
     """The gradients of ``fn`` w.r.t. the flat inputs ``wrt``, for the
     output cotangents ``ct_leaves``."""
     flat = list(flat)

@@ -1,5 +1,13 @@
-"""A host callback run only when a flag computed on device is set, told
-which ``vmap`` examples set it.
+"""Host callbacks that know about ``vmap``: the one injection of host
+callbacks that debugging (``_debug``) and watching loops (``_watch``)
+share.
+
+* ``notify(flag, values, host)``: a host callback run only when a flag
+  computed on device is set, told which ``vmap`` example set it;
+* ``once(host, values, reduce)``: a host callback run once per call, not
+  once per ``vmap`` example (a batch's values reduced on device);
+* ``collecting()`` / ``deliver(error)``: errors found by callbacks, raised
+  by the wrapper waiting for the call when there is one.
 
 ``notify(flag, values, host)`` calls ``host(values, example)`` on the host
 for the first example whose ``flag`` is true (``example``: its index along
@@ -17,6 +25,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
+from jax.experimental import io_callback
+
+
+def once(host: Callable[..., None], values: Sequence[Any],
+         reduce: Callable[[Any], Any] | None = None,
+         when: Callable[..., Any] | None = None) -> Any:
+    """``host(*values)`` on the host, once per call: under ``vmap``, once
+    for the batch, each batched value reduced by ``reduce`` (default: its
+    first example); only if ``when(*values)`` (of the reduced values)
+    holds, when given. Returns ``values[0]`` as passed through the host, so
+    that what uses it runs after the callback (callbacks stay in order).
+    Not differentiated."""
+    values = [jax.lax.stop_gradient(v) for v in values]
+
+    def through_host(*vs):
+        host(*vs)
+        return np.asarray(vs[0])
+
+    def callback(values):
+        first = values[0]
+        return io_callback(through_host, jax.ShapeDtypeStruct(jnp.shape(first), first.dtype),
+                           *values)
+
+    @custom_vmap
+    def call(values):
+        if when is None:
+            return callback(values)
+        return jax.lax.cond(when(*values), callback, lambda values: values[0], values)
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, values):
+        (values_batched,) = in_batched
+        reduced = [(reduce(v) if reduce is not None else v[0]) if b else v
+                   for v, b in zip(values, values_batched)]
+        out = call(reduced)
+        if values_batched[0]:  # (the batch's own first values, in order after the call)
+            return values[0] + jnp.zeros_like(values[0]) * out, True
+        return out, False
+
+    return call(values)
 
 
 def notify(flag: Any, values: Sequence[Any], host: Callable[[list, int | None], None]) -> None:
