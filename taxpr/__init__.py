@@ -62,6 +62,12 @@ from ._state import (
     value_and_grad as value_and_grad,
 )
 from ._random import next_key as next_key, seed as seed
+from ._watch import (
+    LoopInfo as LoopInfo,
+    PlainDisplay as PlainDisplay,
+    progress as progress,
+    tap as tap,
+)
 from ._typed import (
     TypedClosedJaxpr as TypedClosedJaxpr,
     tcj_partition_out as tcj_partition_out,
@@ -81,7 +87,7 @@ _COMPATIBILITY_NAMES = {
 }
 
 __all__ = [
-    "CheckError", "CustomRuleError", "InjectError", "NonFiniteError", "Origin", "checked", "debug_nans", "error_if", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
+    "CheckError", "CustomRuleError", "InjectError", "LoopInfo", "NonFiniteError", "Origin", "PlainDisplay", "checked", "debug_nans", "error_if", "progress", "tap", "Injected", "LoopRows", "Site", "capture", "patch", "perturb", "select", "sites", "StateError", "StateInfo", "StateNotUncurriedWarning", "StateScope", "TagSite", "TypedClosedJaxpr",
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "grad", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",

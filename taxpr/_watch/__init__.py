@@ -9,5 +9,6 @@ The host callbacks are ``taxpr._host``'s, shared with ``taxpr._debug``.
 
 from ._display import LoopInfo as LoopInfo, PlainDisplay as PlainDisplay
 from ._progress import progress as progress
+from ._tap import tap as tap
 
-__all__ = ["LoopInfo", "PlainDisplay", "progress"]
+__all__ = ["LoopInfo", "PlainDisplay", "progress", "tap"]

@@ -43,6 +43,12 @@ class Hooks:
     callbacks stay in program order (the token of one loop's ``end`` is
     the next loop's ``start``'s)."""
 
+    def every(self, loop: Loop) -> int:
+        """Iterations between two ``tick``s that matter: a scan is run as
+        chunks of that many, ``tick`` called after each chunk only (a
+        check per iteration would cost more than a small body)."""
+        return 1
+
     def start(self, loop: Loop, token: Any) -> Any:
         return token
 
@@ -51,6 +57,10 @@ class Hooks:
 
     def end(self, loop: Loop, i: Any) -> Any:
         return i
+
+    def value(self, site: Any, value: Any, steps: tuple) -> None:
+        """A tapped equation's output ``value`` (``site``: what the caller
+        tapped), ``steps`` the iteration of each enclosing loop."""
 
 
 class LoopIndex:
@@ -64,14 +74,19 @@ class LoopIndex:
         self.loops: list[Loop] = []
         self._key_of: dict[int, int] = {}  # id(loop eqn) -> key
         self._inside: dict[int, frozenset] = {}  # id(jaxpr) -> keys of the loops in it
-        self._walk(closed, (), 0)
+        self._enclosing: dict[int, tuple] = {}  # id(eqn) -> keys of the loops around it
+        self._eqns_in: dict[int, frozenset] = {}  # id(jaxpr) -> ids of its eqns, nested too
+        self._walk(closed, (), 0, ())
 
-    def _walk(self, jaxpr, path: tuple[str, ...], depth: int) -> frozenset:
+    def _walk(self, jaxpr, path: tuple[str, ...], depth: int, around: tuple) -> frozenset:
         keys: set = set()
+        eqn_ids: set = set()
         for eqn in _jaxpr.jaxpr_parts(jaxpr).eqns:
+            self._enclosing[id(eqn)] = around
+            eqn_ids.add(id(eqn))
             subs = _traverse.subjaxprs(eqn)
             kind = {_compat.scan_p: "scan", _compat.while_p: "while"}.get(eqn.primitive)
-            inner_depth = depth
+            inner_depth, inner_around = depth, around
             if kind is not None:
                 label = subs[0][0].label if kind == "scan" else "while"
                 total = eqn.params["length"] if kind == "scan" else None
@@ -79,12 +94,22 @@ class LoopIndex:
                 self.loops.append(Loop(key, kind, "/".join(path + (label,)), total, depth))
                 self._key_of[id(eqn)] = key
                 keys.add(key)
-                inner_depth = depth + 1
+                inner_depth, inner_around = depth + 1, around + (key,)
             for sub, sj in subs:
-                keys |= self._walk(sj, path + (sub.label,), inner_depth)
+                keys |= self._walk(sj, path + (sub.label,), inner_depth, inner_around)
+                eqn_ids |= self._eqns_in[id(sj)]
         found = frozenset(keys)
         self._inside[id(jaxpr)] = found
+        self._eqns_in[id(jaxpr)] = frozenset(eqn_ids)
         return found
+
+    def enclosing(self, eqn) -> tuple:
+        """The keys of the loops around ``eqn``, outermost first."""
+        return self._enclosing.get(id(eqn), ())
+
+    def eqns_in(self, jaxpr) -> frozenset:
+        """The ids of the equations of ``jaxpr`` and of its nested jaxprs."""
+        return self._eqns_in.get(id(jaxpr), frozenset())
 
     def key(self, eqn) -> int | None:
         return self._key_of.get(id(eqn))
@@ -94,18 +119,22 @@ class LoopIndex:
 
 
 def run_watched(closed: Any, args: Sequence[Any], index: LoopIndex, chosen: dict[int, Loop],
-                hooks: Hooks) -> list:
+                hooks: Hooks, taps: dict[int, list] | None = None) -> list:
     """``closed`` (indexed by ``index``) evaluated on ``args`` with the
-    loops ``chosen`` (by key) watched; the outputs."""
-    return _Run(index, chosen, hooks).jaxpr(closed, args)
+    loops ``chosen`` (by key) watched and the equations ``taps`` lists (by
+    id: ``[(site, output index)]``) tapped (``Hooks.value``); the
+    outputs."""
+    return _Run(index, chosen, hooks, taps or {}).jaxpr(closed, args)
 
 
 class _Run:
-    def __init__(self, index: LoopIndex, chosen: dict[int, Loop], hooks: Hooks):
-        self.index, self.chosen, self.hooks = index, chosen, hooks
+    def __init__(self, index: LoopIndex, chosen: dict[int, Loop], hooks: Hooks, taps: dict):
+        self.index, self.chosen, self.hooks, self.taps = index, chosen, hooks, taps
+        self.steps: list = []  # the iteration of each watched loop being traced
 
     def holds(self, jaxpr) -> bool:
-        return any(k in self.chosen for k in self.index.inside(jaxpr))
+        return (any(k in self.chosen for k in self.index.inside(jaxpr))
+                or (bool(self.taps) and not self.index.eqns_in(jaxpr).isdisjoint(self.taps)))
 
     def jaxpr(self, jaxpr: Any, args: Sequence[Any]) -> list:
         parts = _jaxpr.jaxpr_parts(jaxpr)
@@ -129,6 +158,8 @@ class _Run:
                 outs = self.rebound(eqn, ins)
             else:
                 outs = _bind(eqn, ins)
+            for site, k in self.taps.get(id(eqn), ()):
+                self.hooks.value(site, outs[k], tuple(self.steps))
             for v, o in zip(eqn.outvars, outs):
                 if not isinstance(v, core.DropVar):
                     env[v] = o
@@ -185,15 +216,45 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
     (nc, ncarry), length = _jaxpr.scan_counts(p), p["length"]
     consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
     body, hooks = run.body(p["jaxpr"]), run.hooks
+    unroll, every = p.get("unroll", 1), hooks.every(loop)
 
-    def step(state, x):
+    def iteration(state, x):
         i, c = state[0], state[1:]
-        outs = body(*consts, *c, *x)
-        return (hooks.tick(loop, i + 1), *outs[:ncarry]), outs[ncarry:]
+        run.steps.append(i)
+        try:
+            outs = body(*consts, *c, *x)
+        finally:
+            run.steps.pop()
+        return (i + 1, *outs[:ncarry]), outs[ncarry:]
+
+    def ticked(state, x):
+        (i, *c), ys = iteration(state, x)
+        return (hooks.tick(loop, i), *c), ys
 
     i0 = _zero_after(hooks.start(loop, _start_token(token)))
-    (i, *carry), ys = lax.scan(step, (i0, *carry), xs, length=length, reverse=p["reverse"],
-                               unroll=p.get("unroll", 1))
+    state = (i0, *carry)
+    if every > 1 and length >= every and not p["reverse"]:
+        # Chunks of ``every`` iterations (the same body, in the same order),
+        # ticked after each chunk; the rest ticked per iteration.
+        chunks, done = length // every, (length // every) * every
+
+        def chunk(state, xs_chunk):
+            state, ys = lax.scan(iteration, state, xs_chunk, length=every, unroll=unroll)
+            return (hooks.tick(loop, state[0]), *state[1:]), ys
+
+        state, ys = lax.scan(chunk, state, [x[:done].reshape(chunks, every, *x.shape[1:])
+                                            for x in xs], length=chunks)
+        # (a barrier: XLA would otherwise fuse what reads the rows with the
+        # reshape, and sum them in another order than the plain scan's)
+        ys = list(lax.optimization_barrier([y.reshape(done, *y.shape[2:]) for y in ys]))
+        if done < length:
+            state, rest = lax.scan(ticked, state, [x[done:] for x in xs], length=length - done,
+                                   unroll=unroll)
+            ys = [jnp.concatenate([a, b]) for a, b in zip(ys, rest)]
+    else:
+        state, ys = lax.scan(ticked, state, xs, length=length, reverse=p["reverse"],
+                             unroll=unroll)
+    i, *carry = state
     return [*carry, *ys], hooks.end(loop, i)
 
 
@@ -205,7 +266,11 @@ def _watched_while(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[l
 
     def step(state):
         i, c = state[0], state[1:]
-        outs = body(*body_consts, *c)
+        run.steps.append(i)
+        try:
+            outs = body(*body_consts, *c)
+        finally:
+            run.steps.pop()
         return (hooks.tick(loop, i + 1), *outs)
 
     i0 = _zero_after(hooks.start(loop, _start_token(token)))

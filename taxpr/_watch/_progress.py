@@ -22,6 +22,9 @@ class _ProgressHooks(Hooks):
     def __init__(self, infos: dict[int, LoopInfo], display: Callable[[], Any]):
         self.infos, self.display = infos, display
 
+    def every(self, loop: Loop) -> int:
+        return self.infos[loop.key].every
+
     def start(self, loop: Loop, token: Any) -> Any:
         info = self.infos[loop.key]
         return once(lambda t: self.display().start(info), [token])
@@ -57,7 +60,8 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
             over ``LoopInfo``. Default: the outermost loops.
         nested: with ``loops=None``, every loop (nested loops: nested bars).
         every: iterations between two updates (default: a scan's length /
-            100, a while loop's 1); the display throttles what it shows.
+            20, a while loop's 1). Each update is a host callback (tens of
+            microseconds); the display throttles what it shows.
         desc: the label (default: the loop's path name).
         total: the number of iterations of a while loop, if known.
         display: what shows the progress: an object with ``start(loop)``,
@@ -114,6 +118,8 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
 
 def _info(loop: Loop, desc: str | None, total: int | None, every: int | None) -> LoopInfo:
     n = loop.total if loop.total is not None else total
-    step = every if every is not None else (max(1, n // 100) if loop.kind == "scan" and n else 1)
+    # By default about 20 updates per scan: each is a host callback (tens of
+    # microseconds); a while loop, whose length is not known, every iteration.
+    step = every if every is not None else (-(-n // 20) if loop.kind == "scan" and n else 1)
     return LoopInfo(loop.key, loop.kind, loop.name, n, loop.depth,
                     desc if desc is not None else loop.name, step)

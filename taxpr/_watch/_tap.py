@@ -1,0 +1,74 @@
+"""``tx.tap``: the values of selected sites streamed to the host as a
+compiled program computes them, loop iteration by iteration."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from .._capture._api import _Traced
+from .._capture._select import SelectorLike, select
+from .. import _traverse
+from ._loops import Hooks, LoopIndex, run_watched
+
+
+class _TapHooks(Hooks):
+    def __init__(self, callback: Callable[[str, Any, Any], None]):
+        self.callback = callback
+
+    def value(self, site: Any, value: Any, steps: tuple) -> None:
+        def host(value, *steps):
+            step = int(np.max(steps[-1])) if steps else None
+            self.callback(site.name, np.asarray(value), step)
+        # A debug callback: JAX keeps it where its output is unused (under
+        # grad too); under vmap it runs once per example.
+        jax.debug.callback(host, jax.lax.stop_gradient(value), *steps)
+
+
+def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
+        callback: Callable[[str, Any, Any], None]) -> Callable:
+    """``fn`` with the values of the selected sites given to ``callback``
+    on the host as they are computed: the live counterpart of
+    ``tx.capture`` (nothing is kept in device memory).
+
+    Arguments:
+        fn: the function (unmodified: any library's).
+        selector: which sites, as ``tx.capture`` selects them (a glob over
+            ``tx.sites`` names, a predicate over ``taxpr.Site``, a
+            ``taxpr.select`` helper), or a list of them.
+        callback: ``callback(name, value, step)``: the site's name, its
+            value (a NumPy array; under ``vmap``, one call per example), and the
+            iteration of the innermost loop around the site (None outside
+            loops).
+
+    Returns:
+        The wrapped function, returning what ``fn`` returns (bit for bit);
+        it composes with ``jit``, ``vmap`` and ``grad`` (the forward
+        values).
+    """
+    selectors = list(selector) if isinstance(selector, (list, tuple)) else [selector]
+    hooks = _TapHooks(callback)
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        traced = _Traced(fn, args, kwargs)
+        chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, "tap")}
+        by_ordinal: dict[int, list] = {}
+        for site in chosen_sites.values():
+            by_ordinal.setdefault(site.ordinal, []).append(site)
+        index = LoopIndex(traced.closed)
+        taps: dict[int, list] = {}
+        loops: dict[int, Any] = {}
+        for ordinal, (eqn, _, _) in enumerate(_traverse.walk(traced.closed)):
+            for site in by_ordinal.get(ordinal, ()):
+                taps.setdefault(id(eqn), []).append((site, site.output))
+                for key in index.enclosing(eqn):
+                    loops[key] = index.loops[key]
+        run = jax.jit(lambda *leaves: run_watched(traced.closed, leaves, index, loops, hooks,
+                                                  taps))
+        return traced.unflatten(run(*traced.leaves))
+
+    return wrapped
