@@ -5,7 +5,13 @@ share.
 * ``notify(flag, values, host)``: a host callback run only when a flag
   computed on device is set, told which ``vmap`` example set it;
 * ``once(host, values, reduce)``: a host callback run once per call, not
-  once per ``vmap`` example (a batch's values reduced on device);
+  once per ``vmap`` example (a batch's values reduced on device), whose
+  result what follows depends on (callbacks stay in order);
+* ``tick(host, i, when)``: a host callback in a loop, once per call where
+  ``when(i)`` holds;
+* ``poll(host, i, next_at)``: a host callback in a loop when ``i`` reaches
+  ``next_at``, the host choosing the next one (updates a few times a
+  second, whatever the loop's speed);
 * ``collecting()`` / ``deliver(error)``: errors found by callbacks, raised
   by the wrapper waiting for the call when there is one.
 
@@ -65,6 +71,54 @@ def once(host: Callable[..., None], values: Sequence[Any],
         return out, False
 
     return call(values)
+
+
+def tick(host: Callable[[Any], None], i: Any, when: Callable[[Any], Any]) -> Any:
+    """``host(i)`` on the host where ``when(i)`` holds, once per call (under
+    ``vmap``: for the batch's largest ``i``); returns ``i``. A debug
+    callback (allowed in a while loop whose predicate ``vmap`` batched),
+    whose order is the loop's."""
+    i = jax.lax.stop_gradient(i)
+
+    @custom_vmap
+    def call(i):
+        jax.lax.cond(when(i), lambda: jax.debug.callback(host, i), lambda: None)
+        return i
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, i):
+        (batched,) = in_batched
+        call(jnp.max(i) if batched else i)
+        return i, batched
+
+    return call(i)
+
+
+def poll(host: Callable[[int], int], i: Any, next_at: Any) -> Any:
+    """Where ``i >= next_at``: ``host(i)`` on the host, which returns the
+    next ``next_at``; else ``next_at``. Once per call (under ``vmap``: for
+    the batch's largest ``i``); the result is not batched. An io callback
+    (its result is used): not for a while loop whose predicate ``vmap``
+    batched."""
+    i, next_at = jax.lax.stop_gradient(i), jax.lax.stop_gradient(next_at)
+
+    def on_host(i):
+        return np.asarray(host(int(i)), np.int32)
+
+    @custom_vmap
+    def call(i, next_at):
+        return jax.lax.cond(
+            i >= next_at,
+            lambda: io_callback(on_host, jax.ShapeDtypeStruct((), jnp.int32), i),
+            lambda: jnp.asarray(next_at, jnp.int32))
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, i, next_at):
+        i_batched, at_batched = in_batched
+        return call(jnp.max(i) if i_batched else i,
+                    jnp.min(next_at) if at_batched else next_at), False
+
+    return call(i, next_at)
 
 
 def notify(flag: Any, values: Sequence[Any], host: Callable[[list, int | None], None]) -> None:

@@ -116,7 +116,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # every `long` test. Marked here, in one place, rather than in each module.
 SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
                           "test_site.py", "test_ir_codegen_standalone.py",
-                          "test_multiprocess.py", "test_markers.py"})
+                          "test_multiprocess.py", "test_markers.py",
+                          "test_progress_terminal.py"})
 SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_diffrax.py", "test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows"),
                         ("test_diffrax.py",

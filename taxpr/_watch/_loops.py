@@ -55,6 +55,11 @@ class Hooks:
     def tick(self, loop: Loop, i: Any) -> Any:
         return i
 
+    def poll(self, loop: Loop, i: Any, next_at: Any) -> Any:
+        """After a chunk of a scan (``every``): the iteration count at which
+        to poll next (``next_at`` when ``i`` has not reached it)."""
+        return next_at
+
     def end(self, loop: Loop, i: Any) -> Any:
         return i
 
@@ -131,6 +136,7 @@ class _Run:
     def __init__(self, index: LoopIndex, chosen: dict[int, Loop], hooks: Hooks, taps: dict):
         self.index, self.chosen, self.hooks, self.taps = index, chosen, hooks, taps
         self.steps: list = []  # the iteration of each watched loop being traced
+        self.last_token: Any = None  # the last watched loop's end in the jaxpr just run
 
     def holds(self, jaxpr) -> bool:
         return (any(k in self.chosen for k in self.index.inside(jaxpr))
@@ -154,6 +160,10 @@ class _Run:
             if key is not None and key in self.chosen:
                 watch = _watched_scan if eqn.primitive is _compat.scan_p else _watched_while
                 outs, token = watch(self, eqn, ins, self.chosen[key], token)
+            elif eqn.primitive is _compat.jit_p and self.holds(eqn.params["jaxpr"]):
+                # A jit call is inlined: the same computation, and what the
+                # watched loops around it carry is in scope.
+                outs = self.jaxpr(eqn.params["jaxpr"], ins)
             elif any(self.holds(sj) for _, sj in _traverse.subjaxprs(eqn)):
                 outs = self.rebound(eqn, ins)
             else:
@@ -163,6 +173,7 @@ class _Run:
             for v, o in zip(eqn.outvars, outs):
                 if not isinstance(v, core.DropVar):
                     env[v] = o
+        self.last_token = token  # (a loop around this jaxpr ticks after it)
         return [read(v) for v in parts.outvars]
 
     def body(self, jaxpr: Any) -> Callable:
@@ -179,6 +190,12 @@ class _Run:
                 continue
             avals = [v.aval for v in _jaxpr.jaxpr_parts(sj).invars]
             traced = jax.make_jaxpr(lambda *a, sj=sj: self.jaxpr(sj, a))(*avals)
+            if any(isinstance(c, core.Tracer) for c in _jaxpr.jaxpr_parts(traced).consts or ()):
+                raise NotImplementedError(
+                    f"taxpr: cannot watch inside '{eqn.primitive.name}' ({sub.label}) within a "
+                    f"watched loop: the loop's iteration would be captured by its jaxpr; "
+                    f"watch the outer loop only (tx.progress's loops=) or tap a site "
+                    f"outside '{eqn.primitive.name}'")
             if isinstance(sj, core.Jaxpr) and not _compat.MERGED_JAXPR:
                 open_jaxpr, consts = _jaxpr.open_with_constvars(traced)
                 if consts:
@@ -205,6 +222,11 @@ def _start_token(token: Any) -> Any:
     return jnp.zeros((), jnp.int32) if token is None else jnp.asarray(token, jnp.int32)
 
 
+def _after(i: Any, token: Any) -> Any:
+    """``i``, computed after ``token`` (an inner loop's end) where there is one."""
+    return i if token is None else i + _zero_after(token)
+
+
 def _zero_after(token: Any) -> Any:
     """0, computed from ``token`` (a count) so that what uses it runs after
     what made ``token`` (``token * 0`` would be simplified away)."""
@@ -225,7 +247,7 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
             outs = body(*consts, *c, *x)
         finally:
             run.steps.pop()
-        return (i + 1, *outs[:ncarry]), outs[ncarry:]
+        return (_after(i + 1, run.last_token), *outs[:ncarry]), outs[ncarry:]
 
     def ticked(state, x):
         (i, *c), ys = iteration(state, x)
@@ -235,21 +257,24 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
     state = (i0, *carry)
     if every > 1 and length >= every and not p["reverse"]:
         # Chunks of ``every`` iterations (the same body, in the same order),
-        # ticked after each chunk; the rest ticked per iteration.
+        # polled after each chunk; the rest ticked per iteration.
         chunks, done = length // every, (length // every) * every
 
         def chunk(state, xs_chunk):
+            next_at, state = state[0], state[1:]
             state, ys = lax.scan(iteration, state, xs_chunk, length=every, unroll=unroll)
-            return (hooks.tick(loop, state[0]), *state[1:]), ys
+            return (hooks.poll(loop, state[0], next_at), *state), ys
 
-        state, ys = lax.scan(chunk, state, [x[:done].reshape(chunks, every, *x.shape[1:])
-                                            for x in xs], length=chunks)
+        first = jnp.asarray(every, jnp.int32) + i0
+        (_, *state), ys = lax.scan(chunk, (first, *state),
+                                   [x[:done].reshape(chunks, every, *x.shape[1:]) for x in xs],
+                                   length=chunks)
         # (a barrier: XLA would otherwise fuse what reads the rows with the
         # reshape, and sum them in another order than the plain scan's)
         ys = list(lax.optimization_barrier([y.reshape(done, *y.shape[2:]) for y in ys]))
         if done < length:
-            state, rest = lax.scan(ticked, state, [x[done:] for x in xs], length=length - done,
-                                   unroll=unroll)
+            state, rest = lax.scan(ticked, tuple(state), [x[done:] for x in xs],
+                                   length=length - done, unroll=unroll)
             ys = [jnp.concatenate([a, b]) for a, b in zip(ys, rest)]
     else:
         state, ys = lax.scan(ticked, state, xs, length=length, reverse=p["reverse"],
@@ -271,7 +296,7 @@ def _watched_while(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[l
             outs = body(*body_consts, *c)
         finally:
             run.steps.pop()
-        return (hooks.tick(loop, i + 1), *outs)
+        return (hooks.tick(loop, _after(i + 1, run.last_token)), *outs)
 
     i0 = _zero_after(hooks.start(loop, _start_token(token)))
     i, *carry = lax.while_loop(lambda s: cond(*cond_consts, *s[1:])[0], step, (i0, *carry))

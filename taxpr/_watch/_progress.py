@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from .._calls import Signature
-from .._host import once
+from .._host import once, poll, tick
 from ._display import LoopInfo, default_display
 from ._loops import Hooks, Loop, LoopIndex, run_watched
 
@@ -19,22 +20,39 @@ from ._loops import Hooks, Loop, LoopIndex, run_watched
 class _ProgressHooks(Hooks):
     """Host callbacks telling ``display`` where each watched loop is."""
 
-    def __init__(self, infos: dict[int, LoopInfo], display: Callable[[], Any]):
-        self.infos, self.display = infos, display
+    def __init__(self, infos: dict[int, LoopInfo], display: Callable[[], Any],
+                 adaptive: bool):
+        self.infos, self.display, self.adaptive = infos, display, adaptive
+        self.paces: dict[int, _Pace] = {}
 
     def every(self, loop: Loop) -> int:
         return self.infos[loop.key].every
 
+    def poll(self, loop: Loop, i: Any, next_at: Any) -> Any:
+        info = self.infos[loop.key]
+
+        def on_host(n: int) -> int:
+            self.display().update(info, n)
+            pace = self.paces.setdefault(loop.key, _Pace(self.adaptive))
+            return pace.next_at(n, info)
+        return poll(on_host, i, next_at)
+
     def start(self, loop: Loop, token: Any) -> Any:
         info = self.infos[loop.key]
-        return once(lambda t: self.display().start(info), [token])
+
+        def on_host(t):
+            self.paces[loop.key] = _Pace(self.adaptive)
+            self.display().start(info)
+        return once(on_host, [token])
 
     def tick(self, loop: Loop, i: Any) -> Any:
         info = self.infos[loop.key]
         every, total = info.every, info.total
         # Under vmap: the slowest example (a while loop with a batched
         # predicate runs until every example is done).
-        return once(lambda n: self.display().update(info, int(n)), [i], reduce=jnp.max,
+        # (a debug callback, not an io one: JAX allows it in a while loop
+        # whose predicate vmap batched; the loop's end runs after it)
+        return tick(lambda n: self.display().update(info, int(n)), i,
                     when=lambda n: (n % every == 0) | (n == (total or -1)))
 
     def end(self, loop: Loop, i: Any) -> Any:
@@ -59,9 +77,10 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
             (``"*diffeqsolve*/while"``, ``"jit[train]/scan*"``) or a predicate
             over ``LoopInfo``. Default: the outermost loops.
         nested: with ``loops=None``, every loop (nested loops: nested bars).
-        every: iterations between two updates (default: a scan's length /
-            20, a while loop's 1). Each update is a host callback (tens of
-            microseconds); the display throttles what it shows.
+        every: iterations between two updates. Default: a scan's display
+            is updated a few times a second at the loop's measured speed
+            (each update is a host callback, tens of microseconds), a while
+            loop's every iteration.
         desc: the label (default: the loop's path name).
         total: the number of iterations of a while loop, if known.
         display: what shows the progress: an object with ``start(loop)``,
@@ -106,7 +125,7 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
             index = LoopIndex(closed)
             infos = chosen_loops(index)
             chosen = {k: index.loops[k] for k in infos}
-            hooks = _ProgressHooks(infos, current_display)
+            hooks = _ProgressHooks(infos, current_display, adaptive=every is None)
             out_tree = jax.tree_util.tree_structure(out_shape)
             compiled[key] = (jax.jit(lambda *d: run_watched(closed, d, index, chosen, hooks)),
                              out_tree)
@@ -116,10 +135,30 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
     return wrapped
 
 
+class _Pace:
+    """When a scan's display is updated next: ``every`` iterations, or by
+    default (``adaptive``) a few times a second at the loop's measured
+    speed (each update is a host callback, tens of microseconds: a loop
+    that ends in milliseconds is updated once or twice)."""
+
+    INTERVAL = 0.2  # seconds between two updates, by default
+
+    def __init__(self, adaptive: bool = True):
+        self.adaptive = adaptive
+        self.t0 = time.monotonic()
+
+    def next_at(self, n: int, info: LoopInfo) -> int:
+        if not self.adaptive or n <= 0:
+            return n + info.every
+        rate = n / max(time.monotonic() - self.t0, 1e-9)
+        return n + max(info.every, int(rate * self.INTERVAL))
+
+
 def _info(loop: Loop, desc: str | None, total: int | None, every: int | None) -> LoopInfo:
     n = loop.total if loop.total is not None else total
-    # By default about 20 updates per scan: each is a host callback (tens of
-    # microseconds); a while loop, whose length is not known, every iteration.
-    step = every if every is not None else (-(-n // 20) if loop.kind == "scan" and n else 1)
+    # A scan runs in chunks of 1% (polled between chunks, by default a few
+    # times a second); a while loop, whose length is not known, every
+    # iteration.
+    step = every if every is not None else (-(-n // 100) if loop.kind == "scan" and n else 1)
     return LoopInfo(loop.key, loop.kind, loop.name, n, loop.depth,
                     desc if desc is not None else loop.name, step)

@@ -1,0 +1,155 @@
+"""``tx.progress``: what a display is told, against the loop structure
+computed by hand (a Python loop's count of iterations), and the outputs
+against the function without the bars, bit for bit."""
+
+from __future__ import annotations
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import taxpr as tx
+
+
+class Recorder:
+    """A display keeping what it is told."""
+
+    def __init__(self):
+        self.events: list = []
+
+    def start(self, loop):
+        self.events.append(("start", loop.name, loop.total))
+
+    def update(self, loop, n):
+        self.events.append(("update", loop.name, n))
+
+    def close(self, loop, n):
+        self.events.append(("close", loop.name, n))
+
+
+def _simulate(x):
+    def step(c, i):
+        return c * 0.99 + jnp.sin(i) * 0.01, c
+    c, ys = lax.scan(step, x, jnp.arange(1000.0))
+    k, c = lax.while_loop(lambda s: s[0] < 37, lambda s: (s[0] + 1, s[1] * 1.001), (0, c))
+    return c, ys.sum()
+
+
+SCAN, WHILE = "scan[length=1000]", "while"
+
+
+def _expected(every_scan: int, every_while: int, n_while: int = 37) -> list:
+    """The events of one call, written out in Python."""
+    events = [("start", SCAN, 1000)]
+    events += [("update", SCAN, n) for n in range(1, 1001) if n % every_scan == 0 or n == 1000]
+    events += [("close", SCAN, 1000), ("start", WHILE, None)]
+    events += [("update", WHILE, n) for n in range(1, n_while + 1) if n % every_while == 0]
+    return events + [("close", WHILE, n_while)]
+
+
+def _bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("every", [1, 250, 300])
+def test_events_of_one_call_in_order(every):
+    rec = Recorder()
+    f = tx.progress(_simulate, display=rec, every=every)
+    out = f(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert _bits(out) == _bits(jax.jit(_simulate)(jnp.float32(1.0)))
+    assert rec.events == _expected(every, every)
+
+
+def test_by_default_a_fast_loop_is_updated_a_few_times():
+    # Updates a few times a second at the loop's speed: this scan ends in
+    # milliseconds, so it is polled after its first 1% and then at most a
+    # few times, the counts growing, each a multiple of the 1% chunk.
+    rec = Recorder()
+    out = tx.progress(_simulate, display=rec)(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert _bits(out) == _bits(jax.jit(_simulate)(jnp.float32(1.0)))
+    scan = [e for e in rec.events if e[1] == SCAN]
+    assert scan[0] == ("start", SCAN, 1000) and scan[-1] == ("close", SCAN, 1000)
+    counts = [n for kind, _, n in scan if kind == "update"]
+    assert counts[0] == 10 and counts == sorted(set(counts)) and len(counts) <= 5, counts
+    assert all(n % 10 == 0 for n in counts)
+    assert rec.events[len(scan):] == _expected(1, 1)[-39:]  # the while loop: every iteration
+
+
+def test_a_warm_second_call_under_jit_starts_new_bars():
+    rec = Recorder()
+    f = jax.jit(tx.progress(_simulate, display=rec, every=500))
+    for _ in range(2):
+        f(jnp.float32(1.0))
+        jax.effects_barrier()
+    assert rec.events == _expected(500, 500) * 2
+
+
+def test_vmap_one_bar_and_the_slowest_example():
+    def f(n):
+        return lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] + 1.0),
+                              (0, 0.0))[1]
+    rec = Recorder()
+    out = jax.vmap(tx.progress(f, display=rec))(jnp.array([3, 7, 5]))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(out), [3.0, 7.0, 5.0])
+    assert rec.events == ([("start", WHILE, None)]
+                          + [("update", WHILE, n) for n in range(1, 8)]
+                          + [("close", WHILE, 7)])
+
+
+def test_nested_loops():
+    def f(x):
+        def outer(c, _):
+            return lax.scan(lambda d, _: (d * 1.01, None), c, None, length=4)[0], None
+        return lax.scan(outer, x, None, length=3)[0]
+    rec = Recorder()
+    tx.progress(f, display=rec, every=1)(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert [e for e in rec.events if e[1].startswith("scan[length=3]/")] == []  # outer only
+    rec.events.clear()
+    out = tx.progress(f, display=rec, every=1, nested=True)(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert _bits(out) == _bits(jax.jit(f)(jnp.float32(1.0)))
+    inner = "scan[length=3]/scan[length=4]"
+    want = [("start", "scan[length=3]", 3)]
+    for k in range(1, 4):
+        want += [("start", inner, 4)] + [("update", inner, n) for n in range(1, 5)]
+        want += [("close", inner, 4), ("update", "scan[length=3]", k)]
+    assert rec.events == want + [("close", "scan[length=3]", 3)]
+
+
+def test_grad_shows_the_forward_loop_and_differentiates_as_without():
+    def f(x):
+        def step(c, i):
+            return c * 0.99 + jnp.sin(c * i) * 0.01, c
+        return lax.scan(step, x, jnp.arange(1000.0))[1].sum()
+    rec = Recorder()
+    g = jax.grad(tx.progress(f, display=rec, every=500))(1.0)
+    jax.effects_barrier()
+    assert np.asarray(g).tobytes() == np.asarray(jax.grad(f)(1.0)).tobytes()
+    assert rec.events == [("start", SCAN, 1000), ("update", SCAN, 500), ("update", SCAN, 1000),
+                          ("close", SCAN, 1000)]
+
+
+def test_select_loops_by_path_and_a_while_total():
+    rec = Recorder()
+    tx.progress(_simulate, display=rec, loops="while", total=37, desc="settling")(1.0)
+    jax.effects_barrier()
+    assert rec.events[0] == ("start", WHILE, 37) and rec.events[-1] == ("close", WHILE, 37)
+    assert all(e[1] == WHILE for e in rec.events)
+
+
+def test_plain_lines_without_a_terminal():
+    stream = io.StringIO()
+    tx.progress(_simulate, display=tx.PlainDisplay(stream, interval=0.0), loops="scan*",
+                every=500, desc="steps")(1.0)
+    jax.effects_barrier()
+    assert stream.getvalue().splitlines() == [
+        "steps: 0/1000 (0%)", "steps: 500/1000 (50%)", "steps: 1000/1000 (100%)",
+        "steps: 1000/1000 (100%) done"]
