@@ -203,13 +203,17 @@ def test_grad_wrt_a_value_planted_in_the_matvec_is_an_error():
         jax.grad(planted)(jnp.float32(SCALE))
 
 
-def test_grad_wrt_a_state_read_in_the_matvec_is_an_error():
-    def f(b):
-        mv = lambda x: tx.get_state("lx_scale", jnp.float32(1.0)) * (A @ x)  # noqa: E731
+@pytest.mark.parametrize("matrix", ["global", "argument"])
+def test_grad_wrt_a_state_read_in_the_matvec_is_an_error(matrix):
+    # "argument": the matvec closes over a traced matrix, so lineax keeps
+    # its closure-converted jaxpr (with the read in it), not the function.
+    def f(b, a):
+        m = A if matrix == "global" else a
+        mv = lambda x: tx.get_state("lx_scale", jnp.float32(1.0)) * (m @ x)  # noqa: E731
         return lx.linear_solve(_op(mv, "lu"), b, _solvers()["lu"]).value
 
-    pure, _ = tx.uncurry(f, B)
-    loss = lambda s: pure({"lx_scale": s}, B)[0].sum()  # noqa: E731
+    pure, _ = tx.uncurry(f, B, A)
+    loss = lambda s: pure({"lx_scale": s}, B, A)[0].sum()  # noqa: E731
     close(loss(jnp.float32(SCALE)), _scaled_solution(SCALE).sum(), rtol=1e-4)
     with pytest.raises(NotImplementedError, match=r"name='lx_scale'.*" + _KEPT_CODE):
         jax.grad(loss)(jnp.float32(SCALE))

@@ -22,7 +22,7 @@ LIMIT = 10.0
 def _line(marker: str) -> str:
     lines = inspect.getsource(inspect.getmodule(_line)).splitlines()
     n = next(i for i, text in enumerate(lines, 1) if marker in text and "_line(" not in text)
-    return f"test_checks.py:{n}"
+    return f"test_error_if.py:{n}"
 
 
 def _simulate(x):
