@@ -34,20 +34,22 @@ LAYERS = (
           "building (_jaxpr), the switches set while JAX traces and the private "
           "modules taxpr uses (_jax)"),
     Layer("base", ("_traverse", "_libraries", "primitives", "_find", "_dependence",
-                   "_per_example"),
+                   "_per_example", "_host", "_calls"),
           "the tag primitive and its own rules (primitives), one traversal of nested "
           "jaxprs (_traverse), what taxpr knows of equinox and flax (_libraries), "
           "selecting tags (_find), data dependence, per-example values under vmap "
-          "(_per_example)"),
+          "(_per_example), host callbacks that know vmap (_host), a call's static and "
+          "array arguments (_calls)"),
     Layer("engine", ("_replay", "_engine", "_guards", "_expand", "_inject"),
           "one interpreter with thread rules per Primitive (_engine), replayed "
           "backward passes, guards of batched predicates, expanding high-level "
           "primitives, inject"),
-    Layer("clients", ("_state", "harvest", "_random", "_dataflow", "_typed", "ir"),
+    Layer("clients", ("_state", "harvest", "_random", "_dataflow", "_typed", "ir", "_debug"),
           "effects as site rules and hooks of the engine: states, sow/reap/plant, "
-          "keys; jaxpr utilities; taxpr.ir"),
-    Layer("clients of clients", ("_capture", "select"),
-          "capture and patch of any equation (harvest sows inserted at the sites)"),
+          "keys; jaxpr utilities; taxpr.ir; debug_nans and error_if (_debug)"),
+    Layer("clients of clients", ("_capture", "select", "_watch"),
+          "capture and patch of any equation (harvest sows inserted at the sites); "
+          "progress bars and taps of loops (_watch)"),
     Layer("patches", ("_patches",),
           "every replacement of JAX's own rules, installed by `import taxpr`"),
     Layer("package", ("taxpr",), "the public names (taxpr/__init__.py)"),

@@ -21,7 +21,7 @@ from ._select import SelectorLike, select
 from ._sites import Site
 
 
-class _Traced:
+class Traced:
     """``fn`` traced at the arrays among its arguments (other leaves are
     static, as ``equinox.filter_jit`` and ``uncurry`` treat them)."""
 
@@ -66,7 +66,7 @@ def sites(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Site, ...]:
     args, kwargs = jax.tree_util.tree_map(
         lambda x: jax.numpy.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct)
         else x, (args, kwargs))
-    return _Traced(fn, args, kwargs).sites
+    return Traced(fn, args, kwargs).sites
 
 
 def _check_sow_mode(site: Site, what: str) -> None:
@@ -118,7 +118,7 @@ def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None
 
     @functools.wraps(fn, updated=())
     def wrapped(*args, **kwargs):
-        traced = _Traced(fn, args, kwargs)
+        traced = Traced(fn, args, kwargs)
         chosen: dict[str, Site] = {}
         patched = _rewrite.patched_sites(traced.closed)
         for sel in selectors:
@@ -206,7 +206,7 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
 
     @functools.wraps(fn, updated=())
     def wrapped(*args, **kwargs):
-        traced = _Traced(fn, args, kwargs)
+        traced = Traced(fn, args, kwargs)
         plan: dict[int, list] = {}
         planted: dict[str, Any] = {}
         taken: dict[str, Any] = {}
@@ -298,7 +298,7 @@ def perturb(fn: Callable, *selectors: SelectorLike) -> Callable:
         raise TypeError("taxpr.perturb: give at least one selector")
 
     def wrapped(perturbations, *args, **kwargs):
-        traced = _Traced(fn, args, kwargs)
+        traced = Traced(fn, args, kwargs)
         plan: dict[int, list] = {}
         chosen: set = set()
         for sel in selectors:

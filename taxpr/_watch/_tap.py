@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from .._capture._api import _Traced
+from .._capture._api import Traced
 from .._capture._select import SelectorLike, select
 from .. import _traverse
 from ._loops import Hooks, LoopIndex, run_watched
@@ -54,7 +54,7 @@ def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        traced = _Traced(fn, args, kwargs)
+        traced = Traced(fn, args, kwargs)
         chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, "tap")}
         by_ordinal: dict[int, list] = {}
         for site in chosen_sites.values():

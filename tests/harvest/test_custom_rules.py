@@ -682,7 +682,15 @@ def test_append_sow_in_custom_rule_function_reap_plant_and_grads(kind):
     # the output keeps the user's rule; the reaped value has its own derivative
     allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[0])(1.0), 7.0)
     allclose(jax.grad(lambda x: h.call_and_reap(fn, tag=T)(x)[1]["a"].sum())(1.0), 2.0)
-    allclose(jax.grad(lambda p: h.plant(fn, tag=T)({"a": p}, 1.0))(jnp.array([5.0])), [1.0])
+    # Differentiated, JAX runs the rule in the function's place, and the
+    # rule's own call of the function cannot be given the planted row: an
+    # error naming the sow (the value would be the unplanted 3, not 6).
+    for planted in (lambda p: h.plant(fn, tag=T)({"a": p}, 1.0),
+                    lambda x: h.plant(fn, tag=T)({"a": jnp.array([5.0])}, x)):
+        with pytest.raises(NotImplementedError, match=r"tag\(op=sow, tag='t', name='a', "
+                                                      r"mode='append'\), planted with one value"):
+            jax.value_and_grad(planted)(jnp.array([5.0]) if planted.__code__.co_varnames[0] == "p"
+                                        else 1.0)
 
 
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd", "jacrev", "jit_grad"])
