@@ -186,3 +186,28 @@ def test_while_loop_iteration_and_nested_jit():
     e = info.value
     assert e.primitive == "sqrt" and e.iterations == (("while", 2),)
     assert e.path[-1] == "jit[inner]" and e.path[0].startswith("while")
+
+
+def test_a_nan_in_a_custom_vjp_bwd_is_in_the_backward_pass():
+    @jax.custom_vjp
+    def act(x):
+        return x * 2.0
+
+    def fwd(x):
+        return act(x), x
+
+    def bwd(x, g):
+        return (g * jnp.log(x),)
+
+    act.defvjp(fwd, bwd)
+
+    def f(x):
+        return act(x).sum()  # the call: JAX traces the bwd with its source
+
+    x = jnp.array([1.0, -1.0])
+    assert float(tx.debug_nans(f)(x)) == 0.0
+    with pytest.raises(tx.NonFiniteError) as info:
+        tx.debug_nans(jax.grad(f))(x)
+    e = info.value
+    assert (e.primitive, e.phase) == ("log", "backward")
+    assert e.source.startswith(_line("the call: JAX traces the bwd"))
