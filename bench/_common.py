@@ -52,6 +52,13 @@ def nested_scans(depth: int, length: int, step: Callable[[int, Any], Any]) -> Ca
     return lambda x: level(0, x)
 
 
+def ratio_figure(name: str, ratio: float, target: float | None) -> dict:
+    """A figure of a run-time ratio, with its upper bound (or none)."""
+    return {"name": name, "value": ratio,
+            "target": None if target is None else f"<= {target}",
+            "pass": None if target is None else ratio <= target}
+
+
 def print_figures(figures: list[dict]) -> None:
     """Print a module's figures, one per line, marked by whether each meets
     its target."""

@@ -31,7 +31,7 @@ from jax.experimental import checkify
 import taxpr as tx
 
 from bench_state import compare_runtime  # noqa: E402 - bench/ is on the path
-from _common import print_figures  # noqa: E402
+from _common import print_figures, ratio_figure  # noqa: E402
 
 WIDTH, DEPTH, BATCH, LR = 256, 6, 128, 1e-2
 TARGET = 1.3
@@ -84,9 +84,7 @@ def run(quick: bool = False) -> dict:
         r = compare_runtime(fn, step, args, reps, calls)
         result[name] = r
         target = None if name.startswith("checkify") else TARGET
-        figures.append({"name": f"run time {name} / step", "value": r["ratio"],
-                        "target": None if target is None else f"<= {target}",
-                        "pass": None if target is None else r["ratio"] <= target})
+        figures.append(ratio_figure(f"run time {name} / step", r["ratio"], target))
     result["figures"] = figures
     return result
 

@@ -32,7 +32,7 @@ from jax import lax
 import taxpr as tx
 
 from bench_state import compare_runtime  # noqa: E402 - bench/ is on the path
-from _common import print_figures  # noqa: E402
+from _common import print_figures, ratio_figure  # noqa: E402
 
 STEPS, WIDTH, BATCH = 10_000, 128, 8
 TARGET = 1.05
@@ -72,9 +72,7 @@ def run(quick: bool = False) -> dict:
         assert (jax.jit(fn)(w, h) == want).all(), name  # bit for bit
         r = compare_runtime(fn, simulate, (w, h), reps, calls)
         result[name] = r
-        figures.append({"name": f"run time {name} / plain", "value": r["ratio"],
-                        "target": None if target is None else f"<= {target}",
-                        "pass": None if target is None else r["ratio"] <= target})
+        figures.append(ratio_figure(f"run time {name} / plain", r["ratio"], target))
     result["figures"] = figures
     return result
 
