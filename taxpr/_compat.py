@@ -13,6 +13,7 @@ relevant changed, works without a code change.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from typing import Any, Callable, Sequence
@@ -326,6 +327,21 @@ def eager_constant_folding() -> bool:
 # ---- source locations --------------------------------------------------------
 
 _TAXPR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@contextlib.contextmanager
+def own_source_info():
+    """Equations traced in the block get their own tracebacks, not those of
+    a transformation running around them (JAX's backward pass gives every
+    equation it traces the traceback of the one it transposes)."""
+    from jax._src import source_info_util
+    context = source_info_util._source_info_context
+    previous = context.context
+    context.context = source_info_util.new_source_info()
+    try:
+        yield
+    finally:
+        context.context = previous
 
 
 def traceback_codes(traceback: Any) -> tuple:

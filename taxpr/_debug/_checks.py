@@ -184,7 +184,7 @@ def _located(fn: Callable, args, kwargs) -> CheckError | None:
 
     token = _REPLAYING.set(True)
     try:
-        with jax.default_device(jax.devices("cpu")[0]):
+        with jax.default_device(jax.devices("cpu")[0]), _compat.own_source_info():
             closed = jax.make_jaxpr(flat_fn)(*flat)
         run_closed(closed, flat, Run(inf=True))
     except CheckError as error:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._eager import Origin, Run, run_closed
+from .. import _compat
 from .._calls import Signature
 from .._host import collecting, deliver, notify
 
@@ -119,12 +120,12 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
             (``jax.jvp``) needs ``backward=False``.
 
     Returns:
-        The wrapped function. Called with concrete values, it waits for its
-        outputs and raises the ``NonFiniteError`` itself; called inside
-        ``jax.jit`` / ``jax.vmap`` / ``jax.grad``, the error is raised by a
-        host callback, which JAX reports as its runtime error with the
-        ``NonFiniteError``'s message. Under ``vmap`` the first failing
-        example is named.
+        The wrapped function. Called with concrete values (also inside a
+        ``jax.vmap`` or ``jax.grad`` run eagerly, backward pass included),
+        it waits for its outputs and raises the ``NonFiniteError`` itself;
+        inside ``jax.jit``, the error is raised by a host callback, which
+        JAX reports as its runtime error with the ``NonFiniteError``'s
+        message. Under ``vmap`` the first failing example is named.
     """
     name = getattr(fn, "__name__", repr(fn))
     programs: dict = {}
@@ -135,7 +136,7 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         accelerator)."""
         key = (*key_parts, tuple((np.shape(v), np.asarray(v).dtype) for v in values))
         if key not in programs:
-            with jax.default_device(jax.devices("cpu")[0]):
+            with jax.default_device(jax.devices("cpu")[0]), _compat.own_source_info():
                 programs[key] = jax.make_jaxpr(flat_fn)(*values)
         return programs[key]
 
@@ -160,19 +161,34 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         closed = traced((sig, "backward", wrt), vjp_flat, values)
         report(closed, values, "backward", example)
 
-    def forward_body(sig, flat):
+    def forward_body(sig, *flat):
         out = sig.call(fn, flat)
         flag = _finite_flag(jax.tree_util.tree_leaves(out), inf)
         notify(flag, flat, functools.partial(diagnose, sig))
         return out
 
-    def checked_body(sig, *flat):
+    def backward_body(sig, wrt, flat, ct_leaves):
+        grads = _pullback(fn, sig, wrt, flat, ct_leaves)
+        flag = jnp.logical_and(_finite_flag(grads, inf),
+                               jnp.logical_not(_finite_flag(ct_leaves, inf)))
+        notify(flag, [*flat, *ct_leaves], functools.partial(diagnose_backward, sig, wrt))
+        return grads
+
+    forwards: dict = {}
+    backwards: dict = {}
+
+    def forward(sig, flat):
+        if sig not in forwards:
+            forwards[sig] = jax.jit(functools.partial(forward_body, sig))
+        return forwards[sig](*flat)
+
+    def checked_call(sig, flat):
         if not backward:
-            return forward_body(sig, flat)
+            return forward(sig, flat)
 
         @jax.custom_vjp
         def call(*flat):
-            return forward_body(sig, flat)
+            return forward(sig, flat)
 
         # Symbolic zeros: the inputs JAX differentiates are known, so only
         # their gradients are computed and checked (an input not asked for
@@ -180,38 +196,30 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         def fwd(*primals):
             flat = [p.value for p in primals]
             wrt = _Static(tuple(i for i, p in enumerate(primals) if p.perturbed))
-            return forward_body(sig, flat), (flat, wrt)
+            return forward(sig, flat), (flat, wrt)
 
         def bwd(residuals, ct):
             flat, wrt = residuals
             ct_leaves = [_instantiate(c, o) for c, o in
                          zip(jax.tree_util.tree_leaves(ct), _out_avals(fn, sig, flat))]
-            grads = _pullback(fn, sig, wrt.value, flat, ct_leaves)
-            flag = jnp.logical_and(_finite_flag(grads, inf),
-                                   jnp.logical_not(_finite_flag(ct_leaves, inf)))
-            notify(flag, [*flat, *ct_leaves],
-                   functools.partial(diagnose_backward, sig, wrt.value))
+            key = (sig, wrt.value)
+            if key not in backwards:
+                backwards[key] = jax.jit(functools.partial(backward_body, sig, wrt.value))
+            # The backward pass of a jax.grad run eagerly reaches here with
+            # values: its error is raised here, cleanly, as the call's.
+            grads = _raising_collected(backwards[key], flat, ct_leaves)
             by_input = dict(zip(wrt.value, grads))
             return tuple(by_input.get(i) for i in range(len(flat)))
 
         call.defvjp(fwd, bwd, symbolic_zeros=True)
         return call(*flat)
 
-    jitted: dict = {}
-
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         sig, dynamic = Signature.of(args, kwargs)
-        if sig not in jitted:
-            jitted[sig] = jax.jit(functools.partial(checked_body, sig))
         # Run eagerly (not under an outer jit), the call's callbacks run
         # before it returns: their error is raised here, cleanly.
-        with collecting() as found:
-            out = jitted[sig](*dynamic)
-            jax.effects_barrier()
-        if found:
-            raise found[0]
-        return out
+        return _raising_collected(lambda *d: checked_call(sig, d), *dynamic)
 
     return wrapped
 
@@ -228,6 +236,18 @@ class _Static:
 
     def __hash__(self):
         return hash(self.value)
+
+
+def _raising_collected(fn: Callable, *args) -> Any:
+    """``fn(*args)``, raising the first error its host callbacks found while
+    it ran (those that run later, in a compiled program, raise from their
+    callback)."""
+    with collecting() as found:
+        out = fn(*args)
+        jax.effects_barrier()
+    if found:
+        raise found[0]
+    return out
 
 
 def _out_avals(fn: Callable, sig: Signature, flat) -> list:
