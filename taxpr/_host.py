@@ -36,13 +36,15 @@ from jax.experimental import io_callback
 
 def once(host: Callable[..., None], values: Sequence[Any],
          reduce: Callable[[Any], Any] | None = None,
-         when: Callable[..., Any] | None = None) -> Any:
+         when: Callable[..., Any] | None = None, io: bool = True) -> Any:
     """``host(*values)`` on the host, once per call: under ``vmap``, once
     for the batch, each batched value reduced by ``reduce`` (default: its
     first example); only if ``when(*values)`` (of the reduced values)
     holds, when given. Returns ``values[0]`` as passed through the host, so
     that what uses it runs after the callback (callbacks stay in order).
-    Not differentiated."""
+    Not differentiated. ``io=False`` where JAX allows no io effect (a while
+    loop whose predicate ``vmap`` batched, a ``custom_vjp`` on some JAX
+    versions): a debug callback, nothing waiting for it."""
     values = [jax.lax.stop_gradient(v) for v in values]
 
     def through_host(*vs):
@@ -51,6 +53,9 @@ def once(host: Callable[..., None], values: Sequence[Any],
 
     def callback(values):
         first = values[0]
+        if not io:
+            jax.debug.callback(host, *values)
+            return first
         return io_callback(through_host, jax.ShapeDtypeStruct(jnp.shape(first), first.dtype),
                            *values)
 
@@ -73,22 +78,33 @@ def once(host: Callable[..., None], values: Sequence[Any],
     return call(values)
 
 
-def tick(host: Callable[[Any], None], i: Any, when: Callable[[Any], Any]) -> Any:
+def tick(host: Callable[[Any], None], i: Any, when: Callable[[Any], Any],
+         io: bool = True) -> Any:
     """``host(i)`` on the host where ``when(i)`` holds, once per call (under
-    ``vmap``: for the batch's largest ``i``); returns ``i``. A debug
-    callback (allowed in a while loop whose predicate ``vmap`` batched),
-    whose order is the loop's."""
+    ``vmap``: for the batch's largest ``i``); returns ``i``, as passed
+    through the host (what uses it runs after the callback). Under
+    ``vmap``, a debug callback instead (allowed in a while loop whose
+    predicate ``vmap`` batched), whose result nothing waits for."""
     i = jax.lax.stop_gradient(i)
+
+    def through_host(i):
+        host(i)
+        return np.asarray(i)
 
     @custom_vmap
     def call(i):
-        jax.lax.cond(when(i), lambda: jax.debug.callback(host, i), lambda: None)
-        return i
+        if not io:
+            jax.lax.cond(when(i), lambda: jax.debug.callback(host, i), lambda: None)
+            return i
+        return jax.lax.cond(
+            when(i), lambda i: io_callback(through_host, jax.ShapeDtypeStruct(i.shape, i.dtype), i),
+            lambda i: i, i)
 
     @call.def_vmap
     def _batched(axis_size, in_batched, i):
         (batched,) = in_batched
-        call(jnp.max(i) if batched else i)
+        top = jnp.max(i) if batched else i
+        jax.lax.cond(when(top), lambda: jax.debug.callback(host, top), lambda: None)
         return i, batched
 
     return call(i)

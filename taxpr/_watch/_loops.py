@@ -41,7 +41,9 @@ class Hooks:
     each iteration (``i``: how many are done), ``end(loop, i) -> token``
     after it. Each returns a value that what follows depends on: host
     callbacks stay in program order (the token of one loop's ``end`` is
-    the next loop's ``start``'s)."""
+    the next loop's ``start``'s). Each is given ``io``: whether JAX allows
+    an io callback where it is traced (not in a while loop's body, which
+    ``vmap`` may batch, nor in a custom derivative rule's function)."""
 
     def every(self, loop: Loop) -> int:
         """Iterations between two ``tick``s that matter: a scan is run as
@@ -49,18 +51,18 @@ class Hooks:
         check per iteration would cost more than a small body)."""
         return 1
 
-    def start(self, loop: Loop, token: Any) -> Any:
+    def start(self, loop: Loop, token: Any, io: bool) -> Any:
         return token
 
-    def tick(self, loop: Loop, i: Any) -> Any:
+    def tick(self, loop: Loop, i: Any, io: bool) -> Any:
         return i
 
-    def poll(self, loop: Loop, i: Any, next_at: Any) -> Any:
+    def poll(self, loop: Loop, i: Any, next_at: Any, io: bool) -> Any:
         """After a chunk of a scan (``every``): the iteration count at which
         to poll next (``next_at`` when ``i`` has not reached it)."""
         return next_at
 
-    def end(self, loop: Loop, i: Any) -> Any:
+    def end(self, loop: Loop, i: Any, io: bool) -> Any:
         return i
 
     def value(self, site: Any, value: Any, steps: tuple) -> None:
@@ -137,6 +139,7 @@ class _Run:
         self.index, self.chosen, self.hooks, self.taps = index, chosen, hooks, taps
         self.steps: list = []  # the iteration of each watched loop being traced
         self.last_token: Any = None  # the last watched loop's end in the jaxpr just run
+        self.io: list[bool] = [True]  # whether io callbacks may be traced here
 
     def holds(self, jaxpr) -> bool:
         return (any(k in self.chosen for k in self.index.inside(jaxpr))
@@ -160,9 +163,10 @@ class _Run:
             if key is not None and key in self.chosen:
                 watch = _watched_scan if eqn.primitive is _compat.scan_p else _watched_while
                 outs, token = watch(self, eqn, ins, self.chosen[key], token)
-            elif eqn.primitive is _compat.jit_p and self.holds(eqn.params["jaxpr"]):
-                # A jit call is inlined: the same computation, and what the
-                # watched loops around it carry is in scope.
+            elif (eqn.primitive is _compat.jit_p and self.steps
+                  and self.holds(eqn.params["jaxpr"])):
+                # Inside a watched loop a jit call is inlined (the same
+                # computation), so that the loop's iteration is in scope.
                 outs = self.jaxpr(eqn.params["jaxpr"], ins)
             elif any(self.holds(sj) for _, sj in _traverse.subjaxprs(eqn)):
                 outs = self.rebound(eqn, ins)
@@ -185,26 +189,36 @@ class _Run:
         """``eqn`` bound again with its jaxprs that hold chosen loops
         rewritten (traced again through this ``_Run``), its rules kept."""
         new = {}
-        for sub, sj in _traverse.subjaxprs(eqn):
-            if not self.holds(sj):
-                continue
-            avals = [v.aval for v in _jaxpr.jaxpr_parts(sj).invars]
-            traced = jax.make_jaxpr(lambda *a, sj=sj: self.jaxpr(sj, a))(*avals)
-            if any(isinstance(c, core.Tracer) for c in _jaxpr.jaxpr_parts(traced).consts or ()):
-                raise NotImplementedError(
-                    f"taxpr: cannot watch inside '{eqn.primitive.name}' ({sub.label}) within a "
-                    f"watched loop: the loop's iteration would be captured by its jaxpr; "
-                    f"watch the outer loop only (tx.progress's loops=) or tap a site "
-                    f"outside '{eqn.primitive.name}'")
-            if isinstance(sj, core.Jaxpr) and not _compat.MERGED_JAXPR:
-                open_jaxpr, consts = _jaxpr.open_with_constvars(traced)
-                if consts:
-                    raise NotImplementedError(
-                        f"taxpr: cannot watch a loop inside '{eqn.primitive.name}': the "
-                        f"rewritten {sub.label} holds constants, which its open jaxpr cannot")
-                traced = open_jaxpr
-            new[(sub.key, sub.index)] = traced
+        # (JAX allows no io effect in a custom derivative rule's function on
+        # every version)
+        self.io.append(self.io[-1] and eqn.primitive not in _compat.CUSTOM_CALL_PRIMITIVES)
+        try:
+            for sub, sj in _traverse.subjaxprs(eqn):
+                if self.holds(sj):
+                    new[(sub.key, sub.index)] = self._retraced(eqn, sub, sj)
+        finally:
+            self.io.pop()
         return _bind(_traverse.with_subjaxprs(eqn, new), ins)
+
+    def _retraced(self, eqn, sub, sj) -> Any:
+        """``sj`` (a jaxpr of ``eqn``) traced again through this ``_Run``, of
+        the same kind (closed or open)."""
+        avals = [v.aval for v in _jaxpr.jaxpr_parts(sj).invars]
+        traced = jax.make_jaxpr(lambda *a: self.jaxpr(sj, a))(*avals)
+        if any(isinstance(c, core.Tracer) for c in _jaxpr.jaxpr_parts(traced).consts or ()):
+            raise NotImplementedError(
+                f"taxpr: cannot watch inside '{eqn.primitive.name}' ({sub.label}) within a "
+                f"watched loop: the loop's iteration would be captured by its jaxpr; "
+                f"watch the outer loop only (tx.progress's loops=) or tap a site "
+                f"outside '{eqn.primitive.name}'")
+        if not isinstance(sj, _compat.ClosedJaxpr):  # an open jaxpr (0.10's checkpoint)
+            open_jaxpr, consts = _jaxpr.open_with_constvars(traced)
+            if consts:
+                raise NotImplementedError(
+                    f"taxpr: cannot watch a loop inside '{eqn.primitive.name}': the "
+                    f"rewritten {sub.label} holds constants, which its open jaxpr cannot")
+            traced = open_jaxpr
+        return traced
 
 
 def _bind(eqn, ins: list) -> list:
@@ -217,8 +231,12 @@ def _bind(eqn, ins: list) -> list:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def _start_token(token: Any) -> Any:
-    """The previous loop's end token (a count, never negative), or 0."""
+def _start_token(token: Any, run: "_Run") -> Any:
+    """What a loop's start waits for: the previous loop's end here, else the
+    iteration of the loop around (the previous iteration's tick), else
+    nothing (each a count, never negative)."""
+    if token is None and run.steps:
+        token = run.steps[-1]
     return jnp.zeros((), jnp.int32) if token is None else jnp.asarray(token, jnp.int32)
 
 
@@ -251,9 +269,9 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
 
     def ticked(state, x):
         (i, *c), ys = iteration(state, x)
-        return (hooks.tick(loop, i), *c), ys
+        return (hooks.tick(loop, i, run.io[-1]), *c), ys
 
-    i0 = _zero_after(hooks.start(loop, _start_token(token)))
+    i0 = _zero_after(hooks.start(loop, _start_token(token, run), run.io[-1]))
     state = (i0, *carry)
     if every > 1 and length >= every and not p["reverse"]:
         # Chunks of ``every`` iterations (the same body, in the same order),
@@ -263,7 +281,7 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
         def chunk(state, xs_chunk):
             next_at, state = state[0], state[1:]
             state, ys = lax.scan(iteration, state, xs_chunk, length=every, unroll=unroll)
-            return (hooks.poll(loop, state[0], next_at), *state), ys
+            return (hooks.poll(loop, state[0], next_at, run.io[-1]), *state), ys
 
         first = jnp.asarray(every, jnp.int32) + i0
         (_, *state), ys = lax.scan(chunk, (first, *state),
@@ -280,7 +298,7 @@ def _watched_scan(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[li
         state, ys = lax.scan(ticked, state, xs, length=length, reverse=p["reverse"],
                              unroll=unroll)
     i, *carry = state
-    return [*carry, *ys], hooks.end(loop, i)
+    return [*carry, *ys], hooks.end(loop, i, run.io[-1])
 
 
 def _watched_while(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[list, Any]:
@@ -289,15 +307,19 @@ def _watched_while(run: _Run, eqn, ins: list, loop: Loop, token: Any) -> tuple[l
     cond_consts, body_consts, carry = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
     cond, body, hooks = run.body(p["cond_jaxpr"]), run.body(p["body_jaxpr"]), run.hooks
 
+    # (no io callback in the body: vmap may batch the loop's predicate, and
+    # JAX then allows none)
     def step(state):
         i, c = state[0], state[1:]
         run.steps.append(i)
+        run.io.append(False)
         try:
             outs = body(*body_consts, *c)
         finally:
             run.steps.pop()
-        return (hooks.tick(loop, _after(i + 1, run.last_token)), *outs)
+            run.io.pop()
+        return (hooks.tick(loop, _after(i + 1, run.last_token), False), *outs)
 
-    i0 = _zero_after(hooks.start(loop, _start_token(token)))
+    i0 = _zero_after(hooks.start(loop, _start_token(token, run), run.io[-1]))
     i, *carry = lax.while_loop(lambda s: cond(*cond_consts, *s[1:])[0], step, (i0, *carry))
-    return list(carry), hooks.end(loop, i)
+    return list(carry), hooks.end(loop, i, run.io[-1])

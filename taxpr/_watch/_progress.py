@@ -28,8 +28,27 @@ class _ProgressHooks(Hooks):
     def every(self, loop: Loop) -> int:
         return self.infos[loop.key].every
 
-    def poll(self, loop: Loop, i: Any, next_at: Any) -> Any:
+    def start(self, loop: Loop, token: Any, io: bool) -> Any:
         info = self.infos[loop.key]
+
+        def on_host(t):
+            self.paces[loop.key] = _Pace(self.adaptive)
+            self.display().start(info)
+        return once(on_host, [token], io=io)
+
+    def tick(self, loop: Loop, i: Any, io: bool) -> Any:
+        info = self.infos[loop.key]
+        every, total = info.every, info.total
+        # Under vmap: the slowest example (a while loop with a batched
+        # predicate runs until every example is done).
+        return tick(lambda n: self.display().update(info, int(n)), i,
+                    when=lambda n: (n % every == 0) | (n == (total or -1)), io=io)
+
+    def poll(self, loop: Loop, i: Any, next_at: Any, io: bool) -> Any:
+        info = self.infos[loop.key]
+        if not io:  # (no answer from the host: an update per chunk)
+            self.tick(loop, i, io)
+            return next_at
 
         def on_host(n: int) -> int:
             self.display().update(info, n)
@@ -37,27 +56,9 @@ class _ProgressHooks(Hooks):
             return pace.next_at(n, info)
         return poll(on_host, i, next_at)
 
-    def start(self, loop: Loop, token: Any) -> Any:
+    def end(self, loop: Loop, i: Any, io: bool) -> Any:
         info = self.infos[loop.key]
-
-        def on_host(t):
-            self.paces[loop.key] = _Pace(self.adaptive)
-            self.display().start(info)
-        return once(on_host, [token])
-
-    def tick(self, loop: Loop, i: Any) -> Any:
-        info = self.infos[loop.key]
-        every, total = info.every, info.total
-        # Under vmap: the slowest example (a while loop with a batched
-        # predicate runs until every example is done).
-        # (a debug callback, not an io one: JAX allows it in a while loop
-        # whose predicate vmap batched; the loop's end runs after it)
-        return tick(lambda n: self.display().update(info, int(n)), i,
-                    when=lambda n: (n % every == 0) | (n == (total or -1)))
-
-    def end(self, loop: Loop, i: Any) -> Any:
-        info = self.infos[loop.key]
-        return once(lambda n: self.display().close(info, int(n)), [i], reduce=jnp.max)
+        return once(lambda n: self.display().close(info, int(n)), [i], reduce=jnp.max, io=io)
 
 
 def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = None,
