@@ -401,6 +401,11 @@ def _examples() -> dict:
     out["example_data_parallel_step"] = _traced(jax.jit(data_parallel_step), state0,
                                                 *m.global_batch(0))
 
+    m = example("nan_hunt")
+    x, y = m.data(jax.random.key(0))
+    _, train = m.make_train(jax.nn.log_sigmoid)
+    out["example_nan_hunt_train"] = _traced(train, jnp.zeros((2,)), x, y)
+
     if has("equinox"):
         out.update(_equinox_examples())
     return out
