@@ -1,14 +1,16 @@
 """A traced program run again with its selected loops watched.
 
-``run_watched(closed, args, choose, hooks)`` evaluates ``closed`` on
-``args`` (inside the caller's trace: ``jit``, ``vmap``, ``grad``), binding
-every equation as it is, except the loops ``choose`` selects: each is bound
-again through ``lax.scan`` / ``lax.while_loop`` with the same body and one
-more carry, its iteration count, and ``hooks`` called around it and every
-``every`` iterations (``Hooks``). Equations holding a selected loop deeper
-in (``jit``, ``custom_jvp`` / ``custom_vjp`` calls, ``checkpoint``) are
-bound again with their jaxprs rewritten the same way; their rules are
-kept (what they compute is unchanged).
+``run_watched(closed, args, index, chosen, hooks, taps)`` evaluates
+``closed`` on ``args`` (inside the caller's trace: ``jit``, ``vmap``,
+``grad``), binding every equation as it is, except the loops ``chosen``
+(``LoopIndex`` keys): each is bound again through ``lax.scan`` /
+``lax.while_loop`` with the same body and one more carry, its iteration
+count, and ``hooks`` called around it and in it (``Hooks``); the
+equations ``taps`` lists give their outputs to ``Hooks.value``.
+Equations holding a chosen loop or a tapped equation deeper in (``jit``,
+``custom_jvp`` / ``custom_vjp`` calls, ``checkpoint``) are bound again with
+their jaxprs rewritten the same way; their rules are kept (what they
+compute is unchanged).
 """
 
 from __future__ import annotations
