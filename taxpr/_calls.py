@@ -18,7 +18,7 @@ class Signature:
     def __init__(self, in_tree: Any, static: tuple[tuple[int, Any], ...]):
         self.in_tree, self.static = in_tree, static
         self.num_dynamic = in_tree.num_leaves - len(static)
-        self._key = (in_tree, tuple((i, _hashable(v)) for i, v in static))
+        self._key = (in_tree, tuple((i, hashable(v)) for i, v in static))
 
     @staticmethod
     def of(args, kwargs) -> "tuple[Signature, list]":
@@ -46,7 +46,9 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
-def _hashable(v: Any) -> Any:
+def hashable(v: Any) -> Any:
+    """``v``, or a key standing for it where it is not hashable (its id:
+    the caller keeps ``v`` alive while the key is in use)."""
     try:
         hash(v)
         return v

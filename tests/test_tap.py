@@ -85,3 +85,20 @@ def test_grad_taps_the_forward_values():
 def test_a_selector_matching_nothing_names_the_nearest_sites():
     with pytest.raises(ValueError, match=r"taxpr.tap: the selector .* matches none"):
         tx.tap(_rnn, "cell/tanhh", Seen())(jnp.float32(0.3))
+
+
+def test_a_second_call_of_the_same_types_is_not_traced_again():
+    traces = []
+
+    def f(x, scale):
+        traces.append(1)
+        return jnp.sin(x) * scale
+
+    seen = Seen()
+    g = tx.tap(f, "sin", seen)
+    a = g(jnp.float32(0.5), 2.0)
+    b = g(jnp.float32(0.7), 2.0)
+    jax.effects_barrier()
+    np.testing.assert_allclose([a, b], [2 * np.sin(0.5), 2 * np.sin(0.7)], rtol=1e-6)
+    assert len(traces) == 1
+    np.testing.assert_allclose([v for _, v, _ in seen], [np.sin(0.5), np.sin(0.7)], rtol=1e-6)

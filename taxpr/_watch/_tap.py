@@ -9,7 +9,9 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from .._calls import hashable
 from .._capture._api import Traced
+from .._inject import split_arguments
 from .._capture._select import SelectorLike, select
 from .. import _traverse
 from ._loops import Hooks, LoopIndex, run_watched
@@ -51,24 +53,39 @@ def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
     """
     selectors = list(selector) if isinstance(selector, (list, tuple)) else [selector]
     hooks = _TapHooks(callback)
+    # (key: the traced leaves' types and the static leaves, kept alive with
+    # the entry) -> (the compiled run, how to unflatten its outputs)
+    compiled: dict = {}
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        traced = Traced(fn, args, kwargs)
-        chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, "tap")}
-        by_ordinal: dict[int, list] = {}
-        for site in chosen_sites.values():
-            by_ordinal.setdefault(site.ordinal, []).append(site)
-        index = LoopIndex(traced.closed)
-        taps: dict[int, list] = {}
-        loops: dict[int, Any] = {}
-        for ordinal, (eqn, _, _) in enumerate(_traverse.walk(traced.closed)):
-            for site in by_ordinal.get(ordinal, ()):
-                taps.setdefault(id(eqn), []).append((site, site.output))
-                for key in index.enclosing(eqn):
-                    loops[key] = index.loops[key]
-        run = jax.jit(lambda *leaves: run_watched(traced.closed, leaves, index, loops, hooks,
-                                                  taps))
-        return traced.unflatten(run(*traced.leaves))
+        split = split_arguments(args, kwargs)
+        static = jax.tree_util.tree_leaves(split.static)
+        key = (split.tree, tuple((np.shape(x), jax.dtypes.result_type(x)) for x in split.leaves),
+               tuple(hashable(v) for v in static))
+        if key not in compiled:
+            compiled[key] = (*_taps_of(fn, args, kwargs, selectors, hooks), static)
+        run, unflatten, _ = compiled[key]
+        return unflatten(run(*split.leaves))
 
     return wrapped
+
+
+def _taps_of(fn, args, kwargs, selectors, hooks) -> tuple[Callable, Callable]:
+    """``fn`` traced at ``args``, its selected sites tapped: the compiled
+    function of the traced leaves and the unflattening of its outputs."""
+    traced = Traced(fn, args, kwargs)
+    chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, "tap")}
+    by_ordinal: dict[int, list] = {}
+    for site in chosen_sites.values():
+        by_ordinal.setdefault(site.ordinal, []).append(site)
+    index = LoopIndex(traced.closed)
+    taps: dict[int, list] = {}
+    loops: dict[int, Any] = {}
+    for ordinal, (eqn, _, _) in enumerate(_traverse.walk(traced.closed)):
+        for site in by_ordinal.get(ordinal, ()):
+            taps.setdefault(id(eqn), []).append((site, site.output))
+            for key in index.enclosing(eqn):
+                loops[key] = index.loops[key]
+    run = jax.jit(lambda *leaves: run_watched(traced.closed, leaves, index, loops, hooks, taps))
+    return run, traced.unflatten
