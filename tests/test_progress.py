@@ -14,21 +14,7 @@ from jax import lax
 
 import taxpr as tx
 
-
-class Recorder:
-    """A display keeping what it is told."""
-
-    def __init__(self):
-        self.events: list = []
-
-    def start(self, loop):
-        self.events.append(("start", loop.name, loop.total))
-
-    def update(self, loop, n):
-        self.events.append(("update", loop.name, n))
-
-    def close(self, loop, n):
-        self.events.append(("close", loop.name, n))
+from progress_recorder import Recorder
 
 
 def _simulate(x):

@@ -12,19 +12,7 @@ from jax import lax  # noqa: E402
 
 import taxpr as tx  # noqa: E402
 
-
-class Recorder:
-    def __init__(self):
-        self.events = []
-
-    def start(self, loop):
-        self.events.append(("start", loop.name, loop.total))
-
-    def update(self, loop, n):
-        self.events.append(("update", loop.name, n))
-
-    def close(self, loop, n):
-        self.events.append(("close", loop.name, n))
+from progress_recorder import Recorder  # noqa: E402
 
 
 def test_a_diffrax_solve_shows_its_steps():
