@@ -38,8 +38,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session, "-S", "-50"],
+def _screen(target: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", target, "-S", "-50"],
                           capture_output=True, text=True, check=True).stdout
 
 
@@ -49,16 +49,16 @@ def test_bars_in_a_terminal(tmp_path):
     pytest.importorskip("tqdm", reason="tqdm is not installed (pip install 'taxpr[progress]')")
     script = tmp_path / "bars.py"
     script.write_text(SCRIPT)
-    session = f"taxpr-{uuid.uuid4().hex[:8]}"
+    target = f"taxpr-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     command = f"{sys.executable} {script}; sleep 30"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+    subprocess.run(["tmux", "new-session", "-d", "-s", target, "-x", "120", "-y", "40",
                     command], check=True, env=env)
     try:
         deadline = time.monotonic() + 120
         screen = ""
         while time.monotonic() < deadline:
-            screen = _screen(session)
+            screen = _screen(target)
             if "DONE" in screen or "Error" in screen:
                 break
             time.sleep(0.5)
@@ -71,4 +71,4 @@ def test_bars_in_a_terminal(tmp_path):
         nest = [line for line in lines if line.startswith("nest:")]
         assert nest and "3/3" in nest[-1], screen
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run(["tmux", "kill-session", "-t", target], capture_output=True)

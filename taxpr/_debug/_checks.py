@@ -24,7 +24,7 @@ from jax.interpreters import ad, batching, mlir
 
 from .._jax.internals import core
 from .. import _compat
-from ._eager import EAGER_RULES, Frame, Run, run_closed
+from ._eager import EAGER_RULES, Frame, Run, run_closed, trace_on_cpu
 from .._host import collecting, deliver, notify
 
 
@@ -184,8 +184,7 @@ def _located(fn: Callable, args, kwargs) -> CheckError | None:
 
     token = _REPLAYING.set(True)
     try:
-        with jax.default_device(jax.devices("cpu")[0]), _compat.own_source_info():
-            closed = jax.make_jaxpr(flat_fn)(*flat)
+        closed = trace_on_cpu(flat_fn, flat)
         run_closed(closed, flat, Run(inf=True))
     except CheckError as error:
         return error

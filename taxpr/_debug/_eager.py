@@ -300,6 +300,14 @@ register_eager_rule(_compat.while_p, _while_rule)
 register_eager_rule(_compat.cond_p, _cond_rule)
 
 
+def trace_on_cpu(fn: Callable, values: Sequence[Any]) -> Any:
+    """``fn`` traced at the types of ``values``, on the CPU (the host may be
+    inside a callback of a program holding the accelerator), its equations
+    keeping their own lines (not those of a backward pass running around)."""
+    with jax.default_device(jax.devices("cpu")[0]), _compat.own_source_info():
+        return jax.make_jaxpr(fn)(*values)
+
+
 def run_closed(closed: Any, args: Sequence[Any], run: Run, path: tuple[str, ...] = ()
                ) -> list[Value]:
     """``closed`` run eagerly on ``args``, on the CPU (the program this

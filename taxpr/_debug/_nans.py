@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._eager import Origin, Run, run_closed
-from .. import _compat
+from ._eager import Origin, Run, run_closed, trace_on_cpu
 from .._calls import Signature
 from .._host import collecting, deliver, notify
 
@@ -136,8 +135,7 @@ def debug_nans(fn: Callable, *, inf: bool = True, backward: bool = True) -> Call
         accelerator)."""
         key = (*key_parts, tuple((np.shape(v), np.asarray(v).dtype) for v in values))
         if key not in programs:
-            with jax.default_device(jax.devices("cpu")[0]), _compat.own_source_info():
-                programs[key] = jax.make_jaxpr(flat_fn)(*values)
+            programs[key] = trace_on_cpu(flat_fn, values)
         return programs[key]
 
     def report(closed, values, phase, example):
