@@ -62,6 +62,8 @@ from ._state import (
     value_and_grad as value_and_grad,
 )
 from ._random import next_key as next_key, seed as seed
+from ._lanes import uncurry_vmap as uncurry_vmap
+from ._loops import bounded_while_loop as bounded_while_loop
 from ._watch import (
     LoopInfo as LoopInfo,
     PlainDisplay as PlainDisplay,
@@ -91,7 +93,8 @@ __all__ = [
     "dissolve_tags", "find_tags", "fix_inputs", "get_state", "grad", "harvest", "inject", "injected", "ir", "iter_tags",
     "keep_tags", "load_state", "make_jaxpr", "make_jaxpr_with_states", "merge_states", "next_key", "partial", "partition_out", "set_state", "strip_outputs",
     "register_thread_rule", "save_state", "scope", "seed", "split_states", "ThreadRule",
-    "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry",
+    "tag", "tag_p", "tcj_partition_out", "tcj_transpose", "transpose", "uncurry", "uncurry_vmap",
+    "bounded_while_loop",
     "value_and_grad",
 ]
 

@@ -47,9 +47,10 @@ LAYERS = (
     Layer("clients", ("_state", "harvest", "_random", "_dataflow", "_typed", "ir", "_debug"),
           "effects as site rules and hooks of the engine: states, sow/reap/plant, "
           "keys; jaxpr utilities; taxpr.ir; debug_nans and error_if (_debug)"),
-    Layer("clients of clients", ("_capture", "select", "_watch"),
+    Layer("clients of clients", ("_capture", "select", "_watch", "_lanes", "_loops"),
           "capture and patch of any equation (harvest sows inserted at the sites); "
-          "progress bars and taps of loops (_watch)"),
+          "progress bars and taps of loops (_watch); states per vmap lane (_lanes), a bounded while loop "
+          "that reverse-differentiates (_loops)"),
     Layer("patches", ("_patches",),
           "every replacement of JAX's own rules, installed by `import taxpr`"),
     Layer("package", ("taxpr",), "the public names (taxpr/__init__.py)"),
