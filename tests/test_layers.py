@@ -44,13 +44,14 @@ LAYERS = (
           "one interpreter with thread rules per Primitive (_engine), replayed "
           "backward passes, guards of batched predicates, expanding high-level "
           "primitives, inject"),
-    Layer("clients", ("_state", "harvest", "_random", "_dataflow", "_typed", "ir", "_debug"),
+    Layer("clients", ("_state", "harvest", "_random", "_dataflow", "_typed", "_debug"),
           "effects as site rules and hooks of the engine: states, sow/reap/plant, "
-          "keys; jaxpr utilities; taxpr.ir; debug_nans and error_if (_debug)"),
-    Layer("clients of clients", ("_capture", "select", "_watch", "_lanes", "_loops"),
+          "keys; jaxpr utilities; debug_nans and error_if (_debug)"),
+    Layer("clients of clients", ("_capture", "select", "_watch", "_lanes", "_loops", "ir"),
           "capture and patch of any equation (harvest sows inserted at the sites); "
           "progress bars and taps of loops (_watch); states per vmap lane (_lanes), a bounded while loop "
-          "that reverse-differentiates (_loops)"),
+          "that reverse-differentiates (_loops); taxpr.ir (its viewer names values as "
+          "tx.sites does)"),
     Layer("patches", ("_patches",),
           "every replacement of JAX's own rules, installed by `import taxpr`"),
     Layer("package", ("taxpr",), "the public names (taxpr/__init__.py)"),

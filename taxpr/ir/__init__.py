@@ -1,6 +1,6 @@
 """The jaxpr toolchain: optimization passes that work inside every nested
-jaxpr, jaxpr building and jit inlining, Python code generation and Graphviz
-graphs. Names follow brainstate's transform module where it has them."""
+jaxpr, jaxpr building and jit inlining, Python code generation, Graphviz
+graphs and an interactive HTML viewer. Names follow brainstate's transform module where it has them."""
 
 from ._build import (
     eqns_to_closed_jaxpr as eqns_to_closed_jaxpr,
@@ -13,6 +13,7 @@ from ._codegen import (
     jaxpr_to_python_code as jaxpr_to_python_code,
 )
 from ._dot import render as render, to_dot as to_dot
+from ._view import HTML as HTML, view as view
 from ._passes import (
     algebraic_simplification as algebraic_simplification,
     common_subexpression_elimination as common_subexpression_elimination,
@@ -27,4 +28,5 @@ __all__ = [
     "eqns_to_closed_jaxpr", "eqns_to_jaxpr", "fn_to_python_code", "inline_jit",
     "jaxpr_to_python_code", "PythonCode",
     "copy_propagation", "dead_code_elimination", "optimize_jaxpr", "render", "to_dot",
+    "HTML", "view",
 ]
