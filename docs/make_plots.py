@@ -347,6 +347,26 @@ def debug_tools_table(path: Path = DEBUG_TOOLS_RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+COMING_FROM_RESULTS = RESULTS.parent / "results_coming_from.json"
+
+
+def coming_from_table(path: Path = COMING_FROM_RESULTS) -> str:
+    """``bench/coming_from.py``'s run: a brainstate LIF simulation and its
+    taxpr port, warm-call times and their ratio per population size."""
+    results = json.loads(Path(path).read_text())
+    lines = ["| neurons | steps | brainstate (ms) | taxpr (ms) | taxpr / brainstate |",
+             "|---|---|---|---|---|"]
+    for row in results["rows"]:
+        lines.append(f"| {row['neurons']} | {row['steps']} | {row['brainstate_ms']:.3g} | "
+                     f"{row['taxpr_ms']:.3g} | {row['ratio']:.2f} |")
+    lines.append("")
+    lines.append(f"Median of {results['repeats']} interleaved warm calls, brainstate "
+                 f"{results['brainstate']}, Python {results['python']}, JAX {results['jax']}, "
+                 f"{results['backend'].upper()} backend, {results['machine']} "
+                 f"(`python bench/coming_from.py`).")
+    return "\n".join(lines) + "\n"
+
+
 GPU_RESULTS = RESULTS.parent / "results-gpu.json"
 
 

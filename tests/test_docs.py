@@ -2,7 +2,8 @@
 
 * Every ```python block of every docs page runs: a page's blocks run in
   order in one namespace (a page reads as one script), each page in a
-  fresh one.
+  fresh one. A page that needs an optional library names it at its top
+  (`<!-- requires: flax -->`) and is skipped where it is missing.
 * Every page is in the site's navigation, and every public name has an
   entry in the API reference.
 * The performance plots' data (docs/make_plots.py) is read from the
@@ -28,6 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# A page whose code needs an optional library says so in its first lines,
+# `<!-- requires: flax -->` (several: `<!-- requires: flax, brainstate -->`);
+# where one is missing the page is skipped, naming it.
+REQUIRES = re.compile(r"^<!--\s*requires:\s*([\w.,\s-]+?)\s*-->", re.MULTILINE)
+
+
+def _requires(page: Path) -> list[str]:
+    head = "\n".join(page.read_text().splitlines()[:5])
+    return [name.strip() for m in REQUIRES.finditer(head) for name in m.group(1).split(",")
+            if name.strip()]
 
 
 def _blocks(page: Path) -> list[tuple[int, str]]:
@@ -56,6 +67,8 @@ def test_docs_pages_exist_and_most_have_code():
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=[p.stem for p in PAGES_WITH_CODE])
 def test_docs_page_code_runs(page):
+    for module in _requires(page):
+        pytest.importorskip(module, reason=f"docs/{page.name} runs {module}, not installed")
     namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
     # A page may register a thread rule (extending.md): restored after it.
     with warnings.catch_warnings(), thread_rules_restored():
