@@ -141,7 +141,10 @@ SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_x64.py", "test_ir_passes_and_codegen_on_programs_traced_with_x64"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",
-                         "test_generated_code_reproduces_a_20_000_equation_fuzz_program")})
+                         "test_generated_code_reproduces_a_20_000_equation_fuzz_program"),
+                        # one parametrization: a docs page's code (test_docs.py)
+                        ("test_docs.py", "test_docs_page_code_runs[coming-from-brainstate]"),
+                        ("test_docs.py", "test_docs_page_code_runs[coming-from-flax-nnx]")})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
@@ -149,6 +152,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
         if (item.path.name in SLOW_MODULES or (item.path.name, name) in SLOW_TESTS
+                or (item.path.name, item.name) in SLOW_TESTS
                 or item.get_closest_marker("long")):
             item.add_marker(pytest.mark.slow)
 
