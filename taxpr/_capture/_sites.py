@@ -158,14 +158,23 @@ def _subs(eqn: core.JaxprEqn, path: tuple[str, ...], ctx: _WalkCtx, frames: Iter
                                 (*ctx.enclosing, (ordinal, eqn.primitive)))
 
 
-def list_sites(closed: Any) -> tuple[Site, ...]:
-    """Every capturable value of ``closed`` (a closed jaxpr), in program order."""
+class _Named(NamedTuple):
+    """A capturable equation of the walk, with its sites' name stem."""
+
+    ordinal: int  # its place in the walk
+    eqn: Any
+    path: tuple[str, ...]
+    ctx: _WalkCtx
+    scope: str
+    stem: str  # ``scope/primitive``, ``:k`` on the k+1-th of the same
+
+
+def _named_eqns(closed: Any, consumers: dict | None = None) -> Iterator[_Named]:
+    """The capturable equations of ``closed`` in program order, named: the
+    one naming of sites (``list_sites``, ``site_names``). With
+    ``consumers``, the scopes of each variable's consumers are recorded
+    there, keyed by ``(visit of its jaxpr, var)``."""
     counts: dict[str, int] = {}
-    # Within each jaxpr: the scopes of each var's consumers (to find what
-    # leaves a scope); a jaxpr's outputs are used in its caller's scope.
-    # (Variables are keyed by the visit of their jaxpr: ``_WalkCtx.frame``.)
-    consumers: dict[Any, list[tuple[str, ...]]] = {}
-    pending: list[tuple[Site, Any]] = []  # (site, its var)
     frames = itertools.count(1)
     at = [0]  # the ordinal of the equation whose sub-jaxprs are walked next
 
@@ -176,9 +185,10 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
         at[0] = ordinal
         ctx = ctx or _WalkCtx()
         scope = ctx.scope + _scope_names(eqn)
-        for v in eqn.invars:
-            if type(v) is core.Var:
-                consumers.setdefault((ctx.frame, v), []).append(scope)
+        if consumers is not None:
+            for v in eqn.invars:
+                if type(v) is core.Var:
+                    consumers.setdefault((ctx.frame, v), []).append(scope)
         if (not ctx.capturable or eqn.primitive is tag_p or _traverse.subjaxprs(eqn)
                 or (_compat.call_hi_primitive_p is not None
                     and eqn.primitive is _compat.call_hi_primitive_p)):
@@ -187,14 +197,37 @@ def list_sites(closed: Any) -> tuple[Site, ...]:
         base = f"{scope_str}/{eqn.primitive.name}" if scope_str else eqn.primitive.name
         k = counts.get(base, 0)
         counts[base] = k + 1
-        stem = base if k == 0 else f"{base}:{k}"
-        many = len(eqn.outvars) > 1
-        for i, v in enumerate(eqn.outvars):
-            if isinstance(v, core.DropVar):
-                continue
+        yield _Named(ordinal, eqn, path, ctx, scope_str, base if k == 0 else f"{base}:{k}")
+
+
+def _output_names(stem: str, outvars) -> Iterator[tuple[int, str]]:
+    many = len(outvars) > 1
+    for i, v in enumerate(outvars):
+        if not isinstance(v, core.DropVar):
+            yield i, f"{stem}#{i}" if many else stem
+
+
+def site_names(closed: Any) -> dict[int, list[str]]:
+    """The names of ``list_sites(closed)`` by equation (its place in a walk
+    of every nested jaxpr, ``_traverse.walk``'s order), without the rest
+    of the records: for tools that show a program's sites."""
+    return {n.ordinal: [name for _, name in _output_names(n.stem, n.eqn.outvars)]
+            for n in _named_eqns(closed)}
+
+
+def list_sites(closed: Any) -> tuple[Site, ...]:
+    """Every capturable value of ``closed`` (a closed jaxpr), in program order."""
+    # Within each jaxpr: the scopes of each var's consumers (to find what
+    # leaves a scope); a jaxpr's outputs are used in its caller's scope.
+    # (Variables are keyed by the visit of their jaxpr: ``_WalkCtx.frame``.)
+    consumers: dict[Any, list[tuple[str, ...]]] = {}
+    pending: list[tuple[Site, Any]] = []  # (site, its var)
+    for ordinal, eqn, path, ctx, scope_str, stem in _named_eqns(closed, consumers):
+        for i, name in _output_names(stem, eqn.outvars):
+            v = eqn.outvars[i]
             aval = v.aval
             site = Site(
-                name=f"{stem}#{i}" if many else stem, scope=scope_str,
+                name=name, scope=scope_str,
                 primitive=eqn.primitive.name, shape=tuple(getattr(aval, "shape", ())),
                 dtype=getattr(aval, "dtype", None), loops=ctx.loops, in_cond=ctx.in_cond,
                 path=path, leaves=(), aval=aval, scan_in_cond=ctx.scan_in_cond, ordinal=ordinal, output=i, source_info=(eqn.source_info, *ctx.callers),

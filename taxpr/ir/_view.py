@@ -25,7 +25,7 @@ import jax
 from .._jax.internals import core, source_info_util
 
 from .. import _compat, _jaxpr, _traverse
-from .._capture._sites import list_sites, scope_of
+from .._capture._sites import scope_of, site_names
 from ..primitives._tag import tag_p, user_params
 from . import _view_page
 
@@ -170,6 +170,13 @@ class Pane:
     params: list = dataclasses.field(default_factory=list)
     n_sites: int = 0
 
+    @classmethod
+    def from_json(cls, d: dict) -> "Pane":
+        """The pane ``to_json`` gave (a page's saved ``HTML.data``)."""
+        return cls(d["label"], [Eqn(*e) for e in d["E"]], [Node(*n) for n in d["N"]],
+                   d["T"], d["V"], {int(k): v for k, v in d["B"].items()}, d["P"], d["S"],
+                   d["Q"], d["nSites"])
+
     def to_json(self) -> dict:
         return {"label": self.label, "E": [list(e) for e in self.eqns],
                 "N": [list(n) for n in self.nodes], "T": self.types, "V": self.values,
@@ -244,7 +251,10 @@ class _Builder:
         self.srcs = _Interned(self.pane.srcs)
         self.params = _Interned(self.pane.params)
         self.closed = closed
-        self.owner: tuple[int, int, tuple] = (-1, 0, ())  # (eqn, node, scope) of the last eqn
+        # The last equation laid out: (index, container, scope, sub-jaxprs).
+        self.owner: tuple[int, int, tuple, list] = (-1, 0, (), [])
+        self.by_traceback: dict = {}
+        self.by_params: dict = {}
 
     def value(self, v: Any, producer: Any) -> int:
         self.pane.values.append([self.types(v.aval, lambda: _type_text(v.aval)), producer])
@@ -273,20 +283,45 @@ class _Builder:
         return parent
 
     def source(self, eqn: Any) -> int:
+        # Equations made by one line share equal tracebacks (a loop's body,
+        # a layer called again): each traceback is read once.
+        tb = eqn.source_info.traceback
+        try:
+            return self.by_traceback[tb]
+        except (KeyError, TypeError):
+            pass
         # The user's line, not taxpr's own (a tag's bind) nor JAX's.
-        frame = next((f for f in source_info_util.user_frames(eqn.source_info.traceback)
+        frame = next((f for f in source_info_util.user_frames(tb)
                       if not f.file_name.startswith(_TAXPR_DIR)), None)
         if frame is None:
-            return -1
-        key = (frame.file_name, frame.start_line, frame.function_name)
-        return self.srcs(key, lambda: f"{os.path.basename(frame.file_name)}:{frame.start_line} "
-                                      f"({frame.function_name})")
+            i = -1
+        else:
+            key = (frame.file_name, frame.start_line, frame.function_name)
+            i = self.srcs(key, lambda: f"{os.path.basename(frame.file_name)}:"
+                                       f"{frame.start_line} ({frame.function_name})")
+        if tb is not None:
+            self.by_traceback[tb] = i
+        return i
+
+    def param_text(self, eqn: Any, params: dict) -> int:
+        """The index of ``params``' text (-1 for none); equal params (often
+        hashable: shapes, dtypes, axes) are rendered once."""
+        try:
+            key = (eqn.primitive, tuple(params.items()))
+            hit = self.by_params.get(key)
+        except TypeError:  # an unhashable param
+            key, hit = None, None
+        if hit is not None:
+            return hit
+        text = _param_text(params)
+        i = self.params(text, lambda: text) if text else -1
+        if key is not None:
+            self.by_params[key] = i
+        return i
 
     def build(self) -> Pane:
         pane = self.pane
-        sites: dict[int, list[str]] = {}
-        for site in list_sites(self.closed):
-            sites.setdefault(site.ordinal, []).append(site.name)
+        sites = site_names(self.closed)
         pane.n_sites = sum(map(len, sites.values()))
         top = self.node("program", self.pane.label, -1)
         constvars, _, invars, _, outvars, _, _ = _jaxpr.jaxpr_parts(self.closed)
@@ -328,21 +363,24 @@ class _Builder:
         if eqn.primitive is tag_p:
             user = user_params(eqn.params)
             op = user.get("op")
-            tag = [str(op) if op is not None else "tag", str(user.get("name", ""))]
-            params = _param_text(user)
+            kind = str(op) if op is not None else "tag"
+            if any(_is_key(v) for v in eqn.invars):  # a random stream's state
+                kind = kind.replace("state.", "key.")
+            tag = [kind, str(user.get("name", ""))]
+            params = self.param_text(eqn, user)
         else:
-            params = _param_text(eqn.params)
-        pane.eqns.append(Eqn(
-            self.prims(prim, lambda: prim), ins, outs, self.source(eqn), sites,
-            parent, "", tag, self.params(params, lambda: params) if params else -1))
-        if not _traverse.subjaxprs(eqn):  # else its sub-jaxprs' containers stand for it
+            params = self.param_text(eqn, eqn.params)
+        pane.eqns.append(Eqn(self.prims(prim, lambda: prim), ins, outs, self.source(eqn),
+                             sites, parent, "", tag, params))
+        subs = _traverse.subjaxprs(eqn)
+        if not subs:  # else its sub-jaxprs' containers stand for it
             pane.nodes[parent].kids.append(e)
-        self.owner = (e, parent, level.scope + rel)
+        self.owner = (e, parent, level.scope + rel, subs)
 
     def subs(self, eqn: Any, path: tuple, level: _Level):
-        e, parent, scope = self.owner
+        e, parent, scope, subs = self.owner
         outer = self.pane.eqns[e].ins
-        for sub, sj in _traverse.subjaxprs(eqn):
+        for sub, sj in subs:
             n = self.node("sub", sub.label, parent, eqn=e, scope="/".join(scope))
             inner = _Level(n, scope, {})
             constvars, _, invars, _, outvars, _, _ = _jaxpr.jaxpr_parts(sj)
@@ -358,6 +396,11 @@ class _Builder:
                     self.pane.binds[vid] = outer[shift + i]
             yield sub, sj, inner
             self.pane.nodes[n].outs.extend(self.atom(v, inner) for v in outvars)
+
+
+def _is_key(v: Any) -> bool:
+    dtype = getattr(v.aval, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _literal(v: Any) -> str:
@@ -476,8 +519,14 @@ def page_data(closed: Any, compare: Any = None, title: str = "jaxpr",
     """The JSON document a page embeds: one or two programs (the second
     compared with the first)."""
     if compare is None:
-        return {"title": title, "compare": None, "panes": [program(closed, title).to_json()]}
-    left, right = program(closed, labels[0]), program(compare, labels[1])
+        return panes_data(title, program(closed, title))
+    return panes_data(title, program(closed, labels[0]), program(compare, labels[1]))
+
+
+def panes_data(title: str, left: Pane, right: Pane | None = None) -> dict:
+    """The JSON document of one program, or of two compared (``diff``)."""
+    if right is None:
+        return {"title": title, "compare": None, "panes": [left.to_json()]}
     d = diff(left, right)
     summary = {"removed": len(d.removed), "added": len(d.added), "rewritten": len(d.rewritten)}
     return {"title": title, "compare": summary, "panes": [left.to_json(), right.to_json()]}
