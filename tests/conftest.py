@@ -111,13 +111,14 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # programs many times: more than half of the full run), the cross product
 # of inject's predicates and programs (test_engine.py; each program alone
 # stays, in test_matches_eager), the rendering of the built site in Chromium
-# (test_site.py), the generated code run standalone, the multi-process
+# (test_site.py) and of the viewer's pages (test_ir_view_browser.py), the
+# generated code run standalone, the multi-process
 # runs, the markers' own collections, the longest library and x64 tests and
 # every `long` test. Marked here, in one place, rather than in each module.
 SLOW_MODULES = frozenset({"test_fuzz.py", "test_bench_smoke.py", "test_examples.py",
                           "test_site.py", "test_ir_codegen_standalone.py",
                           "test_multiprocess.py", "test_markers.py",
-                          "test_progress_terminal.py"})
+                          "test_progress_terminal.py", "test_ir_view_browser.py"})
 SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_diffrax.py", "test_grad_of_a_harvest_of_a_solve_whose_vector_field_sows"),
                         ("test_diffrax.py",
@@ -142,6 +143,7 @@ SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_ir_codegen.py", "test_no_name_clashes_with_20_000_variables"),
                         ("test_ir_codegen.py",
                          "test_generated_code_reproduces_a_20_000_equation_fuzz_program"),
+                        ("test_ir_view.py", "test_command_line_in_a_fresh_process"),
                         # one parametrization: a docs page's code (test_docs.py)
                         ("test_docs.py", "test_docs_page_code_runs[coming-from-brainstate]"),
                         ("test_docs.py", "test_docs_page_code_runs[coming-from-flax-nnx]")})

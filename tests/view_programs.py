@@ -65,7 +65,7 @@ def flax_transformer(layers: int = 3, width: int = 16, heads: int = 2, seq: int 
         @nn.compact
         def __call__(self, x, _):
             h = nn.LayerNorm(name="ln1")(x)
-            h = nn.SelfAttention(num_heads=heads, name="attn")(h)
+            h = nn.MultiHeadDotProductAttention(num_heads=heads, name="attn")(h)
             x = x + h
             h = nn.LayerNorm(name="ln2")(x)
             h = nn.Dense(width * 4, name="up")(h)
