@@ -78,8 +78,9 @@ def uncurry_vmap(fn: Callable, key: jax.Array, *example_args: Any,
             int or ``None`` for all, or one per argument.
         out_axes: ``jax.vmap``'s ``out_axes`` of ``fn``'s outputs.
         axis_size: the lane count, needed only when no argument is mapped.
-        stream: the random stream the inits draw from (``tx.next_key``'s
-            ``stream``).
+        stream: the random stream seeded per lane (``tx.next_key``'s
+            ``stream``); other streams start from the same key in every
+            lane.
 
     Returns:
         ``(pure, states)``: ``states`` is the state dict of every lane, each

@@ -245,3 +245,38 @@ def test_jit_error_if_is_error_if():
     with pytest.raises(tx.CheckError, match="too large"):
         tx.checked(port)(2.0)
     assert float(tx.checked(port)(0.5)) == 0.5
+
+
+def _port_batch_norm(x, scale, bias, train, momentum=0.99, eps=1e-5):
+    """docs/coming-from-flax-nnx.md's port of ``nnx.BatchNorm``."""
+    mean = tx.get_state("mean", lambda: jnp.zeros(x.shape[-1]))
+    var = tx.get_state("var", lambda: jnp.ones(x.shape[-1]))
+    if train:
+        batch_mean, batch_var = x.mean(0), x.var(0)
+        tx.set_state("mean", momentum * mean + (1 - momentum) * batch_mean)
+        tx.set_state("var", momentum * var + (1 - momentum) * batch_var)
+        mean, var = batch_mean, batch_var
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def test_nnx_batch_norm_running_statistics_and_eval_output():
+    nnx = pytest.importorskip("flax.nnx", reason="flax not installed")
+    bn = nnx.BatchNorm(6, momentum=0.9, rngs=nnx.Rngs(0))
+    xs = 2.0 + jax.random.normal(jax.random.key(4), (5, 32, 6))
+    for x in xs:
+        bn(x)
+    scale, bias = jnp.linspace(0.5, 1.5, 6), jnp.linspace(-1.0, 1.0, 6)
+    bn.scale[...], bn.bias[...] = scale, bias
+
+    def port(x, train=True):
+        with tx.scope("bn"):
+            return _port_batch_norm(x, scale, bias, train, momentum=0.9)
+
+    pure, state = tx.uncurry(port, xs[0])
+    for x in xs:
+        _, state = jax.jit(pure)(state, x)
+    np.testing.assert_allclose(state["bn"]["mean"], bn.mean[...], rtol=1e-5)
+    np.testing.assert_allclose(state["bn"]["var"], bn.var[...], rtol=1e-5)
+    bn.eval()
+    got, _ = pure(state, xs[0], False)
+    np.testing.assert_allclose(got, bn(xs[0]), rtol=1e-5, atol=1e-5)
