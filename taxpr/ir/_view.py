@@ -13,8 +13,10 @@ network, and a container's children are drawn only when it is opened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import gc
 import html as _html
 import json
 import os
@@ -254,10 +256,20 @@ class _Builder:
         # The last equation laid out: (index, container, scope, sub-jaxprs).
         self.owner: tuple[int, int, tuple, list] = (-1, 0, (), [])
         self.by_traceback: dict = {}
+        self.type_by_id: dict[int, int] = {}
+        self.avals: list = []
         self.by_params: dict = {}
 
     def value(self, v: Any, producer: Any) -> int:
-        self.pane.values.append([self.types(v.aval, lambda: _type_text(v.aval)), producer])
+        # Types by the aval object (comparing equal avals costs more than
+        # printing one), then by text.
+        aval = v.aval
+        t = self.type_by_id.get(id(aval))
+        if t is None:
+            text = _type_text(aval)
+            t = self.type_by_id[id(aval)] = self.types(text, lambda: text)
+            self.avals.append(aval)  # kept alive: its id is not reused
+        self.pane.values.append([t, producer])
         return len(self.pane.values) - 1
 
     def node(self, kind: str, label: str, parent: int, eqn: int = -1, scope: str = "") -> int:
@@ -414,7 +426,22 @@ def _literal(v: Any) -> str:
 
 def program(closed: Any, label: str = "program") -> Pane:
     """``closed`` (a ``ClosedJaxpr`` or ``Jaxpr``) laid out as a ``Pane``."""
-    return _Builder(_as_closed(closed), label).build()
+    with _no_gc():
+        return _Builder(_as_closed(closed), label).build()
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """The layout and its JSON make a few small lists per equation and free
+    none: the cyclic collector, run again and again as they pile up, would
+    find nothing (a third of the time of a large page)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _as_closed(j: Any) -> Any:
@@ -568,8 +595,9 @@ def view(fn: Any, *args: Any, out: str | os.PathLike | None = None, compare: Any
     other = None if compare is None else _closed(compare, args, kwargs)
     if title is None:
         title = "jaxpr" if isinstance(fn, _JAXPR_TYPES) else _name(fn, "jaxpr")
-    data = page_data(closed, other, title, labels)
-    page = HTML(render_page(data), data)
+    with _no_gc():
+        data = page_data(closed, other, title, labels)
+        page = HTML(render_page(data), data)
     if out is not None:
         page.save(out)
     return page
