@@ -146,7 +146,8 @@ SLOW_TESTS = frozenset({("test_engine.py", "test_predicate_matches_eager"),
                         ("test_ir_view.py", "test_command_line_in_a_fresh_process"),
                         # one parametrization: a docs page's code (test_docs.py)
                         ("test_docs.py", "test_docs_page_code_runs[coming-from-brainstate]"),
-                        ("test_docs.py", "test_docs_page_code_runs[coming-from-flax-nnx]")})
+                        ("test_docs.py", "test_docs_page_code_runs[coming-from-flax-nnx]"),
+                        ("test_docs.py", "test_docs_page_code_runs[coming-from-equinox]")})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
