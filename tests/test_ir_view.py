@@ -159,6 +159,9 @@ def test_compare_marks_what_optimize_jaxpr_removed():
                                     "rewritten": len(d.rewritten)}
     prims_left = [left.prims[q.prim] for q in left.eqns]
     assert sorted(prims_left[i] for i in d.removed) == ["cos", "mul", "sin"]
+    # The sum now reads the first sin twice: rewritten.
+    assert [(prims_left[i], right.prims[right.eqns[j].prim]) for i, j in d.rewritten] == [
+        ("add", "add")]
     # What is not removed on the left is unchanged or rewritten on the right.
     kept = len(left.eqns) - len(d.removed)
     assert kept == len(right.eqns) - len(d.added)

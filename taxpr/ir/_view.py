@@ -478,6 +478,30 @@ def _keys(pane: Pane) -> tuple[list[str], list[str]]:
     return coarse, fine
 
 
+def _origin(pane: Pane, a: Any) -> tuple:
+    """Where an operand comes from: a literal, a constant, output ``k`` of
+    equation ``e``, or input ``k`` of its container."""
+    if not isinstance(a, int):
+        return ("literal", a)
+    producer = pane.values[a][1]
+    if producer is None:
+        return ("const",)
+    if producer >= 0:
+        return ("eqn", producer, pane.eqns[producer].outs.index(a))
+    return ("input", pane.nodes[-producer - 1].ins.index(a))
+
+
+def _same_operands(left: Pane, right: Pane, i: int, j: int, matched: dict) -> bool:
+    for a, b in zip(left.eqns[i].ins, right.eqns[j].ins):
+        oa, ob = _origin(left, a), _origin(right, b)
+        if oa[0] == "eqn" == ob[0]:
+            if matched.get(oa[1]) != ob[1] or oa[2] != ob[2]:
+                return False
+        elif oa != ob:
+            return False
+    return True
+
+
 class Diff(NamedTuple):
     """What changed between two programs: equation indices of the left
     program (``removed``; ``rewritten``'s first items) and of the right
@@ -491,10 +515,12 @@ class Diff(NamedTuple):
 def diff(left: Pane, right: Pane) -> Diff:
     """Match the equations of two programs in program order.
 
-    Equations equal in place, primitive, types and params are unchanged;
-    in the stretches between them, those with the same place and primitive
-    are paired as rewritten (their operands' types or params differ), the
-    rest of the left program's are removed and of the right's added.
+    Equations equal in place, primitive, types and params, whose operands
+    come from equations matched alike, are unchanged; equal ones reading
+    other values are rewritten. In the stretches between them, those with
+    the same place and primitive are paired as rewritten (their operands'
+    types or params differ), the rest of the left program's are removed and
+    of the right's added.
 
     Arguments:
         left, right: the programs (``program``).
@@ -506,8 +532,15 @@ def diff(left: Pane, right: Pane) -> Diff:
     rc, rf = _keys(right)
     removed, added, rewritten = [], [], []
     fine = difflib.SequenceMatcher(None, lf, rf, autojunk=False)
-    for op, i1, i2, j1, j2 in fine.get_opcodes():
+    opcodes = fine.get_opcodes()
+    matched = {i1 + k: j1 + k for op, i1, i2, j1, j2 in opcodes if op == "equal"
+               for k in range(i2 - i1)}
+    for op, i1, i2, j1, j2 in opcodes:
         if op == "equal":
+            # Equal alike, but reading other values (CSE pointed an operand
+            # at another equation): rewritten.
+            rewritten.extend((i, matched[i]) for i in range(i1, i2)
+                             if not _same_operands(left, right, i, matched[i], matched))
             continue
         coarse = difflib.SequenceMatcher(None, lc[i1:i2], rc[j1:j2], autojunk=False)
         for op2, a1, a2, b1, b2 in coarse.get_opcodes():
