@@ -347,6 +347,30 @@ def debug_tools_table(path: Path = DEBUG_TOOLS_RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+VIEW_RESULTS = RESULTS.parent / "results_view.json"
+
+
+def view_table(path: Path = VIEW_RESULTS) -> str:
+    """``bench/bench_view.py``'s run: per program size, generating the
+    viewer's page as a ratio to ``jax.make_jaxpr``, the page's size, and the
+    page in headless Chromium (load, search, opening the last equation)."""
+    results = json.loads(Path(path).read_text())
+    lines = ["| equations | `ir.view` / `jax.make_jaxpr` | page | loaded in Chromium | "
+             "search | opening the last equation |", "|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        page = ("| — | — | — |" if "load_ms" not in row else
+                f"| {row['load_ms']:.0f} ms | {row['search_ms']:.0f} ms | "
+                f"{row['reveal_ms']:.0f} ms |")
+        lines.append(f"| {row['eqns']:,} | **{row['ratio']:.2f}** "
+                     f"({row['view_s']:.2f} s / {row['make_jaxpr_s']:.2f} s) | "
+                     f"{row['html_mb']:.1f} MB {page}")
+    lines.append("")
+    lines.append(f"Median of {results['repeats']} runs; Python {results['python']}, JAX "
+                 f"{results['jax']}, {results['browser']}, {results['machine']} "
+                 f"(`python bench/bench_view.py`).")
+    return "\n".join(lines) + "\n"
+
+
 COMING_FROM_RESULTS = RESULTS.parent / "results_coming_from.json"
 
 

@@ -282,3 +282,19 @@ def test_command_line_in_a_fresh_process(tmp_path):
                           str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "--args" in bad.stderr
+
+
+def test_the_docs_table_is_made_from_the_committed_benchmark_results():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("taxpr_docs_make_plots_view",
+                                                  ROOT / "docs" / "make_plots.py")
+    make_plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_plots)
+    results = json.loads((ROOT / "bench" / "results_view.json").read_text())
+    table = make_plots.view_table()
+    for row in results["rows"]:
+        assert f"| {row['eqns']:,} | **{row['ratio']:.2f}**" in table
+    assert results["rows"][0]["eqns"] >= 10_000 and results["rows"][-1]["eqns"] >= 50_000
+    assert "<!-- bench-view-table -->" in (ROOT / "docs" / "ir.md").read_text()
+    assert "bench-view-table" in (ROOT / "docs" / "hooks.py").read_text()
