@@ -151,6 +151,16 @@ def test_plot_data_is_read_from_the_committed_bench_results():
     assert f"{gpu['tests']['passed']} passed" in table
 
 
+def test_coming_from_brainstate_bench_table_is_read_from_its_results():
+    mp = _make_plots()
+    table = mp.coming_from_table()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    results = mp.json.loads(mp.COMING_FROM_RESULTS.read_text())
+    assert len(rows) == 1 + len(results["rows"])
+    assert all(f"{r['ratio']:.2f}" in table for r in results["rows"])
+    assert "<!-- coming-from-brainstate-bench -->" in (DOCS / "coming-from-brainstate.md").read_text()
+
+
 def test_docs_extra_pins_the_site_tools():
     pyproject = (ROOT / "pyproject.toml").read_text()
     docs_extra = pyproject.split("docs = [", 1)[1].split("\n]", 1)[0]
