@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +29,13 @@ def chromium() -> str | None:
         if path := shutil.which(name):
             return path
     return None
+
+
+# (A copy made by os.dup may itself be 3 or 4, where dup2 leaves it closed
+# on exec: hence set_inheritable.)
+_LAUNCHER = ("import os, sys; r, w = os.dup(int(sys.argv[1])), os.dup(int(sys.argv[2])); "
+             "os.dup2(r, 3); os.dup2(w, 4); os.set_inheritable(3, True); "
+             "os.set_inheritable(4, True); os.execv(sys.argv[3], sys.argv[3:])")
 
 
 class BrowserError(RuntimeError):
@@ -50,17 +58,16 @@ class Browser:
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
 
-        def fds():  # the pipe's ends as the browser's descriptors 3 and 4
-            a, b = os.dup(to_browser_r), os.dup(from_browser_w)  # neither is 3 nor 4 now
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-
+        # A small launcher puts the pipe's ends at the browser's descriptors
+        # 3 and 4 and becomes the browser (no preexec_fn: forking this
+        # multithreaded process, which JAX warns of, is not needed).
+        args = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+                "--no-first-run", "--no-default-browser-check", "--disable-extensions",
+                f"--user-data-dir={self._profile}", "about:blank"]
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-             f"--user-data-dir={self._profile}", "about:blank"],
+            [sys.executable, "-c", _LAUNCHER, str(to_browser_r), str(from_browser_w), *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=fds, pass_fds=(3, 4))
+            pass_fds=(to_browser_r, from_browser_w))
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buf = b""
