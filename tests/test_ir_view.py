@@ -298,3 +298,23 @@ def test_the_docs_table_is_made_from_the_committed_benchmark_results():
     assert results["rows"][0]["eqns"] >= 10_000 and results["rows"][-1]["eqns"] >= 50_000
     assert "<!-- bench-view-table -->" in (ROOT / "docs" / "ir.md").read_text()
     assert "bench-view-table" in (ROOT / "docs" / "hooks.py").read_text()
+
+
+def test_a_shard_map_is_a_container():
+    from jax.sharding import PartitionSpec as P
+
+    from helpers import cpu_mesh, shard_map
+
+    def f(x):
+        with jax.named_scope("sharded"):
+            return shard_map()(lambda v: jax.lax.psum(jnp.sin(v), "i"), mesh=cpu_mesh("i", 2),
+                               in_specs=P("i"), out_specs=P())(x)
+
+    closed = jax.make_jaxpr(f)(jnp.ones(4))
+    expected = nesting(closed)
+    pane = ir.view(closed).data["panes"][0]
+    assert _sub_prims(pane) == Counter(expected.subs_by_primitive)
+    shard = [n for n in pane["N"] if n[1] == "shard_map"]
+    assert len(shard) == 1 and shard[0][7] == "sharded"
+    body = [pane["P"][pane["E"][k][0]] for k in shard[0][3] if k >= 0]
+    assert body[0] == "sin" and body[-1].startswith("psum")  # psum_invariant on newer JAX
