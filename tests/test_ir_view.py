@@ -318,3 +318,15 @@ def test_a_shard_map_is_a_container():
     assert len(shard) == 1 and shard[0][7] == "sharded"
     body = [pane["P"][pane["E"][k][0]] for k in shard[0][3] if k >= 0]
     assert body[0] == "sin" and body[-1].startswith("psum")  # psum_invariant on newer JAX
+
+
+def test_markup_in_names_stays_text():
+    def f(x):
+        with jax.named_scope("</script><b>scope"):
+            return jnp.sin(x)
+
+    page = ir.view(f, jnp.ones(2), title="<i>title</i></script>")
+    assert page.html.count("</script>") == 2  # the data's and the program's elements
+    assert "<i>title" not in page.html and "&lt;i&gt;title&lt;/i&gt;" in page.html
+    data = _embedded(page.html)
+    assert {n[7] for n in data["panes"][0]["N"] if n[0] == "scope"} == {"</script><b>scope"}

@@ -132,6 +132,10 @@ def test_search_finds_a_site_and_shows_it(browser, tmp_path):
     assert sel == [site, True]
     # The detail panel offers the selector to copy.
     assert browser.eval("document.querySelector('#detail .copy').dataset.copy") == json.dumps(site)
+    # Enter goes to the first match of another query: a primitive.
+    browser.eval("""(() => { const q = document.getElementById('q'); q.value = 'log1p';
+        q.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'})); })()""")
+    assert browser.eval("document.querySelector('.e.sel .prim').textContent") == "log1p"
 
 
 def test_clicking_a_value_highlights_its_producers_and_consumers(browser, tmp_path):

@@ -258,7 +258,12 @@ function search(text) {
   window.taxprView.found = found.map(([p, it]) => [p.k, it]);
   return found;
 }
-document.getElementById("q").addEventListener("input", ev => { clearTimeout(timer); timer = setTimeout(() => search(ev.target.value), 120); });
+const box = document.getElementById("q");
+box.addEventListener("input", ev => { clearTimeout(timer); timer = setTimeout(() => search(ev.target.value), 120); });
+box.addEventListener("keydown", ev => {  // Enter: the first match; Escape: clear
+  if (ev.key === "Enter") { clearTimeout(timer); const f = search(box.value); if (f.length) { goto(f[0][0], f[0][1]); if (f[0][1] >= 0) selectEqn(f[0][0], f[0][1]); } }
+  else if (ev.key === "Escape") { box.value = ""; search(""); }
+});
 
 // ---- tags, states, sows, keys
 const tagItems = [];
