@@ -69,6 +69,10 @@ CUSTOM_CALL_PRIMITIVES: frozenset[core.Primitive] = frozenset(
 CALL_PRIMITIVES: frozenset[core.Primitive] = frozenset(
     p for p in (jit_p, *CLOSED_CALL_PRIMITIVES, getattr(core, "call_p", None), remat_p)
     if p is not None) | CUSTOM_CALL_PRIMITIVES
+# Higher-order primitives whose bind takes closed jaxprs as params and
+# keeps or copies them (re-evaluating their equation binds none of theirs).
+REEVALUATED_HIGHER_ORDER: frozenset[core.Primitive] = frozenset(
+    (jit_p, scan_p, while_p, cond_p, *CLOSED_CALL_PRIMITIVES))
 
 # High-level primitives (``call_hi_primitive``: one equation whose param is an
 # object holding jaxprs and ``Traced`` functions), where JAX has them.
@@ -349,6 +353,20 @@ def traceback_codes(traceback: Any) -> tuple:
     (innermost first): which Python functions were running when it was
     bound."""
     return tuple(traceback.raw_frames()[0]) if traceback is not None else ()
+
+
+# The code of ``jax.core.eval_jaxpr``: a bind called from it re-evaluates a
+# recorded equation (and carries that equation's traceback).
+EVAL_JAXPR_CODE = core.eval_jaxpr.__code__
+
+
+def recorded_traceback() -> Any:
+    """The traceback JAX gives equations bound now when it is a recorded
+    one (``jax.core.eval_jaxpr`` and the backward pass bind each equation
+    with the traceback it was traced with), else None (a bind from Python
+    gets a traceback of its own)."""
+    from jax._src import source_info_util
+    return source_info_util._source_info_context.context.traceback
 
 
 def user_frame_key(traceback: Any) -> tuple[str, int] | None:

@@ -33,6 +33,7 @@ from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond
 from .._engine import traced_bwd
 from ..primitives._tag import evaluated_fun, keep_tags, tag, tag_p
+from . import _carry
 from ._sites import Site, scope_of
 
 
@@ -80,6 +81,10 @@ class Insertion:
     # mode giving its semantics (a while_loop inside a scan: per scan row,
     # the loop's last value): a scan stacks it, a while_loop keeps the last.
     carried_out_of: tuple[int, ...] = ()
+    # The user's function of a patch by function (None for a patch by value
+    # or a capture): a derivative rule evaluating the site again is given
+    # the same patch (``_carry``).
+    patch_fn: Callable[[Any], Any] | None = None
 
 
 def _sow_as(value: Any, name: str, mode: str) -> Any:
@@ -157,7 +162,8 @@ def patch_insertion(site: Site, fn: Callable[[Any], Any], mark: bool = False
         out = core.eval_jaxpr(jaxpr, cs, v)[0]
         return patched_marker(out, site) if mark else out
 
-    return Insertion(site.output, build, site, True), dict(zip(names, consts))
+    return (Insertion(site.output, build, site, True, patch_fn=fn),
+            dict(zip(names, consts)))
 
 
 # The tag param marking a site's value after a patch: ``capture`` of a
@@ -523,24 +529,64 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
         jaxpr, consts, *rest = rule_fun.call_wrapped(*flags)
         closed, found = _carry_into(_jaxpr.close_traced(jaxpr, consts), call)
         if not found and call.patched:
-            raise CustomRuleError(
-                f"taxpr.patch: site {call.patched[0].name!r} is inside the function of "
-                f"{call.described}, whose {kind} does not call the function: "
-                f"differentiated, JAX runs the rule in the function's place, and the rule "
-                f"computes the unpatched value and its derivative. Patch a value outside that "
-                f"function (its inputs or outputs), or differentiate without it")
+            # The rule may evaluate the function's code as a jaxpr it was
+            # given: traced again, with the patches carried into it.
+            carry = _carry_plan(call, kind)
+            with _carry.carrying(carry):
+                jaxpr, consts, *rest = rule_fun.call_wrapped(*flags)
+            closed = _jaxpr.close_traced(jaxpr, consts)
+            _check_carried(closed, carry, call, kind)
         return (*_jaxpr.open_with_constvars(closed), *rest)
 
     return _jaxpr.wrap_fun(traced, rule_fun)
 
 
+def _carry_plan(call: _RewrittenCall, kind: str) -> _carry.CarryPlan:
+    try:
+        return _carry.plan(call.before, call.sites)
+    except _carry.NotCarried as e:
+        raise CustomRuleError(
+            f"taxpr.patch: site {e.site!r} is inside the function of {call.described}, whose "
+            f"{kind} does not call the function, and the patch cannot be given to the rule: "
+            f"{e}. "
+            f"Differentiated, JAX runs the rule in the function's place, and the rule "
+            f"would compute the unpatched value and its derivative. Patch a value outside "
+            f"that function (its inputs or outputs), or differentiate without it") from None
+
+
+def _check_carried(closed: Any, carry: _carry.CarryPlan, call: _RewrittenCall,
+                   kind: str) -> None:
+    """A rule traced while carrying ``carry`` must have computed every
+    patched site as patched: a site it never evaluates means the rule does
+    not run the function's code (its derivative is the unpatched one's), one
+    it traces afresh from Python cannot be patched."""
+    fresh = _carry.uncarried_equations(closed, carry) or [
+        site.name for site in call.patched if _recomputes(closed, site)]
+    if fresh:
+        raise CustomRuleError(
+            f"taxpr.patch: site {fresh[0]!r} is inside the function of {call.described}, "
+            f"whose {kind} computes it again from Python code without the patch: "
+            f"differentiated, JAX runs the rule in the function's place, and the rule "
+            f"computes the unpatched value and its derivative. Patch a value outside that "
+            f"function (its inputs or outputs), or differentiate without it")
+    missing = carry.unapplied_sites()
+    if missing:
+        raise CustomRuleError(
+            f"taxpr.patch: site {missing[0]!r} is inside the function of {call.described}, "
+            f"whose {kind} does not call the function nor evaluate its code: "
+            f"differentiated, JAX runs the rule in the function's place, and the rule "
+            f"computes the unpatched value and its derivative. Patch a value outside that "
+            f"function (its inputs or outputs), or differentiate without it")
+
+
 def _recomputes(closed: Any, site: Site) -> bool:
-    """Whether ``closed`` (a traced custom_vjp bwd) computes ``site`` again:
-    an equation of its primitive in the same innermost scope (or, for a
-    site in no scope, of its primitive and type)."""
+    """Whether ``closed`` (a traced rule) computes ``site`` again without
+    its patch: an equation of its primitive in the same innermost scope
+    (or, for a site in no scope, of its primitive and type) that no carried
+    patch bound."""
     scope = scope_of(site.source_info[0])
     for eqn, _ in _traverse.iter_eqns(closed):
-        if eqn.primitive.name != site.primitive:
+        if eqn.primitive.name != site.primitive or _carry.carried_in(eqn.source_info.name_stack):
             continue
         if scope:
             if scope_of(eqn.source_info)[-len(scope):] == scope:
@@ -552,22 +598,39 @@ def _recomputes(closed: Any, site: Site) -> bool:
 
 
 def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
-    """``user_bwd`` (a custom_vjp's flat bwd) that refuses to compute a
-    patched site of ``call`` again: a bwd that recomputes its function
-    (``jax.vjp`` of it, a checkpointed loop) is traced by its own Python
-    code, where no patch is, and would differentiate the unpatched function.
-    It runs as traced, closed over the values JAX passes."""
+    """``user_bwd`` (a custom_vjp's flat bwd) given ``call``'s patches where
+    it evaluates the function's code again (``_carry``: equinox's
+    checkpointed loops), and refusing to compute a patched site again from
+    its own Python code (``jax.vjp`` of the function), where no patch is: it
+    would differentiate the unpatched function. It runs as traced, closed
+    over the values JAX passes."""
+
+    def refuse(site_name: str) -> CustomRuleError:
+        return CustomRuleError(
+            f"taxpr.patch: site {site_name!r} is inside the function of {call.described}, "
+            f"whose custom_vjp bwd computes it again without the patch (it recomputes the "
+            f"function): its cotangents would be those of the unpatched function. Patch a "
+            f"value outside that function, or differentiate without it")
 
     def bwd(*args):
-        closed, results = traced_bwd(user_bwd, args)
-        for site in call.patched:
-            if _recomputes(closed, site):
-                raise CustomRuleError(
-                    f"taxpr.patch: site {site.name!r} is inside the function of "
-                    f"{call.described}, whose custom_vjp bwd computes it again without the "
-                    f"patch (it recomputes the function): its cotangents would be those of the "
-                    f"unpatched function. Patch a value outside that function, or "
-                    f"differentiate without it")
+        try:
+            carry = _carry.plan(call.before, call.sites)
+        except _carry.NotCarried:
+            carry = None
+        if carry is None:
+            closed, results = traced_bwd(user_bwd, args)
+            for site in call.patched:
+                if _recomputes(closed, site):
+                    raise refuse(site.name)
+        else:
+            with _carry.carrying(carry):
+                closed, results = traced_bwd(user_bwd, args)
+            fresh = _carry.uncarried_equations(closed, carry)
+            if fresh:
+                raise refuse(fresh[0])
+            for site in call.patched:
+                if _recomputes(closed, site):
+                    raise refuse(site.name)
         return _compat.custom_vjp_bwd_result(*results(evaluated_fun(closed)()))
 
     return _jaxpr.wrap_fun(bwd, user_bwd)

@@ -44,6 +44,12 @@ KEEP_TAGS = trace_context_flag(
 VJP_SCOPES = trace_context_string(
     "taxpr_vjp_scopes", "taxpr: the custom_vjp fwd/bwd scopes tags are bound in")
 
+# The patches carried into a derivative rule traced now
+# (``_capture._carry.carrying``; a number unique in the process): a trace
+# cached without them is never reused with them, nor the other way.
+CARRY_SCOPE = trace_context_string(
+    "taxpr_carried_patches", "taxpr: the patches carried into the rule traced now")
+
 # The ``tx.scope`` states accessed now belong to: "/"-joined scope parts
 # ("outer/inner"), or None outside every scope.
 STATE_SCOPE = trace_context_string(

@@ -43,7 +43,7 @@ from .. import _compat, _jaxpr, _libraries, _traverse
 from .._jax import flags
 from .._jax.internals import config, core, effects, pe
 from .._jax.internals import batching as _batching
-from .._jax.flags import KEEP_TAGS, VJP_SCOPES
+from .._jax.flags import CARRY_SCOPE, KEEP_TAGS, VJP_SCOPES
 
 # Users cannot pass param names with this prefix: taxpr's own record on a
 # tag is the one param ``META``, a ``TagMeta``.
@@ -445,8 +445,9 @@ def scoped_fwd_bwd(fun: Any, fwd: Any, bwd: Any) -> tuple[Any, Any]:
 
 
 def current_scope_key() -> Any:
-    """The custom_vjp scopes now (what a staged rule's trace depends on)."""
-    return VJP_SCOPES.value
+    """The custom_vjp scopes and carried patches now (what a staged rule's
+    trace depends on)."""
+    return VJP_SCOPES.value, CARRY_SCOPE.value
 
 
 tag_p = _TagPrimitive("tag")

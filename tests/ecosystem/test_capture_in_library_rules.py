@@ -42,13 +42,7 @@ def test_a_patched_residual_is_what_optimistix_differentiates_implicitly():
     np.testing.assert_allclose(jax.grad(lambda a: patched(a).sum())(a), want[1], rtol=1e-5)
 
 
-@pytest.mark.parametrize("adjoint", ["recursive", "backsolve", "direct"])
-def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_or_an_error(
-        adjoint):
-    # RecursiveCheckpointAdjoint's loop runs the vector field in a fwd of its
-    # own and BacksolveAdjoint's bwd solves again: neither is given the patch,
-    # so both are an error naming the site; DirectAdjoint differentiates the
-    # solve itself.
+def _diffrax_solve(adjoint: str, doubled_by_hand: bool = False):
     diffrax = pytest.importorskip("diffrax")
     adjoints = {"recursive": diffrax.RecursiveCheckpointAdjoint(),
                 "backsolve": diffrax.BacksolveAdjoint(),
@@ -56,22 +50,51 @@ def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_
 
     def vf(t, y, k):
         with jax.named_scope("vf"):
-            return -(k * y)
+            return -(k * y) if not doubled_by_hand else -(2.0 * (k * y))
 
     def solve(y0, k):
         return diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, k,
                                    adjoint=adjoints[adjoint]).ys[-1]
+    return solve
 
+
+@pytest.mark.parametrize("adjoint", ["recursive", "backsolve", "direct"])
+def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_or_an_error(
+        adjoint):
+    # RecursiveCheckpointAdjoint's loop (equinox's checkpointed while_loop)
+    # evaluates the vector field's code in its fwd and bwd: the patch is
+    # carried there. DirectAdjoint differentiates the solve itself.
+    # BacksolveAdjoint's bwd traces the vector field again from Python,
+    # where no patch can be applied: an error naming the site. The
+    # reference is diffrax's own solve of the vector field patched by hand.
+    f = tx.patch(_diffrax_solve(adjoint), {"*/vf/mul": lambda v: v * 2.0})
+    by_hand = _diffrax_solve(adjoint, doubled_by_hand=True)
     y0, k = jnp.float32(1.0), jnp.float32(0.7)
-    f = tx.patch(solve, {"*/vf/mul": lambda v: v * 2.0})
     np.testing.assert_allclose(f(y0, k), np.exp(-1.4), rtol=1e-3)
-    if adjoint == "direct":  # y0 exp(-2 k t) at t = 1
-        value, grads = jax.value_and_grad(f, argnums=(0, 1))(y0, k)
-        np.testing.assert_allclose(value, np.exp(-1.4), rtol=1e-3)
-        np.testing.assert_allclose(grads, [np.exp(-1.4), -2.0 * np.exp(-1.4)], rtol=1e-3)
-    else:
-        with pytest.raises(CustomRuleError, match="vf/mul"):
+    if adjoint == "backsolve":
+        with pytest.raises(CustomRuleError, match="vf/mul.*bwd computes it again"):
             jax.value_and_grad(f)(y0, k)
+        return
+    value, grads = jax.value_and_grad(f, argnums=(0, 1))(y0, k)
+    want_value, want_grads = jax.value_and_grad(by_hand, argnums=(0, 1))(y0, k)
+    np.testing.assert_allclose(value, want_value, rtol=1e-6)
+    np.testing.assert_allclose(grads, want_grads, rtol=1e-5)
+    # y0 exp(-2 k t) at t = 1
+    np.testing.assert_allclose(grads, [np.exp(-1.4), -2.0 * np.exp(-1.4)], rtol=1e-3)
+
+
+def test_a_patch_closing_over_a_differentiated_value_in_a_diffrax_loop_is_an_error():
+    # The patch's constant enters the checkpointed loop as a closure, and the
+    # loop's bwd gives derivatives of its own inputs only.
+    solve = _diffrax_solve("recursive")
+    y0, k = jnp.float32(1.0), jnp.float32(0.7)
+
+    def loss(a):
+        return tx.patch(solve, {"*/vf/mul": lambda v: v * a})(y0, k)
+
+    np.testing.assert_allclose(loss(2.0), np.exp(-1.4), rtol=1e-3)
+    with pytest.raises(NotImplementedError, match="vf/mul.*differentiated.*while loop"):
+        jax.grad(loss)(2.0)
 
 
 @jax.custom_jvp
