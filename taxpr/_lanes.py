@@ -65,7 +65,10 @@ def uncurry_vmap(fn: Callable, key: jax.Array, *example_args: Any,
     do states whose init is computed from the lane's arguments. Where
     ``fn`` draws keys itself, lane ``i``'s stream then continues from the
     second key of that split. The states of all lanes are computed in one
-    vmapped trace.
+    vmapped trace, as ``uncurry`` inside a traced function computes them: a
+    state first used inside a ``cond`` or ``while_loop`` needs an init that
+    depends neither on the key nor on the arguments (else a ``StateError``
+    says so).
 
     Arguments:
         fn: the stateful function of one lane (``get_state`` / ``set_state``

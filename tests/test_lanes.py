@@ -108,3 +108,14 @@ def test_bounded_while_loop_stops_at_its_bound():
     out = tx.bounded_while_loop(lambda i: i < 100, lambda i: i + 1, 0, max_steps=7)
     assert int(out) == 7
     assert int(tx.bounded_while_loop(lambda i: i < 3, lambda i: i + 1, 0, max_steps=7)) == 3
+
+
+def test_an_init_under_a_cond_that_draws_a_key_is_an_error_naming_the_state():
+    def f(x):
+        def taken(x):
+            n = tx.get_state("n", lambda: jax.random.normal(tx.next_key()))
+            return tx.set_state("n", n + x)
+        return jax.lax.cond(x > 0, taken, lambda x: x, x)
+
+    with pytest.raises(tx.StateError, match="'n'"):
+        tx.uncurry_vmap(f, jax.random.key(0), jnp.array([1.0, 2.0]))
