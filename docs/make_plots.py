@@ -365,8 +365,9 @@ def view_table(path: Path = VIEW_RESULTS) -> str:
                      f"({row['view_s']:.2f} s / {row['make_jaxpr_s']:.2f} s) | "
                      f"{row['html_mb']:.1f} MB {page}")
     lines.append("")
-    lines.append(f"Median of {results['repeats']} runs; Python {results['python']}, JAX "
-                 f"{results['jax']}, {results['browser']}, {results['machine']} "
+    lines.append(f"Generating: thread CPU time, best of {results['repeats']} runs; in the "
+                 f"browser: median of {results['repeats']} loads. Python {results['python']}, "
+                 f"JAX {results['jax']}, {results['browser']}, {results['machine']} "
                  f"(`python bench/bench_view.py`).")
     return "\n".join(lines) + "\n"
 
