@@ -330,3 +330,33 @@ def test_markup_in_names_stays_text():
     assert "<i>title" not in page.html and "&lt;i&gt;title&lt;/i&gt;" in page.html
     data = _embedded(page.html)
     assert {n[7] for n in data["panes"][0]["N"] if n[0] == "scope"} == {"</script><b>scope"}
+
+
+def test_a_high_level_operations_jaxprs_are_containers_without_site_names():
+    def g(x):
+        y = jnp.sin(x)
+        r = jax.lax.custom_root(lambda t: t ** 2 - x, y,
+                                lambda f, t0: t0 - f(t0) / (2 * t0), lambda f, t: t / 2)
+        return jnp.cos(r)
+
+    closed = jax.make_jaxpr(g)(2.0)
+    root = next(e for e in closed.eqns if e.primitive.name not in ("sin", "cos"))
+    pane = ir.view(closed).data["panes"][0]
+    names = [n for q in pane["E"] for n in q[4]]
+    assert names == [s.name for s in tx.sites(g, 2.0)]
+    if root.primitive.name != "call_hi_primitive":  # custom_root binds custom_jvp_call
+        assert _sub_prims(pane) == Counter(nesting(closed).subs_by_primitive)
+        return
+    assert names == ["sin", "cos"]
+    held = [i for i, n in enumerate(pane["N"]) if n[1] == type(root.params["_prim"]).__name__]
+    assert held, [n[1] for n in pane["N"]]
+    inside = [q for q in pane["E"] if any(_inside(pane, q[5], h) for h in held)]
+    assert inside and all(q[4] == [] for q in inside)
+
+
+def _inside(pane, node, ancestor):
+    while node >= 0:
+        if node == ancestor:
+            return True
+        node = pane["N"][node][2]
+    return False

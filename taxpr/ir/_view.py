@@ -212,6 +212,9 @@ class _Level:
     scope: tuple[str, ...]  # the absolute scope of the container
     vals: dict
     open: list = dataclasses.field(default_factory=list)  # [(name, node)]
+    # Inside a jaxpr that a high-level operation holds in its object (not
+    # walked by tx.sites: its equations have no site names).
+    hidden: bool = False
 
 
 def _type_text(aval: Any) -> str:
@@ -253,7 +256,8 @@ class _Builder:
         self.srcs = _Interned(self.pane.srcs)
         self.params = _Interned(self.pane.params)
         self.closed = closed
-        # The last equation laid out: (index, container, scope, sub-jaxprs).
+        # The last equation laid out: (index, container, scope, sub-jaxprs
+        # as (Sub, jaxpr, held in a high-level operation's object)).
         self.owner: tuple[int, int, tuple, list] = (-1, 0, (), [])
         self.by_traceback: dict = {}
         self.type_by_id: dict[int, int] = {}
@@ -344,8 +348,13 @@ class _Builder:
             level.vals[v] = self.value(v, -top - 1)
             pane.nodes[top].ins.append(level.vals[v])
         walk = _traverse.walk(self.closed, self.subs, level)
-        for ordinal, (eqn, _, lvl) in enumerate(walk):
-            self.eqn(eqn, lvl, sites.get(ordinal, []))
+        ordinal = 0  # the place in tx.sites' walk, which skips hidden jaxprs
+        for eqn, _, lvl in walk:
+            if lvl.hidden:
+                self.eqn(eqn, lvl, [])
+            else:
+                self.eqn(eqn, lvl, sites.get(ordinal, []))
+                ordinal += 1
         pane.nodes[top].outs.extend(self.atom(v, level) for v in outvars)
         return pane
 
@@ -384,7 +393,11 @@ class _Builder:
             params = self.param_text(eqn, eqn.params)
         pane.eqns.append(Eqn(self.prims(prim, lambda: prim), ins, outs, self.source(eqn),
                              sites, parent, "", tag, params))
-        subs = _traverse.subjaxprs(eqn)
+        subs = [(sub, sj, False) for sub, sj in _traverse.subjaxprs(eqn)]
+        if _compat.call_hi_primitive_p is not None and eqn.primitive is _compat.call_hi_primitive_p:
+            label = _traverse.hi_name(eqn)
+            subs.extend((_traverse.Sub("_prim", i, label), sj, True)
+                        for i, sj in enumerate(_traverse.hidden_jaxprs(eqn)))
         if not subs:  # else its sub-jaxprs' containers stand for it
             pane.nodes[parent].kids.append(e)
         self.owner = (e, parent, level.scope + rel, subs)
@@ -392,9 +405,9 @@ class _Builder:
     def subs(self, eqn: Any, path: tuple, level: _Level):
         e, parent, scope, subs = self.owner
         outer = self.pane.eqns[e].ins
-        for sub, sj in subs:
+        for sub, sj, hidden in subs:
             n = self.node("sub", sub.label, parent, eqn=e, scope="/".join(scope))
-            inner = _Level(n, scope, {})
+            inner = _Level(n, scope, {}, hidden=level.hidden or hidden)
             constvars, _, invars, _, outvars, _, _ = _jaxpr.jaxpr_parts(sj)
             for v in constvars:
                 inner.vals[v] = self.value(v, None)
@@ -404,7 +417,8 @@ class _Builder:
             for i, v in enumerate(invars):
                 vid = inner.vals[v] = self.value(v, -n - 1)
                 self.pane.nodes[n].ins.append(vid)
-                if 0 <= shift + i < len(outer) and isinstance(outer[shift + i], int):
+                if (not hidden and 0 <= shift + i < len(outer)
+                        and isinstance(outer[shift + i], int)):
                     self.pane.binds[vid] = outer[shift + i]
             yield sub, sj, inner
             self.pane.nodes[n].outs.extend(self.atom(v, inner) for v in outvars)
