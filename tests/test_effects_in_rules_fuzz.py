@@ -3,8 +3,11 @@ a state counter, a state set from the differentiated value, a key drawn, a
 value sown and reaped, a value planted, a site patched by a function or by
 a value, a site captured; inside a ``custom_jvp`` (its rule calls the
 function) or a ``custom_vjp`` (its fwd calls the function), called twice in
-a chain, three times in a ``lax.scan``, or three times in a ``lax.scan``
-whose body is a ``jax.checkpoint`` (recomputed when differentiated);
+a chain, three times in a ``lax.scan``, three times in a ``lax.scan``
+whose body is a ``jax.checkpoint`` (recomputed when differentiated), or
+three times in equinox's checkpointed ``while_loop`` (a custom_vjp whose
+fwd and bwd evaluate the body's code; its bwd recomputes the body under
+``jax.vjp``);
 differentiated by ``grad``, ``vjp`` or ``jvp`` (``jvp``: the custom_jvp
 only, as JAX), from outside the transformed function or inside it, with
 and without ``jit``, for one input or a ``vmap`` batch of two.
@@ -46,16 +49,17 @@ from jax import lax
 import taxpr as tx
 from taxpr import harvest as h
 
+
 KINDS = ("custom_jvp", "custom_vjp")
 EFFECTS = ("counter", "float_counter", "accumulated", "key", "sow", "plant",
            "patch_fn", "patch_value", "capture")
 STATE_EFFECTS = ("counter", "float_counter", "accumulated", "key")
-CONTAINERS = ("chain", "scan", "remat_scan")
+CONTAINERS = ("chain", "scan", "remat_scan", "checkpointed_while")
 DERIVATIVES = ("grad", "vjp", "jvp")
 WHERE = ("outside", "inside")
 X0, PLANTED, NOISE, SHIFT = 0.7, 0.3, 0.1, 0.25
 XS = (0.7, -0.4)  # a vmap batch
-CALLS = {"chain": 2, "scan": 3, "remat_scan": 3}
+CALLS = {"chain": 2, "scan": 3, "remat_scan": 3, "checkpointed_while": 3}
 
 
 class Case(NamedTuple):
@@ -76,7 +80,8 @@ class Case(NamedTuple):
 def _cases() -> list[Case]:
     cases = [Case(*c) for c in itertools.product(KINDS, EFFECTS, CONTAINERS, DERIVATIVES,
                                                   WHERE, (False, True), (False, True))
-             if not (c[0] == "custom_vjp" and c[3] == "jvp")]
+             if not ((c[0] == "custom_vjp" or c[2] == "checkpointed_while")
+                     and c[3] == "jvp")]
     if os.environ.get("TAXPR_RULE_EFFECTS") == "all":
         return cases
     return random.Random(0).sample(cases, 32)
@@ -130,6 +135,17 @@ def _program(case: Case):
     act = _activation(case.kind, case.effect)
     if case.container == "chain":
         return lambda x: act(act(x))
+    if case.container == "checkpointed_while":
+        # equinox's checkpointed while_loop: a custom_vjp whose fwd and bwd
+        # evaluate the closure-converted body (the bwd under jax.vjp)
+        import equinox.internal as eqxi
+
+        def loop(x):
+            step = lambda c: (c[0] + 1, act(c[1]))  # noqa: E731
+            return eqxi.while_loop(lambda c: c[0] < CALLS[case.container], step, (0, x),
+                                   max_steps=CALLS[case.container], kind="checkpointed",
+                                   checkpoints=2)[1]
+        return loop
     body = lambda c, _: (act(c), None)  # noqa: E731
     if case.container == "remat_scan":
         body = jax.checkpoint(body)
@@ -165,6 +181,8 @@ def _reference(case: Case, x: float) -> dict:
             y = 2.0 * PLANTED
         elif case.effect == "capture":
             captured.append(np.sin(c))
+            if case.container == "checkpointed_while":  # a while loop keeps the last
+                captured = captured[-1:]
         c, dc = y, 2.0 * np.cos(c) * dc  # the rule's derivative, whatever the value
     return {"out": c, "d_out": dc, "state": state, "reaped": reaped, "key": key,
             "captured": captured}
@@ -204,7 +222,7 @@ def _transformed(case: Case, g):
         return lambda x: (tx.patch(g, {sin: lambda v: v + SHIFT})(x), {})  # noqa: E731
     if case.effect == "patch_value":
         # inside a scan: one value per iteration
-        value = (jnp.float32(PLANTED) if case.container == "chain"
+        value = (jnp.float32(PLANTED) if case.container in ("chain", "checkpointed_while")
                  else jnp.full((CALLS[case.container],), PLANTED, jnp.float32))
         return lambda x: (tx.patch(g, {sin: value})(x), {})  # noqa: E731
     return tx.capture(g, sin)
@@ -245,19 +263,37 @@ def _stacked(case: Case, what: str):
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
 def test_an_effect_in_a_custom_rules_function_differentiated(case: Case):
     outside = case.where == "outside"
-    if (outside and case.kind == "custom_vjp"
+    in_loop_rule = case.container == "checkpointed_while"
+    if (outside and case.kind == "custom_vjp" and not in_loop_rule
             and case.effect in ("accumulated", "float_counter")):
         name = "acc" if case.effect == "accumulated" else "n"
         with pytest.raises((tx.StateError, NotImplementedError), match=f"state '{name}'"):
             _run(case)
         return
-    if outside and case.effect == "patch_value" and case.container != "chain":
+    if outside and case.effect == "patch_value" and case.container in ("scan", "remat_scan"):
         # Patched by value in a scan: one row per iteration, fed to the
         # function; the rule's own call of the function cannot be given its
         # row: taxpr's documented error (docs/limitations.md), never the
         # unpatched value.
         with pytest.raises(NotImplementedError, match=r"the site 'sin', planted with one value "
                                                       r"per sow .* the rule calls the function"):
+            _run(case)
+        return
+    if in_loop_rule and case.effect == "key" and not (case.batch and outside):
+        # The loop's bwd recomputes the forward pass from checkpoints, in an
+        # order of its own: what a recomputed draw would read is taxpr's
+        # documented error (docs/limitations.md), naming the stream.
+        with pytest.raises(tx.StateError, match=r"state 'rng'.* recomputes the forward pass"):
+            _run(case)
+        return
+    if in_loop_rule and outside and case.effect in ("patch_value", "patch_fn"):
+        # The loop's fwd and bwd evaluate the body's code, and a patch by a
+        # function is carried there; but a patch by value cannot be, and the
+        # function's own rule, evaluated in the loop's bwd, traces the
+        # function afresh from Python: taxpr's documented errors, naming
+        # the site (docs/limitations.md).
+        why = "patched by a value" if case.effect == "patch_value" else "bwd computes it again"
+        with pytest.raises(tx.CustomRuleError, match=f"site '.*sin'.*{why}"):
             _run(case)
         return
     if case.effect == "key" and case.batch:
@@ -281,6 +317,13 @@ def test_an_effect_in_a_custom_rules_function_differentiated(case: Case):
             def f_acc(x):
                 out, state = _transformed(case, _program(case))(x)
                 return state["acc"], out
+            if in_loop_rule:
+                # The loop's fwd runs in the function's place and its bwd
+                # gives derivatives of its outputs only: taxpr's documented
+                # error (docs/limitations.md), naming the state.
+                with pytest.raises(tx.StateError, match="state 'acc'"):
+                    _run(case, f_acc)
+                return
             (_, _), d_acc = _run(case, f_acc)
             # what a rule writes is a constant w.r.t. the function's inputs
             _assert_close(d_acc, np.zeros_like(np.asarray(d_acc)), f"{case.id}: the state's derivative")
@@ -292,6 +335,12 @@ def test_an_effect_in_a_custom_rules_function_differentiated(case: Case):
     elif case.effect == "sow":
         _assert_close(aux["s"], _stacked(case, "reaped"), f"{case.id}: the reaped value")
     elif case.effect == "capture":
+        if in_loop_rule and not outside:
+            # The differentiated program computes sin in the loop's forward
+            # pass and again in its bwd's recomputation: the forward site
+            # holds the eager value.
+            assert any("bwd" in name for name in aux), list(aux)
+            aux = {name: v for name, v in aux.items() if "fwd" in name}
         rows = [np.asarray(v, np.float64).reshape((len(XS), -1) if case.batch else (-1,))
                 for v in aux.values()]
         _assert_close(np.concatenate(rows, axis=-1), _stacked(case, "captured"),
