@@ -22,7 +22,7 @@ from ._api import (
     perturb as perturb,
     sites as sites,
 )
-from ._rewrite import CustomRuleError as CustomRuleError
+from ._rules import CustomRuleError as CustomRuleError
 from ._sites import Loop as Loop, Site as Site
 
 __all__ = ["CustomRuleError", "LoopRows", "Loop", "Site", "capture", "patch", "perturb", "sites"]
