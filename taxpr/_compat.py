@@ -369,6 +369,15 @@ def recorded_traceback() -> Any:
     return source_info_util._source_info_context.context.traceback
 
 
+def stack_key(traceback: Any) -> tuple | None:
+    """``((file, line), ...)`` of every frame of a traceback, innermost
+    first, or None: the program point an equation was traced at, the same
+    for every equation re-evaluated from it."""
+    if traceback is None:
+        return None
+    return tuple((f.file_name, f.line_num) for f in traceback.frames)
+
+
 def user_frame_key(traceback: Any) -> tuple[str, int] | None:
     """``(file, line)`` of the innermost frame of a traceback that is
     neither JAX's nor taxpr's, or None: where a user's code bound it."""

@@ -9,17 +9,18 @@ the loop body and evaluate that jaxpr in the fwd, and in the bwd under
 jaxpr. While such a rule is traced, the equations that evaluate the patched
 site again are patched as they are bound: an equation of the site's
 primitive re-evaluated from a recorded jaxpr (``jax.core.eval_jaxpr`` binds
-it with the recorded equation's traceback), at the site's source line, gets
-the patch applied to its output, so the fwd computes the patched value and
-the bwd differentiates through the patch as eager code would.
+it with the recorded equation's traceback) at the site's program point (the
+stack it was traced at) gets the patch applied to its output, so the fwd
+computes the patched value and the bwd differentiates through the patch as
+eager code would.
 
 Only re-evaluations are patched: a fresh trace of Python code reaches a
 primitive through JAX's trace caches (``jnp.multiply`` is traced once per
-type and reused from every line), so a bind's line does not say which
-program point it is. A patch is carried only where every equation of the
-function at that line and primitive is patched by the same function (a
-re-evaluation cannot be told apart from another at the same line); anything
-else is a ``CustomRuleError`` naming the site.
+type and reused from every line), so a fresh bind's stack does not say
+which program point it is. A patch is carried only where every equation of
+the function traced at that point with that primitive is patched by the
+same function (their re-evaluations cannot be told apart); anything else is
+a ``CustomRuleError`` naming the site.
 """
 
 from __future__ import annotations
@@ -43,20 +44,21 @@ CARRIED_SCOPE = "taxpr_patched"
 
 
 @dataclasses.dataclass(frozen=True)
-class LineKey:
+class PointKey:
     """A program point as a re-evaluation shows it: the primitive and the
-    user's source line (``_compat.user_frame_key``)."""
+    stack it was traced at (``_compat.stack_key``: every frame's file and
+    line), which an equation evaluated again from a recorded jaxpr keeps."""
 
     primitive: Any
-    frame: tuple[str, int]
+    stack: tuple
 
 
 @dataclasses.dataclass
 class CarriedPatch:
-    """The patch of the equations at one ``LineKey``: ``build(value)`` (the
+    """The patch of the equations at one ``PointKey``: ``build(value)`` (the
     site's insertion) applied to output ``output``."""
 
-    key: LineKey
+    key: PointKey
     output: int
     build: Callable[[Any], Any]
     site_name: str
@@ -64,7 +66,7 @@ class CarriedPatch:
 
 
 class CarryPlan:
-    """The patches to carry into one rule's trace, by ``LineKey``."""
+    """The patches to carry into one rule's trace, by ``PointKey``."""
 
     def __init__(self, patches: list[CarriedPatch]):
         self.by_key = {p.key: p for p in patches}
@@ -72,10 +74,10 @@ class CarryPlan:
         self._holds = _traverse.IdMemo()  # jaxpr -> whether it holds an uncarried site
 
     def uncarried(self, eqn: Any) -> CarriedPatch | None:
-        """The patch of ``eqn`` if it computes a site at a patched line and
+        """The patch of ``eqn`` if it computes a site at a patched point and
         is not patched yet."""
-        patch = self.by_key.get(LineKey(eqn.primitive,
-                                        _compat.user_frame_key(eqn.source_info.traceback)))
+        patch = self.by_key.get(PointKey(eqn.primitive,
+                                        _compat.stack_key(eqn.source_info.traceback)))
         return None if patch is None or carried_in(eqn.source_info.name_stack) else patch
 
     def holds_uncarried(self, jaxpr: Any) -> bool:
@@ -104,35 +106,37 @@ def plan(function: Any, insertions: Any) -> CarryPlan:
     ``function``, a closed jaxpr).
 
     Raises:
-        NotCarried: a patch is by value, its site has no source line, or
-            another equation of the function at the same line and primitive
-            is not patched by the same function.
+        NotCarried: a patch is by value, its site has no traceback, or
+            another equation of the function traced at the same point with
+            the same primitive is not patched by the same function.
     """
-    groups: dict[LineKey, list] = {}
+    groups: dict[PointKey, list] = {}
     for ins in insertions:
         if not ins.changes:
             continue
         if ins.patch_fn is None:
             raise NotCarried(ins.site.name, "it is patched by a value (only a patch by a "
                              "function can be applied where the rule evaluates it again)")
-        frame = _compat.user_frame_key(ins.site.source_info[0].traceback)
-        if frame is None:
-            raise NotCarried(ins.site.name, "it has no source line in the user's code")
-        groups.setdefault((ins.site.primitive, frame), []).append(ins)
+        stack = _compat.stack_key(ins.site.source_info[0].traceback)
+        if stack is None:
+            raise NotCarried(ins.site.name, "its equation has no traceback")
+        groups.setdefault((ins.site.primitive, stack), []).append(ins)
     patches = []
-    for (name, frame), group in groups.items():
-        same_line = [eqn for eqn, _ in _traverse.iter_eqns(function)
-                     if eqn.primitive.name == name
-                     and _compat.user_frame_key(eqn.source_info.traceback) == frame]
+    for (name, stack), group in groups.items():
+        same_point = [eqn for eqn, _ in _traverse.iter_eqns(function)
+                      if eqn.primitive.name == name
+                      and _compat.stack_key(eqn.source_info.traceback) == stack]
         fns = {id(ins.patch_fn) for ins in group}
-        if len(same_line) != len(group) or len(fns) != 1:
+        if len(same_point) != len(group) or len(fns) != 1:
+            line = _compat.user_line(group[0].site.source_info[0].traceback) or "its line"
             raise NotCarried(
                 group[0].site.name,
-                f"it shares its line {frame[0]}:{frame[1]} and primitive with {len(same_line) - 1} other equation(s) of the function, "
+                f"it was traced at the same point ({line}) as {len(same_point) - 1} other "
+                f"{name} equation(s) of the function, "
                 f"{'not all patched' if len(fns) == 1 else 'patched differently'}: where the "
-                f"rule evaluates that line again, they cannot be told apart")
+                f"rule evaluates that code again, they cannot be told apart")
         first = group[0]
-        patches.append(CarriedPatch(LineKey(same_line[0].primitive, frame), first.output,
+        patches.append(CarriedPatch(PointKey(same_point[0].primitive, stack), first.output,
                                     first.build, first.site.name))
     return CarryPlan(patches)
 
@@ -145,7 +149,7 @@ _SCOPE_IDS = itertools.count(1)
 
 @contextlib.contextmanager
 def carrying(carry: CarryPlan) -> Iterator[CarryPlan]:
-    """Within the block, re-evaluated equations at ``carry``'s lines are
+    """Within the block, re-evaluated equations at ``carry``'s points are
     patched (the module's docstring). JAX's trace caches are keyed apart
     (a trace made in the block is never reused outside it, nor one made
     before inside it)."""
@@ -233,12 +237,12 @@ def _retraced(value: Any, carry: CarryPlan) -> Any:
 
 def _carried_here(carry: CarryPlan, prim: Any) -> CarriedPatch | None:
     """The patch of the equation being bound now, if it is a re-evaluation
-    of a recorded equation at a patched line not patched already."""
+    of a recorded equation at a patched point not patched already."""
     traceback = _compat.recorded_traceback()
     if traceback is None:
         return None
-    frame = _compat.user_frame_key(traceback)
-    patch = carry.by_key.get(LineKey(prim, frame)) if frame is not None else None
+    stack = _compat.stack_key(traceback)
+    patch = carry.by_key.get(PointKey(prim, stack)) if stack is not None else None
     if patch is None or carried_in(source_info_util.current_name_stack()):
         return None
     return patch
@@ -251,7 +255,7 @@ def carried_in(name_stack: Any) -> bool:
 
 def uncarried_equations(closed: Any, carry: CarryPlan) -> list[str]:
     """The sites of ``carry`` that ``closed`` (a rule traced while carrying)
-    computes at their line without the patch: traced afresh from Python
+    computes at their point without the patch: traced afresh from Python
     there, where no patch can be applied."""
     found = []
     for eqn, _ in _traverse.iter_eqns(closed):
