@@ -68,8 +68,12 @@ class CarriedPatch:
 class CarryPlan:
     """The patches to carry into one rule's trace, by ``PointKey``."""
 
-    def __init__(self, patches: list[CarriedPatch]):
+    def __init__(self, patches: list[CarriedPatch],
+                 copies: Callable[[dict], dict] | None = None):
         self.by_key = {p.key: p for p in patches}
+        # A re-evaluated custom call's params -> its params with rules that
+        # carry the patches (where its function is a patched one).
+        self.copies = copies
         self.primitives = {p.key.primitive for p in patches}
         self._holds = _traverse.IdMemo()  # jaxpr -> whether it holds an uncarried site
 
@@ -101,9 +105,10 @@ class NotCarried(Exception):
         self.site = site
 
 
-def plan(function: Any, insertions: Any) -> CarryPlan:
+def plan(function: Any, insertions: Any, copies: Callable[[dict], dict] | None = None
+         ) -> CarryPlan:
     """The carry of ``insertions`` (the patches inside a custom call's
-    ``function``, a closed jaxpr).
+    ``function``, a closed jaxpr); ``copies``: ``CarryPlan.copies``.
 
     Raises:
         NotCarried: a patch is by value, its site has no traceback, or
@@ -138,13 +143,15 @@ def plan(function: Any, insertions: Any) -> CarryPlan:
         first = group[0]
         patches.append(CarriedPatch(PointKey(same_point[0].primitive, stack), first.output,
                                     first.build, first.site.name))
-    return CarryPlan(patches)
+    return CarryPlan(patches, copies)
 
 
 _ACTIVE: contextvars.ContextVar[CarryPlan | None] = contextvars.ContextVar(
     "taxpr_carried_patches", default=None)
 _HOOKED: dict[Any, int] = {}  # primitive -> number of active carries hooking it
 _SCOPE_IDS = itertools.count(1)
+# The custom calls whose re-evaluation re-binds their rules (from params).
+_CUSTOM_CALLS = frozenset((_compat.custom_jvp_call_p, _compat.custom_vjp_call_p))
 
 
 @contextlib.contextmanager
@@ -153,11 +160,14 @@ def carrying(carry: CarryPlan) -> Iterator[CarryPlan]:
     patched (the module's docstring). JAX's trace caches are keyed apart
     (a trace made in the block is never reused outside it, nor one made
     before inside it)."""
-    hooked = carry.primitives | _compat.REEVALUATED_HIGHER_ORDER
+    hooked = carry.primitives | _compat.REEVALUATED_HIGHER_ORDER | _CUSTOM_CALLS
     for prim in hooked:
         if not _HOOKED.get(prim):
-            prim.bind = (_hooked_bind(prim) if prim in carry.primitives
-                         else _hooked_higher_order_bind(prim))
+            if prim in _CUSTOM_CALLS:
+                prim.get_bind_params = _hooked_get_bind_params(prim)
+            else:
+                prim.bind = (_hooked_bind(prim) if prim in carry.primitives
+                             else _hooked_higher_order_bind(prim))
         _HOOKED[prim] = _HOOKED.get(prim, 0) + 1
     token = _ACTIVE.set(carry)
     try:
@@ -169,7 +179,8 @@ def carrying(carry: CarryPlan) -> Iterator[CarryPlan]:
             _HOOKED[prim] -= 1
             if not _HOOKED[prim]:
                 del _HOOKED[prim]
-                del prim.bind  # the class's bind again
+                # the class's methods again
+                del prim.__dict__["get_bind_params" if prim in _CUSTOM_CALLS else "bind"]
 
 
 def _hooked_bind(prim: Any) -> Callable:
@@ -215,6 +226,24 @@ def _hooked_higher_order_bind(prim: Any) -> Callable:
     return bind
 
 
+def _hooked_get_bind_params(prim: Any) -> Callable:
+    """A custom call's ``get_bind_params`` that, re-evaluating a recorded
+    equation, gives its rules the patches (``CarryPlan.copies``): its rule
+    traced afresh calls the function, whose call it then replaces by the
+    patched one."""
+    original = type(prim).get_bind_params
+
+    def get_bind_params(params):
+        carry = _ACTIVE.get()
+        # (called by eval_jaxpr before it sets the equation's traceback)
+        if (carry is not None and carry.copies is not None
+                and sys._getframe(1).f_code is _compat.EVAL_JAXPR_CODE):
+            params = carry.copies(params)
+        return original(prim, params)
+
+    return get_bind_params
+
+
 def _re_evaluating(caller: Any) -> bool:
     """Whether a bind called from frame ``caller`` re-evaluates a recorded
     equation (``jax.core.eval_jaxpr`` binds it, with its traceback), rather
@@ -246,6 +275,13 @@ def _carried_here(carry: CarryPlan, prim: Any) -> CarriedPatch | None:
     if patch is None or carried_in(source_info_util.current_name_stack()):
         return None
     return patch
+
+
+def marked_carried(eqn: Any) -> Any:
+    """``eqn`` in ``CARRIED_SCOPE``: a patched site's equation or its patch,
+    evaluated again while carrying, is not patched again."""
+    info = eqn.source_info
+    return eqn.replace(source_info=info.replace(name_stack=info.name_stack.extend(CARRIED_SCOPE)))
 
 
 def carried_in(name_stack: Any) -> bool:

@@ -32,7 +32,7 @@ from .._jax.internals import core
 from .. import _compat, _jaxpr, _traverse
 from ..harvest._sow import sow, sow_cond
 from ..primitives._tag import keep_tags, tag, tag_p
-from . import _rules
+from . import _carry, _rules
 from ._sites import Site
 
 
@@ -238,6 +238,7 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
             for o in item.carried_out_of:
                 carrying.setdefault(o, []).append(item)
     carried: list[list] = []
+    family: list = []  # the custom calls rewritten (``_rules.with_carrying_rules``)
 
     def rewrite(eqn, path, env):
         ordinal = next(counter)
@@ -252,11 +253,15 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
             if call_after is None:  # (a replacement all the same: map_jaxpr
                 return [new_eqn]    # must not walk the function again)
             sites = tuple(i for o in range(ordinal + 1, walked[0]) for i in plan.get(o, ()))
-            return [_rules.with_carrying_rules(new_eqn, eqn, call_after, sites, path)]
+            return [_rules.with_carrying_rules(new_eqn, eqn, call_after, sites, path, family)]
         todo = plan.get(ordinal)
         if todo is None:
             return None
         eqn = eqn.replace(invars=[_traverse._sub(env, v) for v in eqn.invars])
+        if any(item.changes for item in todo):
+            # Evaluated again inside a rule that carries patches, the site
+            # and its patch are not patched a second time.
+            eqn = _carry.marked_carried(eqn)
         out = [eqn]
         for item in todo:
             v = eqn.outvars[item.output]
@@ -264,7 +269,8 @@ def insert(closed: Any, plan: dict[int, list[Insertion]]) -> Any:
                 carried[-1].append((item, env.get(v, v)))
                 continue
             frag, new = _fragment(item.build, [v])
-            out.extend(_bound_at(frag, eqn))
+            frag = _bound_at(frag, eqn)
+            out.extend(map(_carry.marked_carried, frag) if item.changes else frag)
             env[v] = new
         return out
 

@@ -51,7 +51,11 @@ class _RewrittenCall:
     where: str  # the path of the call, for errors
     before: Any
     after: Any
-    sites: tuple[Any, ...]
+    sites: tuple[Any, ...]  # the Insertions inside it
+    # The rewritten calls of the same program (this one and those nested in
+    # its function): a rule evaluating the function's code re-binds copies
+    # of the nested calls, whose rules are then given the change too.
+    family: list = dataclasses.field(compare=False, repr=False, default_factory=list)
 
     @property
     def described(self) -> str:
@@ -78,17 +82,42 @@ def _call_name(eqn) -> str | None:
 
 
 def with_carrying_rules(new_eqn, old_eqn, after: Any, sites: tuple[Any, ...],
-                         path: tuple[str, ...]):
+                         path: tuple[str, ...], family: list):
     """``new_eqn`` (``old_eqn`` with its function rewritten to ``after``,
     holding ``sites``; at ``path``) with its rules wrapped to carry the
-    change."""
+    change. ``family``: the rewritten calls of the same program, this one
+    appended."""
     call = _RewrittenCall(old_eqn.primitive, _call_name(old_eqn), "/".join(path) or "<top level>",
-                          old_eqn.params["call_jaxpr"], after, sites)
-    key = RULES_OF[old_eqn.primitive]
-    params = {**new_eqn.params, key: _carrying_rule(old_eqn.params[key], call)}
+                          old_eqn.params["call_jaxpr"], after, sites, family)
+    family.append(call)
+    return new_eqn.replace(params=_carrying_params(new_eqn.params, old_eqn.params, call))
+
+
+def _carrying_params(params: dict, rules_from: dict, call: _RewrittenCall) -> dict:
+    """``params`` with the rules of ``rules_from`` wrapped to carry
+    ``call``'s change."""
+    key = RULES_OF[call.primitive]
+    params = {**params, key: _carrying_rule(rules_from[key], call)}
     if "bwd" in params and call.patched:
-        params["bwd"] = _checked_bwd(old_eqn.params["bwd"], call)
-    return new_eqn.replace(params=params)
+        params["bwd"] = _checked_bwd(rules_from["bwd"], call)
+    return params
+
+
+def _copies_carrying(call: _RewrittenCall):
+    """For ``_carry``: the params of a custom call re-evaluated while a rule
+    of ``call`` is traced, its rules carrying the change where its function
+    is one of the rewritten calls of ``call``'s program (its function stays:
+    re-evaluated there, it is patched as it runs)."""
+
+    def wrap(params: dict) -> dict:
+        fun = params.get("call_jaxpr")
+        for other in call.family:
+            if other.primitive in RULES_OF and fun is not None \
+                    and _same_program(fun, other.before):
+                return _carrying_params(params, params, other)
+        return params
+
+    return wrap
 
 
 def _program_key(closed: Any) -> tuple:
@@ -154,7 +183,7 @@ def _carrying_rule(rule_fun: Any, call: _RewrittenCall) -> Any:
 
 def _carry_plan(call: _RewrittenCall, kind: str) -> _carry.CarryPlan:
     try:
-        return _carry.plan(call.before, call.sites)
+        return _carry.plan(call.before, call.sites, _copies_carrying(call))
     except _carry.NotCarried as e:
         raise CustomRuleError(
             f"taxpr.patch: site {e.site!r} is inside the function of {call.described}, whose "
@@ -225,7 +254,7 @@ def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
 
     def bwd(*args):
         try:
-            carry = _carry.plan(call.before, call.sites)
+            carry = _carry.plan(call.before, call.sites, _copies_carrying(call))
         except _carry.NotCarried:
             carry = None
         if carry is None:

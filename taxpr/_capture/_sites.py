@@ -15,6 +15,7 @@ from .._jax.internals import source_info_util
 from .. import _compat, _jaxpr, _traverse
 from .._engine import THREAD_RULES
 from ..primitives._tag import tag_p
+from ._carry import CARRIED_SCOPE
 
 
 class Loop(NamedTuple):
@@ -125,8 +126,9 @@ class _WalkCtx:
 
 def scope_of(info: Any) -> tuple[str, ...]:
     """The named scopes of a source info's name stack (without JAX's
-    transformation frames)."""
-    return tuple(s.name for s in info.name_stack.stack if isinstance(s, source_info_util.Scope))
+    transformation frames, nor the mark of a patched site's equations)."""
+    return tuple(s.name for s in info.name_stack.stack
+                 if isinstance(s, source_info_util.Scope) and s.name != CARRIED_SCOPE)
 
 
 def _scope_names(eqn: core.JaxprEqn) -> tuple[str, ...]:

@@ -83,6 +83,38 @@ def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_
     np.testing.assert_allclose(grads, [np.exp(-1.4), -2.0 * np.exp(-1.4)], rtol=1e-3)
 
 
+def test_a_patched_relu_in_a_neural_ode_differentiates_like_the_relu_patched_by_hand():
+    # relu (a custom_jvp) inside the vector field, inside the checkpointed
+    # loop of diffrax's default adjoint: the loop's bwd re-evaluates relu's
+    # call, whose rule (calling relu) is given the patch there. The
+    # reference is diffrax's own solve with relu replaced by 2 * max under
+    # relu's rule.
+    diffrax = pytest.importorskip("diffrax")
+    w1 = jnp.array([[0.5, -0.3], [0.2, 0.8]])
+    w2 = jnp.array([[0.1, -0.4], [0.7, 0.2]])
+
+    def solve_with(activation):
+        def vf(t, y, args):
+            with jax.named_scope("vf"):
+                return jnp.tanh(w2 @ activation(w1 @ y))
+
+        def solve(y0):
+            return diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 1.0, 0.1,
+                                       y0).ys[-1].sum()
+        return solve
+
+    y0 = jnp.array([1.0, 0.5])
+    (site,) = [s.name for s in tx.sites(solve_with(jax.nn.relu), y0) if s.primitive == "max"]
+    patched = tx.patch(solve_with(jax.nn.relu), {site: lambda h: 2.0 * h})
+    by_hand = solve_with(_relu_doubled)
+    want_value, want_grad = jax.value_and_grad(by_hand)(y0)
+    value, grad = jax.jit(jax.value_and_grad(patched))(y0)
+    np.testing.assert_allclose(value, want_value, rtol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5)
+    # the patch changes the derivative: it is not the unpatched solve's
+    assert not np.allclose(grad, jax.grad(solve_with(jax.nn.relu))(y0), rtol=1e-3)
+
+
 def test_a_patch_closing_over_a_differentiated_value_in_a_diffrax_loop_is_an_error():
     # The patch's constant enters the checkpointed loop as a closure, and the
     # loop's bwd gives derivatives of its own inputs only.
