@@ -268,6 +268,20 @@ def test_command_line_writes_pages_and_ir_view_stays_the_function(tmp_path, monk
     assert ir.view is _view.view
 
 
+def test_importing_the_command_module_keeps_ir_view_callable(monkeypatch):
+    import importlib
+
+    from taxpr import ir
+    # (the package's attribute and the module table restored afterwards)
+    monkeypatch.setattr(ir, "view", ir.view)
+    monkeypatch.delitem(sys.modules, "taxpr.ir.view", raising=False)
+    module = importlib.import_module("taxpr.ir.view")
+    monkeypatch.delitem(sys.modules, "taxpr.ir.view")
+    assert ir.view is module or ir.view is _view.view
+    page = ir.view(lambda x: jnp.sin(x) * 2.0, jnp.ones(3))
+    assert [n for q in page.data["panes"][0]["E"] for n in q[4]] == ["sin", "mul"]
+
+
 def test_command_line_in_a_fresh_process(tmp_path):
     (tmp_path / "viewmod.py").write_text(MODULE)
     out = tmp_path / "p.html"
@@ -278,6 +292,12 @@ def test_command_line_in_a_fresh_process(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(_embedded(out.read_text())["panes"][0]["E"]) > 3
+    # The same command as a module of its own.
+    dotted = subprocess.run([sys.executable, "-m", "taxpr.ir.view", "viewmod:loss", "--args",
+                             "f32[3,4],i32[]", "--out", str(out)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert dotted.returncode == 0, dotted.stderr[-2000:]
+    assert "wrote" in dotted.stdout
     bad = subprocess.run([sys.executable, "-m", "taxpr.ir", "view", "viewmod:loss", "--out",
                           str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)

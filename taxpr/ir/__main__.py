@@ -16,9 +16,7 @@ whose primitives and source tracebacks are not picklable). ``--compare``
 adds a second program of the same kinds, shown beside the first with its
 changes marked.
 
-The command lives in ``taxpr/ir/__main__.py`` rather than in a submodule
-named ``view``: such a submodule, once imported, would replace the function
-``taxpr.ir.view`` as an attribute of the package.
+``python -m taxpr.ir.view ...`` runs the same command (``taxpr/ir/view.py``).
 """
 
 from __future__ import annotations
