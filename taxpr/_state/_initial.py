@@ -148,26 +148,20 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
     except StateError:
         return None
     result = {}
+    copied = []
     for n, info in states.items():
         aval = core.ShapedArray(info.shape, info.dtype)
         if first[n] is None:  # first set: zeros, as in the example run
             result[n] = jnp.zeros(info.shape, info.dtype)
             continue
-        value = _jaxpr.cast_weak_type(inits[n], aval)
-        # A fresh array, as the example run gives: the init may be the
-        # user's own array (or a const of the program), and state0 may be
-        # donated.
-        result[n] = value if isinstance(value, core.Tracer) else _fresh_copy(value)
+        result[n] = _jaxpr.cast_weak_type(inits[n], aval)
+        if not isinstance(result[n], core.Tracer):
+            copied.append(n)
+    # Fresh arrays, as the example run gives: an init may be the user's own
+    # array (or a const of the program), and state0 may be donated. One
+    # copy of them all (a copy per state costs a dispatch each).
+    result.update(zip(copied, jax.device_put([result[n] for n in copied], may_alias=False)))
     return result
-
-
-def _fresh_copy(value: jax.Array) -> jax.Array:
-    """A copy of ``value``; of a typed key, through its key data (inside a
-    trace the copy is a tracer, which a key array cannot wrap directly)."""
-    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-        return jax.random.wrap_key_data(jax.random.key_data(value).copy(),
-                                        impl=jax.random.key_impl(value))
-    return value.copy()
 
 
 def _first_gets(closed: Any) -> dict[str, tuple[list, tuple[str, ...]]]:
@@ -299,7 +293,8 @@ def _unreached_inits(chain: list, tag_eqns: list, path: tuple[str, ...], name: s
         return list(_jaxpr.jaxpr_as_fun(sliced)(*in_vals))
 
     # A jaxpr that returns a const returns it as it is (e.g. a NumPy array).
-    return [jnp.asarray(v) for v in values(len(chain) - 1, [e.invars[0] for e in tag_eqns])]
+    return [v if isinstance(v, jax.Array) else jnp.asarray(v)
+            for v in values(len(chain) - 1, [e.invars[0] for e in tag_eqns])]
 
 
 def unreached_init(chain: list, path: tuple[str, ...], name: str, args: Sequence[Any]) -> Any:
