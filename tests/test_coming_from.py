@@ -280,3 +280,262 @@ def test_nnx_batch_norm_running_statistics_and_eval_output():
     bn.eval()
     got, _ = pure(state, xs[0], False)
     np.testing.assert_allclose(got, bn(xs[0]), rtol=1e-5, atol=1e-5)
+
+
+# Two rows are not compared number for number. brainstate.random draws from
+# its own global random state and taxpr's tx.next_key() from a key stream kept
+# in the state dict, with other keys: the same program draws other numbers, so
+# the test asserts what holds for both (shapes, a fresh draw each step,
+# standard-normal statistics). pmap2 and jax.pmap run on the local devices,
+# whose numbers are a vmap lane's only where every device does the same
+# arithmetic: on the tests' CPU devices the test asserts that, with a
+# tolerance (accelerators may round otherwise).
+
+
+def _simulate_port(port):
+    return lambda s: jax.lax.scan(lambda _, x: (None, port.update(CURRENTS * x)), None, s)[1]
+
+
+def _names(states):
+    """A (nested) state dict as {"scope/name": value}."""
+    return {"/".join(str(k.key) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(states)}
+
+
+def test_stateful_function_jaxpr_is_make_jaxpr_with_states():
+    bs = _bs()
+    pop = _brainstate_lif(bs)
+
+    def bs_simulate(s):
+        return bs.transform.for_loop(lambda x: pop.update(CURRENTS * x), s)
+
+    v0, spike0 = jnp.linspace(0.0, 0.9, N), jnp.zeros(N)
+    sf = bs.transform.StatefulFunction(bs_simulate, return_only_write=True)
+    sf.make_jaxpr(_scale())
+    key = sf.get_arg_cache_key(_scale())
+    bs_states = sf.get_states_by_cache(key)
+    bs_names = ["v" if s is pop.v else "spike" for s in bs_states]
+    assert [s is pop.v or s is pop.spike for s in bs_states] == [True, True]
+    assert len(sf.get_write_states_by_cache(key)) == 2
+    bs_ins = [{"v": v0, "spike": spike0}[n] for n in bs_names]
+    bs_new, want = sf.jaxpr_call(bs_ins, _scale())
+    want_states = dict(zip(bs_names, bs_new))
+    # make_jaxpr(return_only_write=True) gives the same program: (*args, *states)
+    # -> (*outs, *written states)
+    bs_jaxpr, bs_states2 = bs.transform.make_jaxpr(bs_simulate, return_only_write=True)(_scale())
+    assert [s is t for s, t in zip(bs_states2, bs_states)] == [True, True]
+    bs_out, *bs_new2 = jax.core.eval_jaxpr(bs_jaxpr.jaxpr, bs_jaxpr.consts, _scale(), *bs_ins)
+    np.testing.assert_array_equal(bs_out, want)
+    for a, b in zip(bs_new2, bs_new):
+        np.testing.assert_array_equal(a, b)
+
+    jaxpr, states = tx.make_jaxpr_with_states(_simulate_port(LIF()), return_only_write=True)(
+        _scale())
+    assert [(s.name, s.read, s.written) for s in states] == [
+        ("lif/spike", False, True), ("lif/v", True, True)]
+    ins = {"lif/v": v0, "lif/spike": spike0}
+    got, *new = jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
+                                    *[ins[s.name] for s in states], _scale())
+    got_states = {s.name: x for s, x in zip(states, new)}
+    assert want.sum() > 0
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got_states["lif/v"], want_states["v"], rtol=1e-6)
+    np.testing.assert_array_equal(got_states["lif/spike"], want_states["spike"])
+
+
+def test_state_finders_are_split_states():
+    bs = _bs()
+
+    class Net(bs.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.exc, self.inh = _brainstate_lif(bs), _brainstate_lif(bs)
+
+        def update(self, x):
+            return self.exc.update(x) + self.inh.update(0.5 * x)
+
+    net = Net()
+    bs.transform.jit(lambda s: bs.transform.for_loop(lambda x: net.update(CURRENTS * x), s))(
+        _scale())
+    want = {"/".join(path): st.value for path, st in net.states(bs.HiddenState).items()}
+    found = bs.transform.StateFinder(net.update, bs.HiddenState)(CURRENTS)
+    assert sorted(id(s) for s in found.values()) == sorted(
+        id(s) for s in net.states(bs.HiddenState).values())
+
+    class NetPort:
+        def __init__(self):
+            self.exc, self.inh = LIF("exc"), LIF("inh")
+
+        def update(self, x):
+            return self.exc.update(x) + self.inh.update(0.5 * x)
+
+    net_port = NetPort()
+    pure, state0 = tx.uncurry(_simulate_port(net_port), _scale())
+    _, state1 = jax.jit(pure)(state0, _scale())
+    hidden, rest = tx.split_states(state1, "*/v")
+    got = _names(hidden)
+    assert sorted(got) == sorted(want) == ["exc/v", "inh/v"]
+    assert sorted(_names(rest)) == ["exc/spike", "inh/spike"]
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+    assert want["exc/v"].sum() != want["inh/v"].sum()
+
+
+def _port_fwd_grad(f, key):
+    """docs/coming-from-brainstate.md's port of ``fwd_grad(f, key=key)``."""
+    def estimate(params):
+        leaves, tree = jax.tree_util.tree_flatten(params)
+        keys = jax.random.split(key, len(leaves))
+        tangent = tree.unflatten([jax.random.normal(k, p.shape, p.dtype)
+                                  for k, p in zip(keys, leaves)])
+        _, along = jax.jvp(f, (params,), (tangent,))
+        return jax.tree_util.tree_map(lambda t: t * along, tangent)
+    return estimate
+
+
+def test_fwd_grad_is_a_jvp_along_a_random_tangent():
+    bs = _bs()
+    leak = _smooth_bs(bs)
+
+    def bs_loss(w):
+        return bs.transform.for_loop(lambda x: leak.update(w * x), _scale()).sum()
+
+    w = jnp.linspace(0.5, 1.5, N)
+    key = jax.random.key(3)
+    want = bs.transform.fwd_grad(bs_loss, key=key)(w)
+    want_exact = bs.transform.jacfwd(bs_loss)(w)
+
+    def loss(w):
+        return jax.lax.scan(lambda _, x: (None, _smooth_port(w * x)), None, _scale())[1].sum()
+
+    pure, state0 = tx.uncurry(loss, w)
+    f = lambda w: pure(state0, w)[0]  # noqa: E731
+    np.testing.assert_allclose(_port_fwd_grad(f, key)(w), want, rtol=1e-5)
+    np.testing.assert_allclose(jax.jacfwd(f)(w), want_exact, rtol=1e-5)
+    assert not np.allclose(want, want_exact, rtol=0.1)  # an estimate, not the gradient
+
+
+def _lanes():
+    return jnp.linspace(0.0, 0.9, 4)[:, None] * jnp.ones(N)
+
+
+def _batched_port(lanes):
+    pure, state0 = tx.uncurry(_simulate_port(LIF()), _scale())
+    batch = {"lif": {"v": lanes, "spike": jnp.zeros_like(lanes)}}
+    spikes, new = jax.vmap(pure, in_axes=(0, None))(batch, _scale())
+    return spikes, new["lif"]["v"], new["lif"]["spike"]
+
+
+def _batched_brainstate(bs, mapping, lanes):
+    pop = _brainstate_lif(bs)
+    pop.v.value, pop.spike.value = lanes, jnp.zeros_like(lanes)
+    spikes = mapping(pop, lambda s: bs.transform.for_loop(
+        lambda x: pop.update(CURRENTS * x), s))(_scale())
+    return spikes, pop.v.value, pop.spike.value
+
+
+@pytest.mark.parametrize("kind", ["vmap", "vmap2", "StatefulMapping"])
+def test_vmap_over_states_is_a_vmap_of_pure(kind):
+    bs = _bs()
+    from brainstate.util.filter import OfType
+
+    mappings = {
+        "vmap": lambda pop, f: bs.transform.jit(bs.transform.vmap(
+            f, in_axes=None, axis_size=4,
+            in_states=[pop.v, pop.spike], out_states=[pop.v, pop.spike])),
+        "vmap2": lambda pop, f: bs.transform.vmap2(
+            f, in_axes=None, axis_size=4,
+            state_in_axes={0: OfType(bs.ShortTermState)},
+            state_out_axes={0: OfType(bs.ShortTermState)}),
+        "StatefulMapping": lambda pop, f: bs.transform.StatefulMapping(
+            f, in_axes=None, axis_size=4,
+            state_in_axes={0: [pop.v, pop.spike]}, state_out_axes={0: [pop.v, pop.spike]}),
+    }
+    want = _batched_brainstate(bs, mappings[kind], _lanes())
+    got = _batched_port(_lanes())
+    assert want[0].shape == (4, STEPS, N) and want[1].shape == (4, N)
+    assert len({float(s.sum()) for s in want[0]}) > 1  # the lanes differ
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_pmap2_over_the_local_devices_is_a_pmap_of_pure():
+    bs = _bs()
+    n_dev = jax.local_device_count()
+    lanes = jnp.linspace(0.0, 0.9, n_dev)[:, None] * jnp.ones(N)
+    want = _batched_brainstate(bs, lambda pop, f: bs.transform.pmap2(
+        f, in_axes=None, axis_size=n_dev,
+        state_in_axes={0: [pop.v, pop.spike]}, state_out_axes={0: [pop.v, pop.spike]}), lanes)
+    pure, state0 = tx.uncurry(_simulate_port(LIF()), _scale())
+    per_device = {"lif": {"v": lanes, "spike": jnp.zeros_like(lanes)}}
+    spikes, new = jax.pmap(pure, in_axes=(0, None))(per_device, _scale())
+    np.testing.assert_allclose(spikes, want[0])
+    np.testing.assert_allclose(new["lif"]["v"], want[1], rtol=1e-6)
+    # a device runs what a vmap lane runs
+    lane_spikes, lane_v, _ = _batched_port(lanes)
+    np.testing.assert_allclose(spikes, lane_spikes)
+    np.testing.assert_allclose(new["lif"]["v"], lane_v, rtol=1e-6)
+
+
+def test_random_draws_fresh_standard_normals_in_both():
+    bs = _bs()
+    bs.random.seed(0)
+    want = bs.transform.jit(lambda s: bs.transform.for_loop(
+        lambda x: x * bs.random.normal(size=(N,)), s))(_scale())
+
+    def noisy(s):
+        return jax.lax.scan(
+            lambda _, x: (None, x * jax.random.normal(tx.next_key(), (N,))), None, s)[1]
+
+    pure, state0 = tx.uncurry(noisy, _scale())
+    got, state1 = jax.jit(pure)(state0, _scale())
+    assert "rng" in state1
+    np.testing.assert_allclose(pure(state0, _scale())[0], got, rtol=1e-6)  # again from state0
+    assert got.shape == want.shape == (STEPS, N)
+    for draws in (got, want):
+        z = draws / _scale()[:, None]
+        assert not np.allclose(z[0], z[1])  # a fresh draw each step
+        assert abs(float(z.mean())) < 0.1 and abs(float(z.std()) - 1.0) < 0.1
+
+
+def test_debug_nan_is_debug_nans():
+    bs = _bs()
+    pop = _brainstate_lif(bs)
+
+    def bs_log_rates(s):
+        return jnp.log(bs.transform.for_loop(lambda x: pop.update(CURRENTS * x), s).mean(0) - 0.05)
+
+    with pytest.raises(RuntimeError, match="primitive : `log`"):
+        bs.transform.debug_nan(bs_log_rates, _scale())
+
+    def log_rates(s):
+        return jnp.log(_simulate_port(LIF())(s).mean(0) - 0.05)
+
+    pure, state0 = tx.uncurry(log_rates, _scale())
+    with pytest.raises(tx.NonFiniteError) as err:
+        tx.debug_nans(pure)(state0, _scale())
+    assert err.value.primitive == "log"
+    # both pass the program where every neuron fires often enough
+    assert bs.transform.debug_nan(bs_log_rates, 4.0 * _scale()) is None
+    finite, _ = tx.debug_nans(pure)(state0, 4.0 * _scale())
+    assert np.isfinite(finite).all()
+
+
+def test_progress_bar_is_tx_progress(capfd):
+    bs = _bs()
+    from progress_recorder import Recorder
+
+    pop = _brainstate_lif(bs)
+    want = bs.transform.jit(lambda s: bs.transform.for_loop(
+        lambda x: pop.update(CURRENTS * x), s, pbar=bs.transform.ProgressBar()))(_scale())
+    jax.effects_barrier()
+    assert f"{STEPS}/{STEPS}" in capfd.readouterr().err
+
+    rec = Recorder()
+    pure, state0 = tx.uncurry(_simulate_port(LIF()), _scale())
+    got, _ = jax.jit(tx.progress(pure, display=rec))(state0, _scale())
+    jax.effects_barrier()
+    np.testing.assert_array_equal(got, want)
+    assert rec.events[0][0] == "start" and rec.events[0][2] == STEPS
+    assert rec.events[-1][0] == "close" and rec.events[-1][2] == STEPS
