@@ -59,18 +59,10 @@ def transformer_shot(browser: Browser, tmp: Path) -> Path:
     return out
 
 
-def _inside(pane, node, ancestor):
-    while node >= 0:
-        if node == ancestor:
-            return True
-        node = pane["N"][node][2]
-    return False
-
-
 def compare_program(x):
     a = jnp.sin(x)
     b = jnp.sin(x)  # the same as a
-    unused = jnp.cos(x) * 3.0  # noqa: F841 (dead)
+    jnp.cos(x) * 3.0  # dead code
 
     def body(c, r):
         return c + r * 1.0, c * 2.0

@@ -26,7 +26,7 @@ from taxpr import ir
 from taxpr.ir import _view
 from taxpr.ir.__main__ import main as cli_main, parse_args_spec
 
-from view_programs import eqn_list, mixed_program, nesting, unrolled_program
+from view_programs import eqn_list, inside, mixed_program, nesting, unrolled_program
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -370,13 +370,7 @@ def test_a_high_level_operations_jaxprs_are_containers_without_site_names():
     assert names == ["sin", "cos"]
     held = [i for i, n in enumerate(pane["N"]) if n[1] == type(root.params["_prim"]).__name__]
     assert held, [n[1] for n in pane["N"]]
-    inside = [q for q in pane["E"] if any(_inside(pane, q[5], h) for h in held)]
-    assert inside and all(q[4] == [] for q in inside)
+    held_eqns = [q for q in pane["E"] if any(inside(pane, q[5], h) for h in held)]
+    assert held_eqns and all(q[4] == [] for q in held_eqns)
 
 
-def _inside(pane, node, ancestor):
-    while node >= 0:
-        if node == ancestor:
-            return True
-        node = pane["N"][node][2]
-    return False

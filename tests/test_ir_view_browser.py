@@ -20,7 +20,7 @@ import taxpr as tx
 from taxpr import ir
 
 from headless_chromium import INSTALL_HINT, Browser, chromium
-from view_programs import flax_transformer, mixed_program, nesting, unrolled_program
+from view_programs import flax_transformer, inside, mixed_program, nesting, unrolled_program
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason=INSTALL_HINT)
 
@@ -103,17 +103,9 @@ def test_opening_a_scan_draws_its_body(browser, tmp_path):
     assert drawn == [f"p0e{k}" if k >= 0 else f"p0n{-k - 1}" for k in body]
     assert browser.eval(f"{kids}.hidden") is False
     assert browser.eval(f"document.querySelector('#p0n{scan} > .h .cnt').textContent") == (
-        f"{sum(1 for e in pane['E'] if _inside(pane, e[5], scan))} eqns")
+        f"{sum(1 for e in pane['E'] if inside(pane, e[5], scan))} eqns")
     browser.click(f"#p0n{scan} > .h")  # closes again
     assert browser.eval(f"{kids}.hidden") is True
-
-
-def _inside(pane, node, ancestor):
-    while node >= 0:
-        if node == ancestor:
-            return True
-        node = pane["N"][node][2]
-    return False
 
 
 def test_search_finds_a_site_and_shows_it(browser, tmp_path):

@@ -174,3 +174,12 @@ def eqn_list(closed: Any) -> list[Any]:
     visit(closed)
     return out
 
+
+def inside(pane: dict, node: int, ancestor: int) -> bool:
+    """Whether container ``node`` of a page's pane (its ``N`` records: the
+    parent at index 2) is ``ancestor`` or inside it."""
+    while node >= 0:
+        if node == ancestor:
+            return True
+        node = pane["N"][node][2]
+    return False
