@@ -159,8 +159,12 @@ def _initial_states_without_run(closed: Any, states: dict[str, StateInfo],
             copied.append(n)
     # Fresh arrays, as the example run gives: an init may be the user's own
     # array (or a const of the program), and state0 may be donated. One
-    # copy of them all (a copy per state costs a dispatch each).
-    result.update(zip(copied, jax.device_put([result[n] for n in copied], may_alias=False)))
+    # copy of them all (a copy per state costs a dispatch each), made now
+    # also inside a trace (``uncurry`` called in a jitted function), where
+    # the arrays are constants.
+    with jax.ensure_compile_time_eval():
+        copies = jax.device_put([result[n] for n in copied], may_alias=False)
+    result.update(zip(copied, copies))
     return result
 
 
