@@ -75,11 +75,11 @@ class Browser:
         self.events: list[dict] = []
         self.errors: list[str] = []  # exceptions thrown by a page's scripts
         target = self.send("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.send("Target.attachToTarget", targetId=target,
+        self._page_id = self.send("Target.attachToTarget", targetId=target,
                                   flatten=True)["sessionId"]
         for domain in ("Page", "Runtime"):
-            self.send(f"{domain}.enable", session=True)
-        self.send("Emulation.setDeviceMetricsOverride", session=True, width=width,
+            self.send(f"{domain}.enable", to_page=True)
+        self.send("Emulation.setDeviceMetricsOverride", to_page=True, width=width,
                   height=height, deviceScaleFactor=1, mobile=False)
 
     # ---- the protocol
@@ -95,13 +95,13 @@ class Browser:
         msg, self._buf = self._buf.split(b"\0", 1)
         return json.loads(msg)
 
-    def send(self, method: str, session: bool = False, timeout: float = 60, **params) -> dict:
-        """Send one DevTools command (to the page if ``session``) and wait
+    def send(self, method: str, to_page: bool = False, timeout: float = 60, **params) -> dict:
+        """Send one DevTools command (to the page if ``to_page``) and wait
         for its answer; events arriving meanwhile are kept in ``events``."""
         self._id += 1
         msg: dict[str, Any] = {"id": self._id, "method": method, "params": params}
-        if session:
-            msg["sessionId"] = self._session
+        if to_page:
+            msg["sessionId"] = self._page_id
         os.write(self._to_browser, json.dumps(msg).encode() + b"\0")
         while True:
             reply = self._read(timeout)
@@ -135,14 +135,14 @@ class Browser:
             own clock: ``performance.timing``).
         """
         self.events.clear()
-        self.send("Page.navigate", session=True, url=Path(path).resolve().as_uri())
+        self.send("Page.navigate", to_page=True, url=Path(path).resolve().as_uri())
         self.wait_event("Page.loadEventFired", timeout)
         ms = self.eval("performance.timing.loadEventStart - performance.timing.navigationStart")
         return ms / 1000
 
     def eval(self, expression: str, timeout: float = 60) -> Any:
         """Evaluate JavaScript in the page; the value (JSON-able) it returns."""
-        reply = self.send("Runtime.evaluate", session=True, timeout=timeout,
+        reply = self.send("Runtime.evaluate", to_page=True, timeout=timeout,
                           expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in reply:
             raise BrowserError(json.dumps(reply["exceptionDetails"])[:2000])
@@ -157,7 +157,7 @@ class Browser:
 
     def screenshot(self, path: str | os.PathLike) -> None:
         """Write the viewport as a PNG file."""
-        data = self.send("Page.captureScreenshot", session=True, format="png")["data"]
+        data = self.send("Page.captureScreenshot", to_page=True, format="png")["data"]
         Path(path).write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
