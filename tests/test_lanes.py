@@ -119,3 +119,32 @@ def test_an_init_under_a_cond_that_draws_a_key_is_an_error_naming_the_state():
 
     with pytest.raises(tx.StateError, match="'n'"):
         tx.uncurry_vmap(f, jax.random.key(0), jnp.array([1.0, 2.0]))
+
+
+def test_bounded_while_loop_with_relu_in_its_body_differentiated_from_outside():
+    # relu is a custom_jvp: its rule runs in the body's place under grad.
+    # The reference is the loop unrolled by hand, without taxpr.
+    def body(c):
+        i, v = c
+        h = jax.nn.relu(v - 0.5)
+        tx.set_state("acc", tx.get_state("acc", jnp.zeros(())) + h)
+        return i + 1, 0.9 * v + h
+
+    def f(x):
+        return tx.bounded_while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=5)[1]
+
+    def by_hand(x):
+        v, acc = x, 0.0
+        for _ in range(3):
+            h = jax.nn.relu(v - 0.5)
+            v, acc = 0.9 * v + h, acc + h
+        return v, acc
+
+    pure, state0 = tx.uncurry(f, 2.0)
+    loss = lambda x: pure(state0, x)[0] + pure(state0, x)[1]["acc"]  # noqa: E731
+    want = lambda x: sum(by_hand(x))  # noqa: E731
+    for x in (2.0, 0.2):  # relu on and off
+        np.testing.assert_allclose(jax.grad(loss)(x), jax.grad(want)(x), rtol=1e-6)
+        np.testing.assert_allclose(jax.jit(jax.grad(loss))(x), jax.grad(want)(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(jax.grad(loss))(jnp.array([2.0, 0.2])),
+                               [jax.grad(want)(2.0), jax.grad(want)(0.2)], rtol=1e-6)

@@ -222,6 +222,26 @@ def test_a_patch_inside_an_equinox_checkpointed_loop_matches_the_loop_written_pa
                                rtol=1e-5)
 
 
+def test_a_patch_in_a_checkpointed_loop_after_warm_traces_of_the_same_loop():
+    # The unpatched loop differentiated first fills JAX's trace caches (the
+    # loop's fwd, its body's jit calls); the patched program, then another
+    # patch of it, must not reuse them, nor each other's.
+    value, derivative = _halved_sin_loop_by_hand(1.0)
+    unpatched = jax.grad(_checkpointed_sin_loop)(1.0)
+    halved = tx.patch(_checkpointed_sin_loop, {"*step/sin": lambda v: v * 0.5})
+    for _ in range(2):
+        np.testing.assert_allclose(jax.grad(halved)(1.0), derivative, rtol=1e-5)
+    np.testing.assert_allclose(jax.vmap(jax.grad(halved))(jnp.array([1.0, 1.0])),
+                               [derivative] * 2, rtol=1e-5)
+    zeroed = tx.patch(_checkpointed_sin_loop, {"*step/sin": lambda v: v * 0.0})
+    # sin replaced by 0: v = 0.1 after the first step, whatever x
+    np.testing.assert_allclose(zeroed(1.0), 0.1, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(zeroed)(1.0), 0.0, atol=1e-7)
+    np.testing.assert_allclose(jax.grad(halved)(1.0), derivative, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(_checkpointed_sin_loop)(1.0), unpatched, rtol=1e-6)
+    assert not np.allclose(unpatched, derivative, rtol=1e-3)
+
+
 def test_a_value_patch_inside_an_equinox_checkpointed_loop_is_an_error_when_differentiated():
     f = tx.patch(_checkpointed_sin_loop, {"*step/add": jnp.float32(0.25)})
     np.testing.assert_allclose(f(1.0), 0.25)
