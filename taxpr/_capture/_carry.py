@@ -30,6 +30,7 @@ import contextvars
 import dataclasses
 import itertools
 import sys
+import threading
 from typing import Any, Callable, Iterator
 
 import jax
@@ -88,10 +89,6 @@ class CarryPlan:
         return self._holds.get_or_compute(
             jaxpr, lambda: _traverse.any_eqn(jaxpr, lambda e: self.uncarried(e) is not None))
 
-    @property
-    def applied(self) -> int:
-        return sum(p.applied for p in self.by_key.values())
-
     def unapplied_sites(self) -> list[str]:
         return [p.site_name for p in self.by_key.values() if not p.applied]
 
@@ -149,6 +146,9 @@ def plan(function: Any, insertions: Any, copies: Callable[[dict], dict] | None =
 _ACTIVE: contextvars.ContextVar[CarryPlan | None] = contextvars.ContextVar(
     "taxpr_carried_patches", default=None)
 _HOOKED: dict[Any, int] = {}  # primitive -> number of active carries hooking it
+# Installing and removing the hooks is one step per primitive: two threads
+# each tracing a rule must not both install (or one remove the other's).
+_HOOKS_LOCK = threading.Lock()
 _SCOPE_IDS = itertools.count(1)
 # The custom calls whose re-evaluation re-binds their rules (from params).
 _CUSTOM_CALLS = frozenset((_compat.custom_jvp_call_p, _compat.custom_vjp_call_p))
@@ -161,26 +161,28 @@ def carrying(carry: CarryPlan) -> Iterator[CarryPlan]:
     (a trace made in the block is never reused outside it, nor one made
     before inside it)."""
     hooked = carry.primitives | _compat.REEVALUATED_HIGHER_ORDER | _CUSTOM_CALLS
-    for prim in hooked:
-        if not _HOOKED.get(prim):
-            if prim in _CUSTOM_CALLS:
-                prim.get_bind_params = _hooked_get_bind_params(prim)
-            else:
-                prim.bind = (_hooked_bind(prim) if prim in carry.primitives
-                             else _hooked_higher_order_bind(prim))
-        _HOOKED[prim] = _HOOKED.get(prim, 0) + 1
+    with _HOOKS_LOCK:
+        for prim in hooked:
+            if not _HOOKED.get(prim):
+                if prim in _CUSTOM_CALLS:
+                    prim.get_bind_params = _hooked_get_bind_params(prim)
+                else:
+                    prim.bind = (_hooked_bind(prim) if prim in carry.primitives
+                                 else _hooked_higher_order_bind(prim))
+            _HOOKED[prim] = _HOOKED.get(prim, 0) + 1
     token = _ACTIVE.set(carry)
     try:
         with flags.CARRY_SCOPE(str(next(_SCOPE_IDS))):
             yield carry
     finally:
         _ACTIVE.reset(token)
-        for prim in hooked:
-            _HOOKED[prim] -= 1
-            if not _HOOKED[prim]:
-                del _HOOKED[prim]
-                # the class's methods again
-                del prim.__dict__["get_bind_params" if prim in _CUSTOM_CALLS else "bind"]
+        with _HOOKS_LOCK:
+            for prim in hooked:
+                _HOOKED[prim] -= 1
+                if not _HOOKED[prim]:
+                    del _HOOKED[prim]
+                    # the class's methods again
+                    del prim.__dict__["get_bind_params" if prim in _CUSTOM_CALLS else "bind"]
 
 
 def _hooked_bind(prim: Any) -> Callable:
