@@ -1,22 +1,29 @@
-"""How taxpr's state pass scales with the number of states.
+"""How taxpr's passes scale with the number of states, sows and sites.
 
-A program with ``n`` array states, each read and written once per call with
-independent updates, made pure two ways in one process:
+Four programs with ``n`` effects each, made pure by taxpr and, in the same
+process, written by hand as a user would instead (then ``jax.make_jaxpr``):
 
-* ``tx.uncurry(f, x)`` (tracing with tags, the state pass, the initial
-  values) and then ``jax.make_jaxpr`` of its pure function;
-* ``jax.make_jaxpr`` of the same program with the states threaded through a
-  dict by hand (what a user would write instead).
+* ``uncurry``: ``n`` array states, each read and written once per call
+  with independent updates; ``tx.uncurry(f, x)`` (tracing with tags, the
+  state pass, the initial values) and ``jax.make_jaxpr`` of its pure
+  function, against the states threaded through a dict by hand;
+* ``make_jaxpr_with_states``: the same program, the pure program in one
+  call, against the same hand-threaded program;
+* ``reap``: ``n`` sows reaped (``h.reap``), against the program returning
+  the ``n`` values in a dict;
+* ``capture``: ``n`` sites of an unmodified program captured
+  (``tx.capture``), against the program returning those values in a dict.
 
-Each time is the best of ``REPEATS`` runs, measured alternately. Reported
-per ``n``: both times, their ratio, and the growth of taxpr's time per
-doubling of ``n`` (2.0 is linear).
+The example input is an array, as a user's batch is (a Python float would
+be a static argument of the trace taxpr caches, and the traced call would
+trace again). Each time is the best of ``REPEATS`` runs, measured
+alternately. Reported per ``n`` and program: both times, their ratio, and
+the growth of taxpr's time per doubling of ``n`` (2.0 is linear).
 
-Run: ``PYTHONPATH=. python bench/states_scaling.py [--docs]`` from the
-checkout; ``bench/results_states.json`` holds the last run per JAX version,
-and the performance page's table (``docs/make_plots.py``'s ``states_table``,
-marker ``bench-states-table``) is made from it when the documentation is
-built.
+Run: ``PYTHONPATH=. python bench/states_scaling.py`` from the checkout;
+``bench/results_states.json`` holds the last run per JAX version, and the
+performance page's table (``docs/make_plots.py``'s ``states_table``, marker
+``bench-states-table``) is made from it when the documentation is built.
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 import taxpr as tx
+import taxpr.harvest as h
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results_states.json"
@@ -60,43 +69,95 @@ def by_hand(n: int):
     return f
 
 
-def _taxpr(n: int) -> float:
+def sowing(n: int):
+    def f(x):
+        out = x
+        for i in range(n):
+            out = out + h.sow(x * i, tag="values", name=f"v{i}")
+        return out
+    return f
+
+
+def plain(n: int):
+    def f(x):
+        out = x
+        for i in range(n):
+            out = out + x * i
+        return out
+    return f
+
+
+def returning(n: int):
+    """``plain`` / ``sowing`` with the ``n`` values returned by hand."""
+    def f(x):
+        out, values = x, {}
+        for i in range(n):
+            values[f"v{i}"] = v = x * i
+            out = out + v
+        return out, values
+    return f
+
+
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
-    pure, state0 = tx.uncurry(stateful(n), 1.0)
-    jax.make_jaxpr(pure)(state0, 1.0)
+    fn()
     return time.perf_counter() - t0
 
 
-def _hand(n: int) -> float:
+def _uncurry(n: int, x) -> float:
+    def run():
+        pure, state0 = tx.uncurry(stateful(n), x)
+        jax.make_jaxpr(pure)(state0, x)
+    return _timed(run)
+
+
+def _hand_states(n: int, x) -> float:
     states = {f"s{i}": jnp.zeros(()) for i in range(n)}
-    t0 = time.perf_counter()
-    jax.make_jaxpr(by_hand(n))(states, 1.0)
-    return time.perf_counter() - t0
+    return _timed(lambda: jax.make_jaxpr(by_hand(n))(states, x))
+
+
+# program -> (taxpr's time, the hand-written program's time), each a
+# function of (n, example input)
+PROGRAMS: dict[str, tuple[Callable, Callable]] = {
+    "uncurry": (_uncurry, _hand_states),
+    "make_jaxpr_with_states": (
+        lambda n, x: _timed(lambda: tx.make_jaxpr_with_states(stateful(n))(x)), _hand_states),
+    "reap": (lambda n, x: _timed(lambda: jax.make_jaxpr(h.reap(sowing(n), tag="values"))(x)),
+             lambda n, x: _timed(lambda: jax.make_jaxpr(returning(n))(x))),
+    "capture": (lambda n, x: _timed(lambda: jax.make_jaxpr(tx.capture(plain(n), "mul*"))(x)),
+                lambda n, x: _timed(lambda: jax.make_jaxpr(returning(n))(x))),
+}
 
 
 def measure(sizes=SIZES, repeats: int = REPEATS) -> dict:
-    rows = []
-    for n in sizes:
-        taxpr_s, hand_s = [], []
-        for _ in range(repeats):
-            taxpr_s.append(_taxpr(n))
-            hand_s.append(_hand(n))
-        rows.append({"n": n, "taxpr_s": min(taxpr_s), "hand_s": min(hand_s),
-                     "ratio": min(taxpr_s) / min(hand_s)})
-    for before, row in zip(rows, rows[1:]):
-        row["growth"] = row["taxpr_s"] / before["taxpr_s"]
+    x = jnp.ones(())
+    programs = {}
+    for name, (taxpr_time, hand_time) in PROGRAMS.items():
+        taxpr_time(50, x), hand_time(50, x)  # warm JAX's caches
+        rows = []
+        for n in sizes:
+            taxpr_s, hand_s = [], []
+            for _ in range(repeats):
+                taxpr_s.append(taxpr_time(n, x))
+                hand_s.append(hand_time(n, x))
+            rows.append({"n": n, "taxpr_s": min(taxpr_s), "hand_s": min(hand_s),
+                         "ratio": min(taxpr_s) / min(hand_s)})
+        for before, row in zip(rows, rows[1:]):
+            row["growth"] = row["taxpr_s"] / before["taxpr_s"]
+        programs[name] = rows
     return {"python": platform.python_version(), "jax": jax.__version__,
             "machine": f"{os.cpu_count()}-core {platform.machine()} "
                        f"{platform.system()} machine, {jax.default_backend().upper()} backend",
-            "rows": rows}
+            "programs": programs}
 
 
 def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[jax.__version__] = measure()
     RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    for row in results[jax.__version__]["rows"]:
-        print(row)
+    for name, rows in results[jax.__version__]["programs"].items():
+        for row in rows:
+            print(name, {k: round(v, 3) for k, v in row.items()})
 
 
 if __name__ == "__main__":

@@ -307,26 +307,28 @@ STATES_RESULTS = RESULTS.parent / "results_states.json"
 
 
 def states_table(path: Path = STATES_RESULTS) -> str:
-    """``bench/states_scaling.py``'s runs: per number of states, uncurry's
-    time and the hand-threaded program's, their ratio and the growth of
-    uncurry's time per doubling, one column per JAX version."""
+    """``bench/states_scaling.py``'s runs: per number of effects and per
+    program, taxpr's time over the hand-written program's and the growth
+    of taxpr's time per doubling, one table per JAX version."""
     results = json.loads(Path(path).read_text())
-    runs = [results[v] for v in sorted(results)]
-    lines = ["| states | " + " | ".join(f"JAX {r['jax']}: uncurry / by hand (growth)"
-                                         for r in runs) + " |",
-             "|---|" + "---|" * len(runs)]
-    for i, first in enumerate(runs[0]["rows"]):
-        cells = []
-        for r in runs:
-            row = r["rows"][i]
-            growth = f" ({row['growth']:.2f}x)" if "growth" in row else ""
-            cells.append(f"{row['taxpr_s']:.2f} s / {row['hand_s']:.2f} s = "
-                         f"**{row['ratio']:.1f}**{growth}")
-        lines.append(f"| {first['n']:,} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("Measured on: " + "; ".join(
-        f"Python {r['python']}, JAX {r['jax']}, {r['machine']}" for r in runs) + ".")
-    return "\n".join(lines) + "\n"
+    lines = []
+    for version in sorted(results):
+        run = results[version]
+        programs = run["programs"]
+        lines += [f"JAX {run['jax']} (Python {run['python']}, {run['machine']}): "
+                  "taxpr / by hand (growth per doubling)", "",
+                  "| n | " + " | ".join(f"`{p}`" for p in programs) + " |",
+                  "|---|" + "---|" * len(programs)]
+        for i, first in enumerate(next(iter(programs.values()))):
+            cells = []
+            for rows in programs.values():
+                row = rows[i]
+                growth = f" ({row['growth']:.2f}x)" if "growth" in row else ""
+                cells.append(f"{row['taxpr_s']:.2f} s / {row['hand_s']:.2f} s = "
+                             f"**{row['ratio']:.1f}**{growth}")
+            lines.append(f"| {first['n']:,} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 DEBUG_TOOLS_RESULTS = RESULTS.parent / "results_debug_tools.json"

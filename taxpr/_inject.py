@@ -11,6 +11,7 @@ import jax
 from ._jax.internals import core
 
 from . import _jaxpr, _libraries, _traverse
+from ._collector import collector_paused
 from ._engine import (Engine, Hooks, InjectError, Level, describe_site, changed_positions,
                       describe_tag, format_path, inline, trace_in)
 from ._find import Predicate
@@ -374,7 +375,8 @@ class SignatureCache:
     def get_or_make(self, key: Any, make: Callable[[], Any]) -> Any:
         hit = self._entries.get(key, _MISSING)
         if hit is _MISSING:
-            hit = self._entries[key] = make()
+            with collector_paused():
+                hit = self._entries[key] = make()
             if len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         else:

@@ -34,12 +34,13 @@ LAYERS = (
           "building (_jaxpr), the switches set while JAX traces and the private "
           "modules taxpr uses (_jax)"),
     Layer("base", ("_traverse", "_libraries", "primitives", "_find", "_dependence",
-                   "_per_example", "_host", "_calls"),
+                   "_per_example", "_host", "_calls", "_collector"),
           "the tag primitive and its own rules (primitives), one traversal of nested "
           "jaxprs (_traverse), what taxpr knows of equinox and flax (_libraries), "
           "selecting tags (_find), data dependence, per-example values under vmap "
           "(_per_example), host callbacks that know vmap (_host), a call's static and "
-          "array arguments (_calls)"),
+          "array arguments (_calls), the garbage collector paused during a rewrite "
+          "(_collector)"),
     Layer("engine", ("_replay", "_engine", "_guards", "_expand", "_inject"),
           "one interpreter with thread rules per Primitive (_engine), replayed "
           "backward passes, guards of batched predicates, expanding high-level "

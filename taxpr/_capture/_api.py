@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from .. import _jaxpr
+from .._collector import collector_paused
 from .._inject import inject, split_arguments, trace_program
 from ..primitives._tag import evaluated_fun, keeping_tags
 from ..harvest import _transforms as _harvest
@@ -117,6 +118,7 @@ def capture(fn: Callable, *selectors: SelectorLike, loop_rows: int | None = None
         raise ValueError(f"taxpr.capture: loop_rows must be a positive int, not {loop_rows!r}")
 
     @functools.wraps(fn, updated=())
+    @collector_paused()
     def wrapped(*args, **kwargs):
         traced = Traced(fn, args, kwargs)
         chosen: dict[str, Site] = {}
@@ -205,6 +207,7 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
     items = list(patches.items())
 
     @functools.wraps(fn, updated=())
+    @collector_paused()
     def wrapped(*args, **kwargs):
         traced = Traced(fn, args, kwargs)
         plan: dict[int, list] = {}

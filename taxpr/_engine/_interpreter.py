@@ -162,8 +162,12 @@ class Engine:
                     level.dropped.append(new_ctx[i])
                 new_ctx[i] = ctx[i]
         told, level.changed = level.changed, None
-        changed = set(told[1] if told is not None and told[0] is new_ctx and site_ctx is ctx
-                      else changed_positions(ctx, new_ctx))
+        if told is not None and told[0] is new_ctx and site_ctx is ctx:
+            changed = set(told[1])
+        elif new_ctx is ctx:  # (a site rule never mutates the ctx it is given)
+            changed = set()
+        else:
+            changed = set(changed_positions(ctx, new_ctx))
         if self._writing:
             self._writing[-1].update(changed)
         if changed:

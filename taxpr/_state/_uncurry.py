@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jaxpr
+from .._collector import collector_paused
 from .._expand import expand_for
 from .._inject import (SignatureCache, SplitArguments, check_no_hidden_tags, hashable_static,
                        split_arguments, trace_program)
@@ -50,8 +51,9 @@ def uncurry(fn: Callable, *example_args: Any, **example_kwargs: Any):
         JAX function (jit, vmap, grad, scan all apply).
     """
     traced = traced_per_signature(fn)
-    t0, leaves0 = traced(example_args, example_kwargs)
-    state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
+    with collector_paused():
+        t0, leaves0 = traced(example_args, example_kwargs)
+        state0 = nest_states(initial_states(t0.closed, t0.states, leaves0), t0.states)
     return pure_of(traced), state0
 
 

@@ -16,6 +16,7 @@ from .._jax.internals import pe
 from .. import _jaxpr
 from .._engine import Engine, format_path
 from .._find import dissolve_tags
+from .._collector import collector_paused
 from .._inject import split_arguments, trace_program
 from ..primitives._tag import evaluated_fun, meta, tag_p
 from ._checks import SowFilter, check_sows, display_name, is_sow, site_aval
@@ -98,6 +99,7 @@ class HarvestSpec:
     perturb: bool = False  # plants are perturbations, added to the sown values
 
 
+@collector_paused()
 def run_harvest(fn: Callable, spec: HarvestSpec, plants: dict, args, kwargs):
     tag_, allowlist, blocklist = spec.tag, spec.allowlist, spec.blocklist
     strict, perturb = spec.strict, spec.perturb

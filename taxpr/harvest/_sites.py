@@ -275,7 +275,7 @@ class HarvestSites:
         ins = [level.atom(v) for v in eqn.invars[:n]]
         guard = level.atom(eqn.invars[n]) if n < len(eqn.invars) else None
         value = ins[:-1] if mode == "cond_clobber" else ins
-        ctx = list(ctx)
+        written: dict[int, Any] = {}  # ctx position -> new leaf (a reap)
         if guard is not None and mode == "append" and (name in self.planted
                                                        or name in self.reaped):
             raise ValueError(
@@ -337,12 +337,19 @@ class HarvestSites:
                 if level.context is not None:
                     new = self._apply(level, "replicated",
                                       _replicated_check(name, level.path, _checks_vma(level)), new)
-                for i, a in zip(pos, new):
-                    ctx[i] = a
+                written.update(zip(pos, new))
         outs = value if mode != "cond_clobber" else [*value, ins[-1]]
         for o, a in zip(eqn.outvars, outs):
             if not isinstance(o, core.DropVar):
                 level.env[o] = a
+        if not written:
+            return ctx  # (the same list: the engine then knows nothing changed)
+        ctx = list(ctx)
+        for i, a in written.items():
+            ctx[i] = a
+        # The positions written, told to the engine: comparing every leaf
+        # per site would be quadratic in the number of sows.
+        level.changed = (ctx, list(written))
         return ctx
 
 

@@ -22,7 +22,6 @@ Rules shared by every pass:
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 from typing import Any, Callable, Iterator, Sequence
 
@@ -33,6 +32,7 @@ from .._jax.internals import core, pe
 from .._jax.internals import lax_internal as _lax_internal
 
 from .. import _compat, _jaxpr, _traverse
+from .._collector import collector_paused
 from .._traverse import Level
 from ..primitives._tag import TAG_PRIMITIVES
 
@@ -768,24 +768,6 @@ DEFAULT_PASSES = tuple(PASSES)
 _IDEMPOTENT = frozenset({*PASSES.values(), _simplify_copies_and_cse})
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the duration. The passes
-    allocate objects in proportion to the program (equations, variables,
-    maps) and make no reference cycles; the collections these allocations
-    set off walk the whole heap (the jaxpr itself, JAX's caches), more of it
-    the larger the program: a third of ``optimize_jaxpr``'s time at 20,000
-    equations (``bench/bench_ir.py``)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
                    max_iterations: int = 3, validate: bool = False) -> Any:
     """Run ``passes`` (names or functions; default: constant folding,
@@ -821,7 +803,7 @@ def optimize_jaxpr(jaxpr: Any, passes: Sequence[str | Callable] | None = None,
     # A built-in pass is idempotent: it is not run again on a jaxpr it
     # produced (or left unchanged), e.g. DCE after a round whose other passes
     # changed nothing.
-    with _collector_paused():
+    with collector_paused():
         fixed: dict[int, Any] = {}  # pass index -> the jaxpr it last returned
         size = None
         for _ in range(max_iterations):

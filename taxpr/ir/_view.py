@@ -22,7 +22,8 @@ import jax
 
 from . import _view_page
 from ._view_diff import diff
-from ._view_program import Pane as Pane, JAXPR_TYPES, as_closed, no_gc, program as program
+from .._collector import collector_paused
+from ._view_program import Pane as Pane, JAXPR_TYPES, as_closed, program as program
 
 __all__ = ["HTML", "view"]
 
@@ -144,7 +145,7 @@ def view(fn: Any, *args: Any, out: str | os.PathLike | None = None, compare: Any
     other = None if compare is None else _closed(compare, args, kwargs)
     if title is None:
         title = "jaxpr" if isinstance(fn, JAXPR_TYPES) else _name(fn, "jaxpr")
-    with no_gc():
+    with collector_paused():
         data = page_data(closed, other, title, labels)
         page = HTML(render_page(data), data)
     if out is not None:

@@ -3,9 +3,7 @@ and values), made by one walk of its nested jaxprs (``program``)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -15,6 +13,7 @@ from .._jax.internals import core, source_info_util
 
 from .. import _compat, _jaxpr, _traverse
 from .._capture._sites import scope_of, site_names
+from .._collector import collector_paused
 from ..primitives._tag import tag_p, user_params
 
 
@@ -376,22 +375,8 @@ def _literal(v: Any) -> str:
 
 def program(closed: Any, label: str = "program") -> Pane:
     """``closed`` (a ``ClosedJaxpr`` or ``Jaxpr``) laid out as a ``Pane``."""
-    with no_gc():
+    with collector_paused():
         return _Builder(as_closed(closed), label).build()
-
-
-@contextlib.contextmanager
-def no_gc():
-    """The layout and its JSON make a few small lists per equation and free
-    none: the cyclic collector, run again and again as they pile up, would
-    find nothing (a third of the time of a large page)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def as_closed(j: Any) -> Any:
