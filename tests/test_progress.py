@@ -139,3 +139,72 @@ def test_plain_lines_without_a_terminal():
     assert stream.getvalue().splitlines() == [
         "steps: 0/1000 (0%)", "steps: 500/1000 (50%)", "steps: 1000/1000 (100%)",
         "steps: 1000/1000 (100%) done"]
+
+
+def _clocked(x, dt=0.25, end=2.0):
+    """A while loop whose progress is a carried time, not a count."""
+    def body(s):
+        t, y = s
+        with jax.named_scope("clock"):
+            t = jnp.minimum(t + dt, end)
+        return t, y * 0.9
+    return lax.while_loop(lambda s: s[0] < end, body, (jnp.zeros_like(dt), x))
+
+
+def _times(dt: float, end: float) -> list:
+    """The clock's values, computed by a Python loop (in float32)."""
+    t, out = np.float32(0), []
+    while t < end:
+        t = np.minimum(t + np.float32(dt), np.float32(end))
+        out.append(float(t))
+    return out
+
+
+def test_a_while_loop_shown_by_a_carried_value():
+    rec = Recorder()
+    f = tx.progress(_clocked, value="clock/min", total=2.0, display=rec)
+    out = f(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert _bits(out) == _bits(jax.jit(_clocked)(jnp.float32(1.0)))
+    times = _times(0.25, 2.0)
+    assert rec.events == ([("start", WHILE, 2.0)] + [("update", WHILE, t) for t in times]
+                          + [("close", WHILE, 2.0)])
+    # every=: one update in k iterations (the 1st, the (k+1)th, ...)
+    rec.events.clear()
+    tx.progress(_clocked, value="clock/min", total=2.0, every=3, display=rec)(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert [n for kind, _, n in rec.events if kind == "update"] == times[::3]
+    assert rec.events[-1] == ("close", WHILE, times[::3][-1])
+
+
+def test_a_value_under_vmap_shows_the_slowest_example():
+    rec = Recorder()
+    def clocked(x, dt):
+        return _clocked(x, dt, 1.0)
+    args = jnp.ones(3), jnp.array([0.5, 0.125, 0.25])
+    out = jax.vmap(tx.progress(clocked, value="clock/min", total=1.0, display=rec))(*args)
+    jax.effects_barrier()
+    slowest = _times(0.125, 1.0)
+    assert rec.events == ([("start", WHILE, 1.0)] + [("update", WHILE, t) for t in slowest]
+                          + [("close", WHILE, 1.0)])
+    assert _bits(out) == _bits(jax.jit(jax.vmap(clocked))(*args))
+
+
+def test_a_value_in_plain_lines():
+    stream = io.StringIO()
+    tx.progress(_clocked, value="clock/min", total=2.0, desc="t",
+                display=tx.PlainDisplay(stream, interval=0.0))(1.0)
+    jax.effects_barrier()
+    lines = stream.getvalue().splitlines()
+    assert lines[:3] == ["t: 0/2 (0%)", "t: 0.25/2 (12%)", "t: 0.5/2 (25%)"]
+    assert lines[-2:] == ["t: 2/2 (100%)", "t: 2/2 (100%) done"]
+
+
+def test_a_value_must_be_one_site_inside_a_loop():
+    with pytest.raises(ValueError, match="value= must select one site; it selects 2"):
+        tx.progress(lambda x: (_clocked(x), _clocked(x)), value="clock/min*",
+                    total=2.0)(jnp.float32(1.0))
+    with pytest.raises(ValueError, match="'sin' that value= selects is not inside a loop"):
+        tx.progress(lambda x: _clocked(jnp.sin(x)), value="sin", total=2.0)(jnp.float32(1.0))
+    with pytest.raises(ValueError, match="matches none"):
+        tx.progress(_clocked, value="nowhere/*", total=2.0)(jnp.float32(1.0))

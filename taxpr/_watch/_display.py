@@ -29,15 +29,20 @@ class LoopInfo:
         depth: how many watched loops enclose it.
         desc: the label shown.
         every: how many iterations pass between two updates.
+        value: the name of the site (as ``tx.sites`` names it) whose value
+            the loop's progress is (``tx.progress(..., value=...)``), or
+            None: the progress is the count of iterations. ``total`` is
+            then the value at which the loop is done (a float).
     """
 
     key: int
     kind: str
     name: str
-    total: int | None
+    total: int | float | None
     depth: int
     desc: str
     every: int
+    value: str | None = None
 
 
 class PlainDisplay:
@@ -54,8 +59,13 @@ class PlainDisplay:
         stream.write(text + "\n")
         stream.flush()
 
-    def _line(self, loop: LoopInfo, n: int) -> str:
+    def _line(self, loop: LoopInfo, n: int | float) -> str:
         indent = "  " * loop.depth
+        if loop.value is not None:  # (a carried value: a float)
+            if loop.total:
+                return (f"{indent}{loop.desc}: {n:g}/{loop.total:g} "
+                        f"({int(100 * n / loop.total)}%)")
+            return f"{indent}{loop.desc}: {n:g}"
         if loop.total:
             return f"{indent}{loop.desc}: {n}/{loop.total} ({100 * n // loop.total}%)"
         return f"{indent}{loop.desc}: {n}"

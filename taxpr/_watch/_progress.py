@@ -3,6 +3,7 @@ on unmodified code."""
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import time
@@ -12,18 +13,24 @@ import jax
 import jax.numpy as jnp
 
 from .._calls import Signature
+from .._capture._select import SelectorLike
 from .._host import once, poll, tick
 from ._display import LoopInfo, default_display
 from ._loops import Hooks, Loop, LoopIndex, run_watched
+from ._tap import watched_per_signature
 
 
 class _ProgressHooks(Hooks):
-    """Host callbacks telling ``display`` where each watched loop is."""
+    """Host callbacks telling ``display`` where each watched loop is: its
+    count of iterations, or for a loop shown by a value (``LoopInfo.value``)
+    the value of that site."""
 
     def __init__(self, infos: dict[int, LoopInfo], display: Callable[[], Any],
                  adaptive: bool):
         self.infos, self.display, self.adaptive = infos, display, adaptive
         self.paces: dict[int, _Pace] = {}
+        self.by_value = {info.value: key for key, info in infos.items() if info.value is not None}
+        self.last_value: dict[int, float] = {}  # loop key -> the value last shown
 
     def every(self, loop: Loop) -> int:
         return self.infos[loop.key].every
@@ -33,11 +40,28 @@ class _ProgressHooks(Hooks):
 
         def on_host(t):
             self.paces[loop.key] = _Pace(self.adaptive)
+            self.last_value[loop.key] = 0.0
             self.display().start(info)
         return once(on_host, [token], io=io)
 
+    def value(self, site: Any, value: Any, steps: tuple) -> None:
+        key = self.by_value[site.name]
+        info = self.infos[key]
+
+        def on_host(v, i):
+            self.last_value[key] = float(v)
+            self.display().update(info, float(v))
+        # The value loop is the innermost watched loop around the site:
+        # steps[-1] is its iteration. An array value shows its smallest
+        # element; under vmap, the batch's smallest (the slowest example).
+        shown = jnp.min(jnp.asarray(value)).astype(jnp.float32)
+        once(on_host, [shown, steps[-1]], reduce=jnp.min, io=False,
+             when=(lambda v, i: i % info.every == 0) if info.every > 1 else None)
+
     def tick(self, loop: Loop, i: Any, io: bool) -> Any:
         info = self.infos[loop.key]
+        if info.value is not None:
+            return i
         every, total = info.every, info.total
         # Under vmap: the slowest example (a while loop with a batched
         # predicate runs until every example is done).
@@ -46,6 +70,8 @@ class _ProgressHooks(Hooks):
 
     def poll(self, loop: Loop, i: Any, next_at: Any, io: bool) -> Any:
         info = self.infos[loop.key]
+        if info.value is not None:
+            return next_at
         if not io:  # (no answer from the host: an update per chunk)
             self.tick(loop, i, io)
             return next_at
@@ -58,12 +84,16 @@ class _ProgressHooks(Hooks):
 
     def end(self, loop: Loop, i: Any, io: bool) -> Any:
         info = self.infos[loop.key]
+        if info.value is not None:
+            return once(lambda n: self.display().close(info, self.last_value.get(loop.key, 0.0)),
+                        [i], reduce=jnp.max, io=io)
         return once(lambda n: self.display().close(info, int(n)), [i], reduce=jnp.max, io=io)
 
 
 def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = None,
              nested: bool = False, every: int | None = None, desc: str | None = None,
-             total: int | None = None, display: Any = None) -> Callable:
+             total: int | float | None = None, value: SelectorLike | None = None,
+             display: Any = None) -> Callable:
     """``fn`` showing the progress of its loops while it runs compiled.
 
     Every ``lax.scan`` (``fori_loop`` with static bounds) and
@@ -83,7 +113,17 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
             (each update is a host callback, tens of microseconds), a while
             loop's every iteration.
         desc: the label (default: the loop's path name).
-        total: the number of iterations of a while loop, if known.
+        total: the number of iterations of a while loop, if known; with
+            ``value=``, the value at which its loop is done.
+        value: a site whose value shows the progress of the loop around it
+            (the innermost one) in place of its count of iterations: a
+            selector as ``tx.capture`` takes (a glob over ``tx.sites``
+            names, a predicate, a ``tx.select`` helper) that selects one
+            site. A diffrax solve's time, from ``t0`` to ``total=t1``:
+            ``tx.select.source(function="*body_fun_aux") &
+            tx.select.primitive("min")`` (``tprev = min(tprev, t1)`` in
+            its loop). An array value shows its smallest element; under
+            ``vmap``, the batch's smallest (the slowest example).
         display: what shows the progress: an object with ``start(loop)``,
             ``update(loop, n)`` and ``close(loop, n)`` (default: a ``tqdm``
             bar where ``tqdm`` installs, ``pip install 'taxpr[progress]'``,
@@ -101,20 +141,39 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
             shown[0] = default_display()
         return shown[0]
 
-    def chosen_loops(index: LoopIndex) -> dict[int, LoopInfo]:
+    def chosen_loops(index: LoopIndex, count_total: int | None = total) -> dict[int, LoopInfo]:
         infos = {}
         for loop in index.loops:
             if callable(loops):
-                pick = loops(_info(loop, desc, total, every))
+                pick = loops(_info(loop, desc, count_total, every))
             elif loops is not None:
                 pick = fnmatch.fnmatchcase(loop.name, loops)
             else:
                 pick = nested or loop.depth == 0
             if pick:
-                infos[loop.key] = _info(loop, desc, total, every)
+                infos[loop.key] = _info(loop, desc, count_total, every)
         return infos
 
     compiled: dict = {}
+
+    if value is not None:
+        def by_value(index: LoopIndex, site: Any, eqn: Any) -> dict[int, LoopInfo]:
+            around = index.enclosing(eqn)
+            if not around:
+                raise ValueError(f"taxpr.progress: the site {site.name!r} that value= selects "
+                                 f"is not inside a loop")
+            key = around[-1]
+            infos = {k: _info(index.loops[k], desc, None, every)
+                     for k in chosen_loops(index, count_total=None)}
+            infos[key] = dataclasses.replace(
+                _info(index.loops[key], desc, None, every), total=total, value=site.name,
+                every=every or 1)
+            return infos
+
+        return watched_per_signature(
+            fn, [value], "progress",
+            lambda index, sites: _one_value_loop(index, sites, by_value, current_display,
+                                                 every))
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -134,6 +193,19 @@ def progress(fn: Callable, *, loops: str | Callable[[LoopInfo], bool] | None = N
         return jax.tree_util.tree_unflatten(out_tree, run(*dynamic))
 
     return wrapped
+
+
+def _one_value_loop(index: LoopIndex, sites: list, by_value: Callable,
+                    display: Callable[[], Any], every: int | None) -> tuple[dict, Hooks]:
+    """The watched loops and hooks of ``progress(..., value=)``: ``sites``
+    (the selected ``(site, eqn)``) must be one site inside a loop."""
+    if len(sites) != 1:
+        names = [site.name for site, _ in sites]
+        raise ValueError(f"taxpr.progress: value= must select one site; it selects "
+                         f"{len(names)}: {names[:5]}{' ...' if len(names) > 5 else ''}")
+    site, eqn = sites[0]
+    infos = by_value(index, site, eqn)
+    return infos, _ProgressHooks(infos, display, adaptive=every is None)
 
 
 class _Pace:

@@ -53,6 +53,29 @@ def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
     """
     selectors = list(selector) if isinstance(selector, (list, tuple)) else [selector]
     hooks = _TapHooks(callback)
+    return watched_per_signature(
+        fn, selectors, "tap",
+        # the loops around the tapped sites, for their iteration counts
+        lambda index, sites: ({k for _, eqn in sites for k in index.enclosing(eqn)}, hooks))
+
+
+def watched_per_signature(fn: Callable, selectors: Sequence[SelectorLike], what: str,
+                          plan: Callable[[LoopIndex, list], tuple[Any, Hooks]]) -> Callable:
+    """``fn`` run with the sites ``selectors`` select tapped (``Hooks.value``)
+    and loops watched, traced and compiled once per call signature.
+
+    Arguments:
+        fn: the function.
+        selectors: the sites to tap (``tx.capture``'s selectors).
+        what: the transformation's name, for errors.
+        plan: ``plan(index, sites) -> (loop_keys, hooks)``: given the
+            program's ``LoopIndex`` and the selected ``(site, equation)``
+            pairs (in program order), the keys of the loops to watch and the
+            ``Hooks``.
+
+    Returns:
+        The wrapped function, returning what ``fn`` returns.
+    """
     # (key: the traced leaves' types and the static leaves, kept alive with
     # the entry) -> (the compiled run, how to unflatten its outputs)
     compiled: dict = {}
@@ -64,28 +87,30 @@ def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
         key = (split.tree, tuple((np.shape(x), jax.dtypes.result_type(x)) for x in split.leaves),
                tuple(hashable(v) for v in static))
         if key not in compiled:
-            compiled[key] = (*_taps_of(fn, args, kwargs, selectors, hooks), static)
+            compiled[key] = (*_watched(fn, args, kwargs, selectors, what, plan), static)
         run, unflatten, _ = compiled[key]
         return unflatten(run(*split.leaves))
 
     return wrapped
 
 
-def _taps_of(fn, args, kwargs, selectors, hooks) -> tuple[Callable, Callable]:
-    """``fn`` traced at ``args``, its selected sites tapped: the compiled
-    function of the traced leaves and the unflattening of its outputs."""
+def _watched(fn, args, kwargs, selectors, what, plan) -> tuple[Callable, Callable]:
+    """``fn`` traced at ``args``, its selected sites tapped and the loops
+    ``plan`` picks watched: the compiled function of the traced leaves and
+    the unflattening of its outputs."""
     traced = Traced(fn, args, kwargs)
-    chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, "tap")}
+    chosen_sites = {s.name: s for sel in selectors for s in select(traced.sites, sel, what)}
     by_ordinal: dict[int, list] = {}
     for site in chosen_sites.values():
         by_ordinal.setdefault(site.ordinal, []).append(site)
     index = LoopIndex(traced.closed)
     taps: dict[int, list] = {}
-    loops: dict[int, Any] = {}
+    sites: list = []
     for ordinal, (eqn, _, _) in enumerate(_traverse.walk(traced.closed)):
         for site in by_ordinal.get(ordinal, ()):
             taps.setdefault(id(eqn), []).append((site, site.output))
-            for key in index.enclosing(eqn):
-                loops[key] = index.loops[key]
+            sites.append((site, eqn))
+    loop_keys, hooks = plan(index, sites)
+    loops = {k: index.loops[k] for k in loop_keys}
     run = jax.jit(lambda *leaves: run_watched(traced.closed, leaves, index, loops, hooks, taps))
     return run, traced.unflatten

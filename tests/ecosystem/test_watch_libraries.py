@@ -39,6 +39,35 @@ def test_a_diffrax_solve_shows_its_steps():
     assert rec.events[-1] == ("close", loop, len(updates)) and len(updates) >= int(steps)
 
 
+def test_a_diffrax_solve_shown_by_its_time():
+    # The bar follows the solver's time t (tprev = min(tprev, t1) in its
+    # loop), from t0 to t1: the distinct values shown are the times diffrax
+    # itself reports for its accepted steps (SaveAt(steps=True)).
+    diffrax = pytest.importorskip("diffrax")
+
+    def solve(y0, saveat=diffrax.SaveAt(t1=True)):
+        return diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: -y), diffrax.Tsit5(), 0.0,
+                                   3.0, 0.1, y0, saveat=saveat,
+                                   stepsize_controller=diffrax.PIDController(1e-5, 1e-5)).ys[-1]
+
+    rec = Recorder()
+    time = tx.select.source(function="*body_fun_aux") & tx.select.primitive("min")
+    y = tx.progress(solve, value=time, total=3.0, display=rec)(1.0)
+    jax.effects_barrier()
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jax.jit(solve)(1.0)), rtol=1e-6)
+    steps = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: -y), diffrax.Tsit5(), 0.0, 3.0,
+                                0.1, 1.0, saveat=diffrax.SaveAt(steps=True),
+                                stepsize_controller=diffrax.PIDController(1e-5, 1e-5)).ts
+    accepted = [float(t) for t in np.asarray(steps) if np.isfinite(t)]
+    loop = rec.events[0][1]
+    assert rec.events[0] == ("start", loop, 3.0) and loop.endswith("/while")
+    shown = [n for kind, _, n in rec.events if kind == "update"]
+    # (a rejected step shows the same t again; diffrax's run is compiled
+    # apart, and its step size controller amplifies last-bit differences)
+    np.testing.assert_allclose(list(dict.fromkeys(shown)), accepted, rtol=1e-4)
+    assert rec.events[-1] == ("close", loop, 3.0)
+
+
 def test_an_optax_training_loop_shows_epochs_and_steps():
     optax = pytest.importorskip("optax")
     opt = optax.adam(1e-2)
