@@ -192,8 +192,9 @@ class _Run:
         rewritten (traced again through this ``_Run``), its rules kept."""
         new = {}
         # (JAX allows no io effect in a custom derivative rule's function on
-        # every version)
-        self.io.append(self.io[-1] and eqn.primitive not in _compat.CUSTOM_CALL_PRIMITIVES)
+        # every version, nor in a checkpoint it differentiates)
+        self.io.append(self.io[-1] and eqn.primitive not in _compat.CUSTOM_CALL_PRIMITIVES
+                       and eqn.primitive is not _compat.remat_p)
         try:
             for sub, sj in _traverse.subjaxprs(eqn):
                 if self.holds(sj):
