@@ -20,6 +20,7 @@ TABLES = {
     "<!-- bench-dispatch-table -->": lambda: make_plots.dispatch_table(make_plots.load_all_results()),
     "<!-- bench-states-table -->": lambda: make_plots.states_table(),
     "<!-- debug-tools-table -->": lambda: make_plots.debug_tools_table(),
+    "<!-- progress-tools-table -->": lambda: make_plots.progress_tools_table(),
     "<!-- bench-view-table -->": lambda: make_plots.view_table(),
     "<!-- coming-from-brainstate-bench -->": lambda: make_plots.coming_from_table(),
     "<!-- bench-gpu-table -->": lambda: make_plots.gpu_table(

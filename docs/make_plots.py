@@ -349,6 +349,25 @@ def debug_tools_table(path: Path = DEBUG_TOOLS_RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROGRESS_TOOLS_RESULTS = RESULTS.parent / "results_progress_tools.json"
+
+
+def progress_tools_table(path: Path = PROGRESS_TOOLS_RESULTS) -> str:
+    """``bench/progress_tools.py``'s run: how each progress tool was applied,
+    then per program what it showed."""
+    results = json.loads(Path(path).read_text())
+    rows = results["rows"]
+    tools = list(results["how"])
+    lines = ["| program | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools),
+             "| *applied as* | " + " | ".join(results["how"][t] for t in tools) + " |"]
+    for case, cells in rows.items():
+        lines.append(f"| {case} | " + " | ".join(cells[t] for t in tools) + " |")
+    lines.append("")
+    lines.append(f"Measured with Python {results['python']}, JAX {results['jax']} "
+                 f"(`python bench/progress_tools.py`).")
+    return "\n".join(lines) + "\n"
+
+
 VIEW_RESULTS = RESULTS.parent / "results_view.json"
 
 

@@ -161,6 +161,17 @@ def test_coming_from_brainstate_bench_table_is_read_from_its_results():
     assert "<!-- coming-from-brainstate-bench -->" in (DOCS / "coming-from-brainstate.md").read_text()
 
 
+def test_progress_tools_table_is_read_from_its_results():
+    mp = _make_plots()
+    table = mp.progress_tools_table()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    results = mp.json.loads(mp.PROGRESS_TOOLS_RESULTS.read_text())
+    # the header, how each tool was applied, one row per program
+    assert len(rows) == 2 + len(results["rows"])
+    assert all(line.count(" | ") == len(results["how"]) for line in rows)
+    assert "<!-- progress-tools-table -->" in (DOCS / "watching.md").read_text()
+
+
 def test_docs_extra_pins_the_site_tools():
     pyproject = (ROOT / "pyproject.toml").read_text()
     docs_extra = pyproject.split("docs = [", 1)[1].split("\n]", 1)[0]
