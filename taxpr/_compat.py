@@ -40,6 +40,9 @@ from jax._src.shard_map import shard_map_p as shard_map_p
 # Expanded into its implementation when it holds tags (see taxpr._expand); its
 # batching rule is a user's, not vmap of that implementation.
 from jax._src.custom_batching import custom_vmap_p as custom_vmap_p
+# The identity on values that marks a value as varying across a shard_map's
+# shards (a type, for check_vma): None where JAX has no such primitive.
+pvary_p: core.Primitive | None = getattr(core, "pvary_p", None)
 
 
 # ---- jaxpr objects -------------------------------------------------------------

@@ -211,3 +211,57 @@ def test_a_nan_in_a_custom_vjp_bwd_is_in_the_backward_pass():
     e = info.value
     assert (e.primitive, e.phase) == ("log", "backward")
     assert e.source.startswith(_line("the call: JAX traces the bwd"))
+
+
+_shard_map = getattr(jax, "shard_map", None)
+if _shard_map is None:  # (JAX without jax.shard_map)
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+
+def _mesh():
+    from jax.sharding import Mesh
+    return Mesh(np.array(jax.devices()[:4]), ("d",))
+
+
+def test_a_nan_in_a_shard_map_body_names_the_shard():
+    # 8 values over 4 shards of 2: log(4.5 - x) is first NaN at x = 5, in
+    # shard 5 // 2 = 2.
+    from jax.sharding import PartitionSpec as P
+
+    def f(x):
+        def body(b):
+            return jnp.log(4.5 - b) * 2.0  # origin: shard body
+        return _shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))(x).sum()
+
+    x = jnp.arange(8.0)
+    first_bad = next(i for i in range(8) if 4.5 - i < 0)
+    with pytest.raises(tx.NonFiniteError) as info:
+        tx.debug_nans(f)(x)
+    e = info.value
+    assert (e.primitive, e.phase, e.iterations) == ("log", "forward", (("shard", first_bad // 2),))
+    assert e.path[-1].startswith("shard_map") and e.source.startswith(_line("origin: shard body"))
+    with pytest.raises(Exception, match=r"NaN produced by `log` at "
+                       + _line("origin: shard body") + r".*shard 2"):
+        jax.jit(tx.debug_nans(f))(x)
+        jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(tx.debug_nans(f)(x - 4.0)),
+                                  np.asarray(jax.jit(f)(x - 4.0)))
+
+
+def test_a_nan_in_a_shard_map_body_with_a_collective_is_the_shard_maps():
+    # A body calling psum runs for all shards at once: the origin is the
+    # shard_map equation itself.
+    from jax.sharding import PartitionSpec as P
+
+    def f(x):
+        def body(b):
+            return jax.lax.psum(jnp.log(b), "d")
+        return _shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P())(x).sum()
+
+    x = jnp.arange(8.0) - 1.0
+    with pytest.raises(tx.NonFiniteError) as info:
+        tx.debug_nans(f)(x)
+    assert (info.value.primitive, info.value.phase) == ("shard_map", "forward")
+    good = jnp.arange(8.0) + 1.0
+    np.testing.assert_allclose(np.asarray(tx.debug_nans(f)(good)),
+                               np.log(np.arange(8.0) + 1.0).sum() * 1, rtol=1e-6)

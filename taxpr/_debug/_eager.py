@@ -184,7 +184,10 @@ _NOT_CALLS = {p for p in (_compat.scan_p, _compat.while_p, _compat.cond_p) if p 
 
 def bind(frame: Frame, eqn: core.JaxprEqn, ins: list[Value]) -> list[Value]:
     """``eqn`` run as JAX runs it, its outputs blamed."""
-    outs = eqn.primitive.bind(*[v.array for v in ins], **eqn.params)
+    # (as ``core.eval_jaxpr`` binds it: a primitive holding a function,
+    # shard_map's body, takes it as a bind param)
+    params = eqn.primitive.get_bind_params(eqn.params)
+    outs = eqn.primitive.bind(*[v.array for v in ins], **params)
     outs = list(outs) if eqn.primitive.multiple_results else [outs]
     return blame(frame, eqn, ins, outs)
 
@@ -295,9 +298,123 @@ def _cond_rule(frame: Frame, eqn: core.JaxprEqn, ins: list[Value]) -> list[Value
     return run_jaxpr(frame.inside(sub.label), branch, ins[1:])
 
 
+# ---- shard_map -----------------------------------------------------------------
+# The program runs on the mesh while the diagnosis runs in one of its host
+# callbacks: running a shard_map there would wait for the devices the
+# program holds. Its body runs on the CPU instead, shard by shard (the
+# origin then names the body's equation and the shard), or, where it
+# calls a collective, for all shards at once under a vmap per mesh axis
+# (the origin is the shard_map).
+
+def _shard_map_rule(frame: Frame, eqn: core.JaxprEqn, ins: list[Value]) -> list[Value]:
+    p = eqn.params
+    mesh, body = p["mesh"], p["jaxpr"]
+    names, sizes = tuple(mesh.axis_names), tuple(mesh.axis_sizes)
+    label = _traverse.subjaxprs(eqn)[0][0].label
+    coords = list(np.ndindex(*sizes))
+    blocks = [[_block(np.asarray(v.array), spec, names, sizes, c) for v, spec
+               in zip(ins, p["in_specs"])] for c in coords]
+    if _calls_collectives(body, set(names)):
+        def fn(*args):
+            return _eval_across_shards(body, args)
+        for name in reversed(names):
+            fn = jax.vmap(fn, axis_name=name)
+        stacked = [np.stack([b[k] for b in blocks]).reshape(*sizes, *blocks[0][k].shape)
+                   for k in range(len(ins))]
+        outs = [np.asarray(o).reshape(len(coords), *np.shape(o)[len(sizes):])
+                for o in fn(*stacked)]
+        per_shard = [[Value(o[i], None) for o in outs] for i in range(len(coords))]
+        whole = [_assemble([r[k].array for r in per_shard], spec, names, sizes, coords, v.aval)
+                 for k, (spec, v) in enumerate(zip(p["out_specs"], eqn.outvars))]
+        return blame(frame, eqn, ins, whole)
+    per_shard = []
+    for i, c in enumerate(coords):
+        origins = [v.origin if v.origin is not None and frame.run.bad(b) else None
+                   for v, b in zip(ins, blocks[i])]
+        args = [Value(b, o) for b, o in zip(blocks[i], origins)]
+        per_shard.append(run_jaxpr(frame.inside(label, ("shard", i)), body, args))
+    return [Value(_assemble([r[k].array for r in per_shard], spec, names, sizes, coords, v.aval),
+                  _earliest(r[k].origin for r in per_shard))
+            for k, (spec, v) in enumerate(zip(p["out_specs"], eqn.outvars))]
+
+
+def _eval_across_shards(body: Any, args: Sequence[Any]) -> list:
+    """``body`` evaluated under a ``vmap`` per mesh axis (named as the
+    mesh's), which runs its collectives; ``pvary`` (a type for
+    ``check_vma``, meaningless there) as the identity."""
+    parts = _jaxpr.jaxpr_parts(body)
+    env = dict(zip(parts.constvars, parts.consts or ()))
+    env.update(zip(parts.invars, args))
+
+    def read(atom):
+        return atom.val if type(atom) is core.Literal else env[atom]
+
+    for eqn in parts.eqns:
+        ins = [read(v) for v in eqn.invars]
+        if eqn.primitive is _compat.pvary_p:
+            outs = ins
+        else:
+            outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+            outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in parts.outvars]
+
+
+def _spec_axes(spec: Any, dim: int) -> tuple[str, ...]:
+    """The mesh axes a ``PartitionSpec`` splits dimension ``dim`` over."""
+    entry = spec[dim] if dim < len(spec) else None
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _block_slices(shape: tuple, spec: Any, names: tuple, sizes: tuple, coord: tuple) -> tuple:
+    """The slices of an array of ``shape`` that the shard at mesh
+    coordinates ``coord`` holds (``spec``: its ``PartitionSpec``)."""
+    out = []
+    for d, n in enumerate(shape):
+        index, count = 0, 1
+        for axis in _spec_axes(spec, d):  # (the first axis varies slowest)
+            k = names.index(axis)
+            index, count = index * sizes[k] + coord[k], count * sizes[k]
+        step = n // count
+        out.append(slice(index * step, (index + 1) * step))
+    return tuple(out)
+
+
+def _block(x: Any, spec: Any, names: tuple, sizes: tuple, coord: tuple) -> Any:
+    return x[_block_slices(np.shape(x), spec, names, sizes, coord)]
+
+
+def _assemble(blocks: list, spec: Any, names: tuple, sizes: tuple, coords: list,
+              aval: Any) -> Any:
+    """The array of type ``aval`` whose shards (by ``spec``) are ``blocks``
+    (one per mesh coordinate; a replicated part is every shard's, equal)."""
+    out = np.zeros(aval.shape, aval.dtype)
+    for block, coord in zip(blocks, coords):
+        out[_block_slices(aval.shape, spec, names, sizes, coord)] = np.asarray(block)
+    return out
+
+
+def _calls_collectives(body: Any, axes: set) -> bool:
+    """Whether an equation of ``body`` (or nested in it) names a mesh axis
+    (``psum``, ``all_gather``, ``axis_index``, ...)."""
+    def names_axis(eqn) -> bool:
+        if eqn.primitive is _compat.pvary_p:  # (a type on values, run per shard as identity)
+            return False
+        for key in ("axes", "axis_name", "axis_names"):
+            value = eqn.params.get(key)
+            values = value if isinstance(value, (tuple, list, frozenset, set)) else (value,)
+            if any(isinstance(v, str) and v in axes for v in values):
+                return True
+        return False
+    return _traverse.any_eqn(body, names_axis)
+
+
 register_eager_rule(_compat.scan_p, _scan_rule)
 register_eager_rule(_compat.while_p, _while_rule)
 register_eager_rule(_compat.cond_p, _cond_rule)
+register_eager_rule(_compat.shard_map_p, _shard_map_rule)
+if _compat.pvary_p is not None:
+    register_eager_rule(_compat.pvary_p, lambda frame, eqn, ins: list(ins))
 
 
 def trace_on_cpu(fn: Callable, values: Sequence[Any]) -> Any:

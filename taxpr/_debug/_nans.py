@@ -35,7 +35,9 @@ class NonFiniteError(FloatingPointError):
         path: the enclosing primitives, outermost first
             (``("jit[loss]", "scan[length=12]", "cond[branch=1]")``).
         iterations: ``((loop kind, index), ...)``: the iteration of each
-            enclosing loop, outermost first.
+            enclosing loop, outermost first; in a ``shard_map``,
+            ``("shard", k)``: the ``k``-th device of its mesh
+            (``mesh.devices.flat``).
         example: the index of the example along the innermost ``jax.vmap``
             around the wrapped function, or None.
         phase: ``"forward"`` or ``"backward"`` (reverse mode's transposed
@@ -71,7 +73,7 @@ def _message(name: str, origin: Origin | None, example: int | None, phase: str) 
     if origin.path:
         parts.append("path " + " / ".join(origin.path))
     for loop, i in origin.iterations:
-        parts.append(f"{loop} iteration {i}")
+        parts.append(f"shard {i}" if loop == "shard" else f"{loop} iteration {i}")
     if example is not None:
         parts.append(f"vmap example {example}")
     text = f"taxpr.debug_nans: in {name}: " + ", ".join(parts)
