@@ -13,7 +13,10 @@ share.
   ``next_at``, the host choosing the next one (updates a few times a
   second, whatever the loop's speed);
 * ``collecting()`` / ``deliver(error)``: errors found by callbacks, raised
-  by the wrapper waiting for the call when there is one.
+  by the wrapper waiting for the call when there is one;
+* ``gated(pred)``: while code is traced in the block, ``once``, ``tick``
+  and ``poll`` call the host only where ``pred`` holds (in a ``shard_map`` body: on its
+  first shard, so that a bar is shown once, not once per shard).
 
 ``notify(flag, values, host)`` calls ``host(values, example)`` on the host
 for the first example whose ``flag`` is true (``example``: its index along
@@ -25,6 +28,7 @@ host in one call (``custom_vmap``), so that the example's index is known.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -32,6 +36,32 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.experimental import io_callback
+
+
+_GATE: contextvars.ContextVar[Any] = contextvars.ContextVar("taxpr_host_gate", default=None)
+
+
+@contextlib.contextmanager
+def gated(pred: Any) -> Iterator[None]:
+    """See the module docstring: ``pred`` (a traced bool) gates the host
+    callbacks ``once``, ``tick`` and ``poll`` trace in the block (where it
+    does not hold, they pass their values through)."""
+    outer = _GATE.get()
+    token = _GATE.set(pred if outer is None else jnp.logical_and(outer, pred))
+    try:
+        yield
+    finally:
+        _GATE.reset(token)
+
+
+def _gate(when: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``when`` and the active gate (``gated``)."""
+    gate = _GATE.get()
+    if gate is None:
+        return when
+    if when is None:
+        return lambda *values: gate
+    return lambda *values: jnp.logical_and(gate, when(*values))
 
 
 def once(host: Callable[..., None], values: Sequence[Any],
@@ -46,6 +76,7 @@ def once(host: Callable[..., None], values: Sequence[Any],
     loop whose predicate ``vmap`` batched, a ``custom_vjp`` on some JAX
     versions): a debug callback, nothing waiting for it."""
     values = [jax.lax.stop_gradient(v) for v in values]
+    when = _gate(when)
 
     def through_host(*vs):
         host(*vs)
@@ -86,6 +117,7 @@ def tick(host: Callable[[Any], None], i: Any, when: Callable[[Any], Any],
     ``vmap``, a debug callback instead (allowed in a while loop whose
     predicate ``vmap`` batched), whose result nothing waits for."""
     i = jax.lax.stop_gradient(i)
+    when = _gate(when)
 
     def through_host(i):
         host(i)
@@ -117,6 +149,7 @@ def poll(host: Callable[[int], int], i: Any, next_at: Any) -> Any:
     (its result is used): not for a while loop whose predicate ``vmap``
     batched."""
     i, next_at = jax.lax.stop_gradient(i), jax.lax.stop_gradient(next_at)
+    due = _gate(lambda i, next_at: i >= next_at)
 
     def on_host(i):
         return np.asarray(host(int(i)), np.int32)
@@ -124,7 +157,7 @@ def poll(host: Callable[[int], int], i: Any, next_at: Any) -> Any:
     @custom_vmap
     def call(i, next_at):
         return jax.lax.cond(
-            i >= next_at,
+            due(i, next_at),
             lambda: io_callback(on_host, jax.ShapeDtypeStruct((), jnp.int32), i),
             lambda: jnp.asarray(next_at, jnp.int32))
 

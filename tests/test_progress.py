@@ -263,3 +263,48 @@ def _checker_takes_callbacks_in_batched_checkpoints() -> bool:
         return True
     params = inspect.signature(rule).parameters
     return "name" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _sharded(program):
+    """``program`` of one shard, run by shard_map over 4 devices (see
+    conftest) on 2 values each."""
+    from jax.sharding import Mesh, PartitionSpec as P
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # (JAX without jax.shard_map)
+        from jax.experimental.shard_map import shard_map
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    return lambda x: shard_map(program, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+
+@pytest.mark.parametrize("every", [50, None])
+def test_a_loop_in_a_shard_map_shows_one_bar_for_the_mesh(every):
+    # Every shard runs the loop; the bar is the first shard's, once.
+    def shard(b):
+        def step(c, i):
+            return c * 0.99 + i, c
+        return lax.scan(step, b, jnp.arange(100.0))[0]
+    f = _sharded(shard)
+    rec = Recorder()
+    out = tx.progress(f, display=rec, every=every)(jnp.arange(8.0))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(f)(jnp.arange(8.0))))
+    name = "shard_map/scan[length=100]"
+    assert [e for e in rec.events if e[0] != "update"] == [("start", name, 100),
+                                                            ("close", name, 100)]
+    counts = [n for kind, _, n in rec.events if kind == "update"]
+    assert counts == sorted(set(counts)) and counts[-1] == 100
+    if every == 50:
+        assert counts == [50, 100]
+
+
+def test_a_while_loop_in_a_shard_map_shows_one_bar_in_order():
+    def shard(b):
+        return lax.while_loop(lambda s: s[0] < 5, lambda s: (s[0] + 1, s[1] * 2.0), (0, b))[1]
+    f = _sharded(shard)
+    rec = Recorder()
+    out = tx.progress(f, display=rec)(jnp.arange(8.0))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8.0) * 32)
+    assert rec.events == ([("start", "shard_map/while", None)]
+                          + [("update", "shard_map/while", n) for n in range(1, 6)]
+                          + [("close", "shard_map/while", 5)])

@@ -15,8 +15,10 @@ compute is unchanged).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Sequence
+import functools
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,8 @@ from jax import lax
 
 from .._jax.internals import core, source_info_util
 from .. import _compat, _jaxpr, _traverse
+from .._engine._control_flow import shard_map_body_context
+from .._host import gated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +202,8 @@ class _Run:
         try:
             for sub, sj in _traverse.subjaxprs(eqn):
                 if self.holds(sj):
-                    new[(sub.key, sub.index)] = self._retraced(eqn, sub, sj)
+                    with _tracing_context(eqn):
+                        new[(sub.key, sub.index)] = self._retraced(eqn, sub, sj)
         finally:
             self.io.pop()
         return _bind(_traverse.with_subjaxprs(eqn, new), ins)
@@ -207,7 +212,11 @@ class _Run:
         """``sj`` (a jaxpr of ``eqn``) traced again through this ``_Run``, of
         the same kind (closed or open)."""
         avals = [v.aval for v in _jaxpr.jaxpr_parts(sj).invars]
-        traced = jax.make_jaxpr(lambda *a: self.jaxpr(sj, a))(*avals)
+
+        def body(*a):
+            with _in_body(eqn):
+                return self.jaxpr(sj, a)
+        traced = jax.make_jaxpr(body)(*avals)
         if any(isinstance(c, core.Tracer) for c in _jaxpr.jaxpr_parts(traced).consts or ()):
             raise NotImplementedError(
                 f"taxpr: cannot watch inside '{eqn.primitive.name}' ({sub.label}) within a "
@@ -222,6 +231,30 @@ class _Run:
                     f"rewritten {sub.label} holds constants, which its open jaxpr cannot")
             traced = open_jaxpr
         return traced
+
+
+@contextlib.contextmanager
+def _tracing_context(eqn) -> Iterator[None]:
+    """Where ``eqn``'s jaxprs are traced again: a shard_map's body in its
+    manual axes, its host callbacks on the mesh's first shard only (one bar
+    for the whole mesh; every process runs the program, and the first
+    shard is process 0's first device)."""
+    if eqn.primitive is not _compat.shard_map_p:
+        yield
+        return
+    with shard_map_body_context(eqn.params):
+        yield
+
+
+def _in_body(eqn) -> contextlib.AbstractContextManager:
+    """What a retraced jaxpr of ``eqn`` is traced in (inside its trace): a
+    shard_map body's host callbacks gated to the mesh's first shard."""
+    if eqn.primitive is not _compat.shard_map_p:
+        return contextlib.nullcontext()
+    axes = [a for a in eqn.params["mesh"].axis_names
+            if a in eqn.params.get("newly_manual_axes", eqn.params["mesh"].axis_names)]
+    return gated(functools.reduce(jnp.logical_and, [lax.axis_index(a) == 0 for a in axes],
+                                  jnp.bool_(True)))
 
 
 def _bind(eqn, ins: list) -> list:

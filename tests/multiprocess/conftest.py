@@ -21,7 +21,8 @@ import mp_harness
 
 # The scenarios of the main runs; ``resume`` restarts from the checkpoint
 # the main two-process run wrote, in new processes.
-MAIN = ["jit_step", "shard_map_step", "per_shard_set", "shard_keys", "grad", "harvest"]
+MAIN = ["jit_step", "shard_map_step", "per_shard_set", "shard_keys", "grad", "harvest",
+        "progress"]
 # The two-process run also runs the program broken on one process.
 BROKEN = "broken_jit_step"
 # Each launch's limit: generous, for a machine busy with the rest of the suite.

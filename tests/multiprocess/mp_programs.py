@@ -555,6 +555,50 @@ def plain_harvest() -> dict:
                      "capture": {"out": h.sum(1), "h": h}})
 
 
+# ---- progress bars ----------------------------------------------------------------
+
+class _Bars:
+    """A ``tx.progress`` display that keeps what this process was told."""
+
+    def __init__(self):
+        self.events: list = []
+
+    def start(self, loop):
+        self.events.append(("start", loop.name, 0))
+
+    def update(self, loop, n):
+        self.events.append(("update", loop.name, n))
+
+    def close(self, loop, n):
+        self.events.append(("close", loop.name, n))
+
+
+def scenario_progress(run: Run) -> dict:
+    """``tx.progress`` of a jitted program with a loop of its own and a loop
+    in a shard_map body over every device of every process: what each
+    process's display was told, per loop (not gathered: each process
+    reports its own)."""
+    def loop(x):
+        return lax.scan(lambda c, i: (c * 0.5 + i, None), x, jnp.arange(10.0))[0]
+
+    sm = shard_map()(loop, mesh=run.mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+    bars = _Bars()
+    f = jax.jit(tx.progress(lambda x: (loop(x.sum()), sm(x)), display=bars, every=5,
+                            nested=True))
+    x = jax.make_array_from_process_local_data(run.rows, run.local_rows(np.arange(8.0)), (8,))
+    top, sharded = f(x)
+    jax.effects_barrier()
+    run.barrier("progress")
+    out = {"top": np.asarray(gather(top)), "sharded": np.asarray(gather(sharded))}
+    for name in ("scan[length=10]", "shard_map/scan[length=10]"):
+        mine = [(kind, n) for kind, loop_name, n in bars.events if loop_name == name]
+        key = "shard_map" if name.startswith("shard_map") else "jit"
+        out[f"{key}.starts"] = np.asarray(sum(kind == "start" for kind, _ in mine))
+        out[f"{key}.updates"] = np.asarray([n for kind, n in mine if kind == "update"] or [-1])
+        out[f"{key}.closes"] = np.asarray([n for kind, n in mine if kind == "close"] or [-1])
+    return out
+
+
 # ---- the registry ---------------------------------------------------------------
 
 SCENARIOS: dict[str, Callable[[Run], dict]] = {
@@ -565,6 +609,7 @@ SCENARIOS: dict[str, Callable[[Run], dict]] = {
     "shard_keys": scenario_shard_keys,
     "grad": scenario_grad,
     "harvest": scenario_harvest,
+    "progress": scenario_progress,
     "resume": scenario_resume,
 }
 

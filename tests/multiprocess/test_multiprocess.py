@@ -161,7 +161,38 @@ def test_reap_and_capture_of_a_per_shard_value_from_outside_are_clear_errors(run
         assert "differs across the shards" in error and "inside the body" in error, error
 
 
-# ---- 6. checkpoint and restart -----------------------------------------------
+# ---- 6. progress bars ---------------------------------------------------------
+
+def test_progress_shows_each_loop_once_on_process_0(runs):
+    # A loop of the jitted program and a loop in a shard_map body over the
+    # devices of both processes: process 0 shows one bar each, as one
+    # process of four devices does; process 1 shows none. The outputs are
+    # those of the program without bars everywhere.
+    p0, p1 = runs.two("progress")
+    one = runs.one("progress")
+    values = ("top", "sharded")
+    assert_same({"process 0": {k: p0[k] for k in values},
+                 "process 1": {k: p1[k] for k in values},
+                 "1 process": {k: one[k] for k in values}})
+    np.testing.assert_allclose(p0["top"], _scan_by_hand(28.0))
+    np.testing.assert_allclose(p0["sharded"], [_scan_by_hand(float(v)) for v in range(8)])
+    for loop in ("jit", "shard_map"):
+        for shown in (p0, one):
+            assert int(shown[f"{loop}.starts"]) == 1, loop
+            assert list(shown[f"{loop}.updates"]) == [5, 10], loop
+            assert list(shown[f"{loop}.closes"]) == [10], loop
+        assert int(p1[f"{loop}.starts"]) == 0 and list(p1[f"{loop}.closes"]) == [-1], loop
+
+
+def _scan_by_hand(x: float) -> float:
+    """``scenario_progress``'s loop in Python: ``c = c * 0.5 + i`` for i < 10."""
+    c = np.float32(x)
+    for i in range(10):
+        c = c * np.float32(0.5) + np.float32(i)
+    return float(c)
+
+
+# ---- 7. checkpoint and restart -----------------------------------------------
 
 def test_checkpoint_holds_the_gathered_state(runs):
     p0 = runs.two("jit_step")[0]
