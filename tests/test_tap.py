@@ -102,3 +102,52 @@ def test_a_second_call_of_the_same_types_is_not_traced_again():
     np.testing.assert_allclose([a, b], [2 * np.sin(0.5), 2 * np.sin(0.7)], rtol=1e-6)
     assert len(traces) == 1
     np.testing.assert_allclose([v for _, v, _ in seen], [np.sin(0.5), np.sin(0.7)], rtol=1e-6)
+
+
+def _rnn_perturbed(x, eps):
+    """``_rnn`` written by hand with ``eps[i]`` added to step ``i``'s
+    ``tanh``: the derivative with respect to ``eps[i]`` is the cotangent
+    of that value."""
+    def step(c, e_i):
+        e, i = e_i
+        h = jnp.tanh(c * 0.5 + i) + e
+        return h, h
+    return lax.scan(step, x, (eps, jnp.arange(float(N))))[1].sum() * 2.0
+
+
+@pytest.mark.parametrize("outer_jit", [False, True])
+def test_cotangents_in_the_backward_pass_last_iteration_first(outer_jit):
+    seen, cotangents = Seen(), Seen()
+    f = tx.tap(_rnn, "*cell/tanh", seen, cotangents=cotangents)
+    grad = jax.grad(f)
+    if outer_jit:
+        grad = jax.jit(grad)
+    g = grad(jnp.float32(0.3))
+    jax.effects_barrier()
+    assert np.asarray(g).tobytes() == np.asarray(jax.grad(_rnn)(jnp.float32(0.3))).tobytes()
+    want = jax.grad(_rnn_perturbed, argnums=1)(jnp.float32(0.3), jnp.zeros(N))
+    assert [(n, s) for n, _, s in cotangents] == [("readout/cell/tanh", i)
+                                                  for i in reversed(range(N))]
+    np.testing.assert_allclose([v for _, v, _ in cotangents][::-1], want, rtol=1e-5)
+    np.testing.assert_allclose([v for _, v, _ in seen], _reference(0.3), rtol=1e-6)
+
+
+def test_cotangents_are_not_called_without_differentiation():
+    cotangents = Seen()
+    out = tx.tap(_rnn, "*cell/tanh", Seen(), cotangents=cotangents)(jnp.float32(0.3))
+    jax.effects_barrier()
+    assert np.asarray(out).tobytes() == np.asarray(jax.jit(_rnn)(jnp.float32(0.3))).tobytes()
+    assert cotangents == []
+
+
+def test_cotangents_under_vmap_of_grad_give_each_example():
+    cotangents = Seen()
+    xs = jnp.array([0.3, -1.2], jnp.float32)
+    jax.vmap(jax.grad(tx.tap(_rnn, "*cell/tanh", Seen(), cotangents=cotangents)))(xs)
+    jax.effects_barrier()
+    want = jax.vmap(lambda x: jax.grad(_rnn_perturbed, argnums=1)(x, jnp.zeros(N)))(xs)
+    got: dict = {}
+    for _, v, s in cotangents:
+        got.setdefault(s, []).append(v)
+    for i in range(N):
+        np.testing.assert_allclose(sorted(got[i]), sorted(np.asarray(want[:, i])), rtol=1e-5)

@@ -71,9 +71,11 @@ class Hooks:
     def end(self, loop: Loop, i: Any, io: bool) -> Any:
         return i
 
-    def value(self, site: Any, value: Any, steps: tuple) -> None:
+    def value(self, site: Any, value: Any, steps: tuple) -> Any:
         """A tapped equation's output ``value`` (``site``: what the caller
-        tapped), ``steps`` the iteration of each enclosing loop."""
+        tapped), ``steps`` the iteration of each enclosing loop. Returns
+        what the program uses in its place (the same value, perhaps marked
+        for the backward pass), or None: ``value`` itself."""
 
 
 class LoopIndex:
@@ -179,7 +181,9 @@ class _Run:
             else:
                 outs = _bind(eqn, ins)
             for site, k in self.taps.get(id(eqn), ()):
-                self.hooks.value(site, outs[k], tuple(self.steps))
+                replaced = self.hooks.value(site, outs[k], tuple(self.steps))
+                if replaced is not None:
+                    outs[k] = replaced
             for v, o in zip(eqn.outvars, outs):
                 if not isinstance(v, core.DropVar):
                     env[v] = o

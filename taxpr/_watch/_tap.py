@@ -18,20 +18,50 @@ from ._loops import Hooks, LoopIndex, run_watched
 
 
 class _TapHooks(Hooks):
-    def __init__(self, callback: Callable[[str, Any, Any], None]):
-        self.callback = callback
+    def __init__(self, callback: Callable[[str, Any, Any], None],
+                 on_cotangent: Callable[[str, Any, Any], None] | None = None):
+        self.callback, self.on_cotangent = callback, on_cotangent
 
-    def value(self, site: Any, value: Any, steps: tuple) -> None:
-        def host(value, *steps):
-            step = int(np.max(steps[-1])) if steps else None
-            self.callback(site.name, np.asarray(value), step)
+    def value(self, site: Any, value: Any, steps: tuple) -> Any:
         # A debug callback: JAX keeps it where its output is unused (under
         # grad too); under vmap it runs once per example.
-        jax.debug.callback(host, jax.lax.stop_gradient(value), *steps)
+        jax.debug.callback(_to_host(self.callback, site.name), jax.lax.stop_gradient(value),
+                           *steps)
+        if self.on_cotangent is None:
+            return None
+        return _cotangent_tapped(self.on_cotangent, site.name)(value, *steps)
+
+
+def _to_host(callback: Callable[[str, Any, Any], None], name: str) -> Callable:
+    """The host side of a tap: ``callback(name, value, step)``, ``step`` the
+    innermost enclosing loop's iteration (the largest in a batch)."""
+    def host(value, *steps):
+        step = int(np.max(steps[-1])) if steps else None
+        callback(name, np.asarray(value), step)
+    return host
+
+
+def _cotangent_tapped(callback: Callable[[str, Any, Any], None], name: str) -> Callable:
+    """The identity on a site's value whose backward pass gives its
+    cotangent to ``callback`` (with the iteration its forward value had)."""
+    @jax.custom_vjp
+    def tapped(value, *steps):
+        return value
+
+    def fwd(value, *steps):
+        return value, steps
+
+    def bwd(steps, cotangent):
+        jax.debug.callback(_to_host(callback, name), cotangent, *steps)
+        return (cotangent, *(None for _ in steps))  # (steps: integers, no cotangent)
+
+    tapped.defvjp(fwd, bwd)
+    return tapped
 
 
 def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
-        callback: Callable[[str, Any, Any], None]) -> Callable:
+        callback: Callable[[str, Any, Any], None], *,
+        cotangents: Callable[[str, Any, Any], None] | None = None) -> Callable:
     """``fn`` with the values of the selected sites given to ``callback``
     on the host as they are computed: the live counterpart of
     ``tx.capture`` (nothing is kept in device memory).
@@ -45,14 +75,21 @@ def tap(fn: Callable, selector: SelectorLike | Sequence[SelectorLike],
             value (a NumPy array; under ``vmap``, one call per example), and the
             iteration of the innermost loop around the site (None outside
             loops).
+        cotangents: ``cotangents(name, cotangent, step)``, called in the
+            backward pass when the wrapped function is differentiated in
+            reverse mode (``jax.grad`` of it): the cotangent of each
+            selected site's value (the derivative of what is differentiated
+            with respect to it), with the iteration its value was computed
+            at, in the order the backward pass computes them (the last
+            iteration first). Default: none.
 
     Returns:
         The wrapped function, returning what ``fn`` returns (bit for bit);
         it composes with ``jit``, ``vmap`` and ``grad`` (the forward
-        values).
+        values, and with ``cotangents=`` the backward pass's).
     """
     selectors = list(selector) if isinstance(selector, (list, tuple)) else [selector]
-    hooks = _TapHooks(callback)
+    hooks = _TapHooks(callback, cotangents)
     return watched_per_signature(
         fn, selectors, "tap",
         # the loops around the tapped sites, for their iteration counts
