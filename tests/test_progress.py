@@ -308,3 +308,19 @@ def test_a_while_loop_in_a_shard_map_shows_one_bar_in_order():
     assert rec.events == ([("start", "shard_map/while", None)]
                           + [("update", "shard_map/while", n) for n in range(1, 6)]
                           + [("close", "shard_map/while", 5)])
+
+
+def test_the_backward_loop_is_a_second_bar_with_the_bar_outside_grad():
+    def f(x):
+        def step(c, i):
+            return c * 0.99 + jnp.sin(i) * 0.01, c
+        return lax.scan(step, x, jnp.arange(1000.0))[1].sum()
+    rec = Recorder()
+    g = tx.progress(jax.grad(f), display=rec, every=500)(jnp.float32(1.0))
+    jax.effects_barrier()
+    assert np.asarray(g).tobytes() == np.asarray(jax.jit(jax.grad(f))(jnp.float32(1.0))).tobytes()
+    backward = "scan[length=1000,reverse]"
+    assert rec.events == [("start", SCAN, 1000), ("update", SCAN, 500), ("update", SCAN, 1000),
+                          ("close", SCAN, 1000), ("start", backward, 1000),
+                          ("update", backward, 500), ("update", backward, 1000),
+                          ("close", backward, 1000)]
