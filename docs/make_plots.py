@@ -337,16 +337,7 @@ DEBUG_TOOLS_RESULTS = RESULTS.parent / "results_debug_tools.json"
 def debug_tools_table(path: Path = DEBUG_TOOLS_RESULTS) -> str:
     """``bench/debug_tools.py``'s run: per program, what each NaN-debugging
     tool reported."""
-    results = json.loads(Path(path).read_text())
-    rows = results["rows"]
-    tools = list(next(iter(rows.values())))
-    lines = ["| program | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
-    for case, cells in rows.items():
-        lines.append(f"| {case} | " + " | ".join(cells[t] for t in tools) + " |")
-    lines.append("")
-    lines.append(f"Measured with Python {results['python']}, JAX {results['jax']} "
-                 f"(`python bench/debug_tools.py`).")
-    return "\n".join(lines) + "\n"
+    return _tools_table(json.loads(Path(path).read_text()), "bench/debug_tools.py")
 
 
 PROGRESS_TOOLS_RESULTS = RESULTS.parent / "results_progress_tools.json"
@@ -355,16 +346,23 @@ PROGRESS_TOOLS_RESULTS = RESULTS.parent / "results_progress_tools.json"
 def progress_tools_table(path: Path = PROGRESS_TOOLS_RESULTS) -> str:
     """``bench/progress_tools.py``'s run: how each progress tool was applied,
     then per program what it showed."""
-    results = json.loads(Path(path).read_text())
-    rows = results["rows"]
-    tools = list(results["how"])
-    lines = ["| program | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools),
-             "| *applied as* | " + " | ".join(results["how"][t] for t in tools) + " |"]
+    return _tools_table(json.loads(Path(path).read_text()), "bench/progress_tools.py")
+
+
+def _tools_table(results: dict, script: str) -> str:
+    """A run of tools on programs (``{"rows": {program: {tool: cell}}}``,
+    and ``"how"``: each tool's way of being applied, when given) as a
+    Markdown table, one column per tool."""
+    rows, how = results["rows"], results.get("how")
+    tools = list(how) if how else list(next(iter(rows.values())))
+    lines = ["| program | " + " | ".join(tools) + " |", "|---|" + "---|" * len(tools)]
+    if how:
+        lines.append("| *applied as* | " + " | ".join(how[t] for t in tools) + " |")
     for case, cells in rows.items():
         lines.append(f"| {case} | " + " | ".join(cells[t] for t in tools) + " |")
     lines.append("")
     lines.append(f"Measured with Python {results['python']}, JAX {results['jax']} "
-                 f"(`python bench/progress_tools.py`).")
+                 f"(`python {script}`).")
     return "\n".join(lines) + "\n"
 
 
