@@ -226,8 +226,13 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
                 taken[site.name] = sel
                 if not by_function:
                     _check_replacement(site, sel, replacement)
-                if by_function:
-                    insertion, consts = _rewrite.patch_insertion(site, replacement, mark)
+                if by_function or _rewrite.sow_mode(site) != "append":
+                    # Outside a scan a value is the same wherever the site is
+                    # evaluated: the function returning it, which a custom
+                    # rule evaluating the site again is given too (its arrays
+                    # are planted as a function's constants are).
+                    patch_fn = replacement if by_function else _returning(replacement)
+                    insertion, consts = _rewrite.patch_insertion(site, patch_fn, mark)
                     planted.update(consts)
                 else:
                     insertion = _rewrite.patch_value_insertion(site, mark)
@@ -239,6 +244,11 @@ def patch(fn: Callable, patches: Mapping[SelectorLike, Any]) -> Callable:
         return traced.unflatten(outs)
 
     return wrapped
+
+
+def _returning(value: Any) -> Callable[[Any], Any]:
+    """The patch function of a patch by value (outside a scan)."""
+    return lambda v: jax.numpy.asarray(value, v.dtype)
 
 
 def _check_replacement(site: Site, sel: Any, replacement: Any) -> None:

@@ -92,6 +92,9 @@ class CarryPlan:
     def unapplied_sites(self) -> list[str]:
         return [p.site_name for p in self.by_key.values() if not p.applied]
 
+    def applied_sites(self) -> set[str]:
+        return {p.site_name for p in self.by_key.values() if p.applied}
+
 
 class NotCarried(Exception):
     """Why the patch of site ``site`` cannot be carried (the message

@@ -200,8 +200,13 @@ def _check_carried(closed: Any, carry: _carry.CarryPlan, call: _RewrittenCall,
     patched site as patched: a site it never evaluates means the rule does
     not run the function's code (its derivative is the unpatched one's), one
     it traces afresh from Python cannot be patched."""
+    # (a site whose patch the rule's evaluation of its code was given is
+    # not looked for by scope: the rule's derivative equations of the same
+    # primitive share the site's scope)
+    applied = carry.applied_sites()
     fresh = _carry.uncarried_equations(closed, carry) or [
-        site.name for site in call.patched if _recomputes(closed, site)]
+        site.name for site in call.patched
+        if site.name not in applied and _recomputes(closed, site)]
     if fresh:
         raise CustomRuleError(
             f"taxpr.patch: site {fresh[0]!r} is inside the function of {call.described}, "
@@ -268,8 +273,9 @@ def _checked_bwd(user_bwd: Any, call: _RewrittenCall) -> Any:
             fresh = _carry.uncarried_equations(closed, carry)
             if fresh:
                 raise refuse(fresh[0])
+            applied = carry.applied_sites()
             for site in call.patched:
-                if _recomputes(closed, site):
+                if site.name not in applied and _recomputes(closed, site):
                     raise refuse(site.name)
         return _compat.custom_vjp_bwd_result(*results(evaluated_fun(closed)()))
 

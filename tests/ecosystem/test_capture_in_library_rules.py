@@ -83,6 +83,28 @@ def test_a_patch_in_a_diffrax_vector_field_under_grad_is_the_patched_derivative_
     np.testing.assert_allclose(grads, [np.exp(-1.4), -2.0 * np.exp(-1.4)], rtol=1e-3)
 
 
+def test_a_patch_by_value_in_a_diffrax_vector_field_under_grad():
+    # A value the same in every step (under the default adjoint, whose
+    # checkpointed loop evaluates the vector field in its fwd and bwd): the
+    # vector field's k * y replaced by 0.5, so dy/dt = -0.5, y(1) = y0 -
+    # 0.5, d/dy0 = 1 and d/dk = 0. The reference is diffrax's own solve of
+    # that vector field. (Under DirectAdjoint the vector field is inside
+    # scans, where a patch by value is one row per step.)
+    diffrax = pytest.importorskip("diffrax")
+    f = tx.patch(_diffrax_solve("recursive"), {"*/vf/mul": jnp.float32(0.5)})
+
+    def by_hand(y0, k):
+        return diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, k: -(0.5 + 0.0 * (k * y))),
+                                   diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, k).ys[-1]
+
+    y0, k = jnp.float32(1.0), jnp.float32(0.7)
+    value, grads = jax.value_and_grad(f, argnums=(0, 1))(y0, k)
+    want_value, want_grads = jax.value_and_grad(by_hand, argnums=(0, 1))(y0, k)
+    np.testing.assert_allclose(value, want_value, rtol=1e-6)
+    np.testing.assert_allclose(grads, want_grads, atol=1e-6)
+    np.testing.assert_allclose([value, *grads], [0.5, 1.0, 0.0], atol=1e-5)
+
+
 def test_a_patched_relu_in_a_neural_ode_differentiates_like_the_relu_patched_by_hand():
     # relu (a custom_jvp) inside the vector field, inside the checkpointed
     # loop of diffrax's default adjoint: the loop's bwd re-evaluates relu's
