@@ -286,14 +286,6 @@ def test_an_effect_in_a_custom_rules_function_differentiated(case: Case):
         with pytest.raises(tx.StateError, match=r"state 'rng'.* recomputes the forward pass"):
             _run(case)
         return
-    if in_loop_rule and outside and case.effect == "patch_value":
-        # The loop's fwd and bwd evaluate the body's code, and a patch by a
-        # function is carried there (also into the rules of the function
-        # called in the body); a patch by value cannot be: taxpr's
-        # documented error, naming the site (docs/limitations.md).
-        with pytest.raises(tx.CustomRuleError, match="site '.*sin'.*patched by a value"):
-            _run(case)
-        return
     if case.effect == "key" and case.batch:
         # One unbatched key for every example: taxpr's documented error
         # (docs/random.md), which names the stream.
